@@ -1,0 +1,77 @@
+"""Canonical JSON in and out: the only place where stored bytes are made.
+
+Canonical means sorted keys, no insignificant white space, UTF-8, and no NaN or infinity,
+so the same value always gives the same text and the same digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import NotSerializableError
+
+__all__ = ["digest", "dumps", "loads"]
+
+
+def dumps(value: Any, *, where: str = "value") -> str:
+    """Encode ``value`` as canonical JSON text.
+
+    Raises:
+        NotSerializableError: naming the JSON Pointer (below ``where``) of the first value that
+            JSON cannot hold, e.g. ``agent_state/model_context/messages/3/content: bytes``.
+    """
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        path, bad = _find_unserialisable(value, where)
+        raise NotSerializableError(
+            f"cannot store {path}: {type(bad).__name__} {_short(bad)} is not JSON-serialisable; "
+            "store only what AutoGen's dump()/save_state() produce (plain JSON types)"
+        ) from exc
+
+
+def loads(text: str | bytes) -> Any:
+    """Decode JSON text written by :func:`dumps`."""
+    return json.loads(text)
+
+
+def digest(text: str) -> str:
+    """SHA-256 hex digest of canonical JSON text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _find_unserialisable(value: Any, path: str) -> tuple[str, Any]:
+    """Depth-first search for the first value json cannot encode; returns (pointer, value)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return path, None
+    if isinstance(value, float):
+        return (path, value) if not math.isfinite(value) else (path, None)
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                return f"{path}/{key!r}", key
+            found = _find_unserialisable(item, f"{path}/{_escape(str(key))}")
+            if found[1] is not None:
+                return found
+        return path, None
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        for index, item in enumerate(value):
+            found = _find_unserialisable(item, f"{path}/{index}")
+            if found[1] is not None:
+                return found
+        return path, None
+    return path, value
+
+
+def _escape(token: str) -> str:
+    """Escape one JSON Pointer reference token (RFC 6901)."""
+    return token.replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,343 @@
+"""GraphFlow's scheduling rules as pure functions over a plain, serialisable state.
+
+AutoGen's ``GraphFlowManager`` keeps its scheduling bookkeeping in memory and mutates it in
+place. This module states the same rules as pure functions over :class:`SchedulerState`, so the
+durable manager (live execution) and the repair engine (replaying a saved thread) share one
+implementation and cannot disagree.
+
+The rules, as in autogen-agentchat 0.7.x:
+
+* :func:`initial` -- every target's remaining count is the number of edges into it per
+  activation group; the ready queue holds the start nodes.
+* :func:`select` -- drains the ready queue into the in-flight list; for every speaker taken,
+  the activation groups that triggered it are re-armed (``"all"`` counts reset to their
+  original value, ``"any"`` flags cleared).
+* :func:`complete` -- a node's chat message arrived: it leaves the in-flight list, and each of
+  the message source's outgoing edges whose condition holds decrements its target's group
+  (``"all"``: enqueue at zero) or enqueues the target once (``"any"``).
+* :func:`finish` -- the natural end of the graph (nothing ready, nothing in flight) re-arms the
+  counters and queues the start nodes again, as GraphFlow does.
+* :func:`replay` -- rebuilds the state from a message thread alone.
+
+Nothing here does I/O. The only AutoGen names used are public ones (``DiGraph``, messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
+from autogen_agentchat.teams import DiGraph, DiGraphEdge
+
+from .errors import ReplayError, StateFormatError
+
+__all__ = [
+    "GraphSpec",
+    "ReplayResult",
+    "SchedulerState",
+    "complete",
+    "finish",
+    "initial",
+    "is_done",
+    "replay",
+    "select",
+]
+
+Activation = Literal["all", "any"]
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """The lookup tables the scheduling rules need, computed once from a ``DiGraph``."""
+
+    graph: DiGraph
+    nodes: tuple[str, ...]
+    start_nodes: tuple[str, ...]
+    edges: Mapping[str, tuple[DiGraphEdge, ...]]
+    activation: Mapping[str, Mapping[str, Activation]]
+    origin_remaining: Mapping[str, Mapping[str, int]]
+
+    @classmethod
+    def from_digraph(cls, graph: DiGraph) -> GraphSpec:
+        """Build the tables. Start nodes are sorted so the order is the same in every process."""
+        activation: dict[str, dict[str, Activation]] = {}
+        for node in graph.nodes.values():
+            for edge in node.edges:
+                activation.setdefault(edge.target, {}).setdefault(edge.activation_group, edge.activation_condition)
+        return cls(
+            graph=graph,
+            nodes=tuple(graph.nodes),
+            start_nodes=tuple(sorted(graph.get_start_nodes())),
+            edges={name: tuple(node.edges) for name, node in graph.nodes.items()},
+            activation=activation,
+            origin_remaining=graph.get_remaining_map(),
+        )
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """GraphFlow's scheduling bookkeeping, as a plain value.
+
+    Attributes:
+        remaining: per target node and activation group, how many parents must still finish.
+        enqueued_any: per target and ``"any"`` group, whether the target was already enqueued.
+        triggered: per node, the activation groups that enqueued it since it last spoke.
+        ready: the queue of nodes allowed to speak next (may hold a node twice, as GraphFlow's).
+        in_flight: nodes selected to speak whose response has not been recorded yet.
+        turn: completed batches in the current round (GraphFlow's ``_current_turn``).
+    """
+
+    remaining: Mapping[str, Mapping[str, int]]
+    enqueued_any: Mapping[str, Mapping[str, bool]]
+    triggered: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    ready: tuple[str, ...] = ()
+    in_flight: tuple[str, ...] = ()
+    turn: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The full state as JSON types (maps are copied, tuples become lists)."""
+        return {
+            "remaining": {t: dict(g) for t, g in self.remaining.items()},
+            "enqueued_any": {t: dict(g) for t, g in self.enqueued_any.items()},
+            "triggered": {t: list(g) for t, g in self.triggered.items() if g},
+            "ready": list(self.ready),
+            "in_flight": list(self.in_flight),
+            "turn": self.turn,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SchedulerState:
+        """Inverse of :meth:`to_json`; raises :class:`StateFormatError` on a wrong shape."""
+        try:
+            return cls(
+                remaining={str(t): {str(g): int(c) for g, c in gs.items()} for t, gs in data["remaining"].items()},
+                enqueued_any={
+                    str(t): {str(g): bool(f) for g, f in gs.items()} for t, gs in data["enqueued_any"].items()
+                },
+                triggered={str(t): tuple(str(g) for g in gs) for t, gs in data.get("triggered", {}).items()},
+                ready=tuple(str(n) for n in data["ready"]),
+                in_flight=tuple(str(n) for n in data.get("in_flight", ())),
+                turn=int(data.get("turn", 0)),
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise StateFormatError(f"scheduler state has the wrong shape: {exc!r}") from exc
+
+    def to_sparse_json(self, spec: GraphSpec) -> dict[str, Any]:
+        """A compact form holding only what differs from the graph's armed state.
+
+        Its size follows the active frontier of the run, not the size of the graph.
+        """
+        out: dict[str, Any] = {"ready": list(self.ready), "in_flight": list(self.in_flight), "turn": self.turn}
+        remaining = {
+            t: changed
+            for t, groups in self.remaining.items()
+            if (changed := {g: c for g, c in groups.items() if spec.origin_remaining.get(t, {}).get(g) != c})
+        }
+        if remaining:
+            out["remaining"] = remaining
+        flags = {t: sorted(g for g, f in groups.items() if f) for t, groups in self.enqueued_any.items()}
+        if any(flags.values()):
+            out["enqueued_any"] = {t: g for t, g in flags.items() if g}
+        triggered = {t: list(g) for t, g in self.triggered.items() if g}
+        if triggered:
+            out["triggered"] = triggered
+        return out
+
+    @classmethod
+    def from_sparse_json(cls, data: Mapping[str, Any], spec: GraphSpec) -> SchedulerState:
+        """Inverse of :meth:`to_sparse_json`."""
+        base = initial(spec)
+        try:
+            remaining = {t: dict(g) for t, g in base.remaining.items()}
+            for t, groups in data.get("remaining", {}).items():
+                remaining.setdefault(t, {}).update({g: int(c) for g, c in groups.items()})
+            enqueued = {t: dict(g) for t, g in base.enqueued_any.items()}
+            for t, groups in data.get("enqueued_any", {}).items():
+                for g in groups:
+                    enqueued.setdefault(t, {})[g] = True
+            return cls(
+                remaining=remaining,
+                enqueued_any=enqueued,
+                triggered={t: tuple(g) for t, g in data.get("triggered", {}).items()},
+                ready=tuple(data["ready"]),
+                in_flight=tuple(data.get("in_flight", ())),
+                turn=int(data.get("turn", 0)),
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise StateFormatError(f"sparse scheduler state has the wrong shape: {exc!r}") from exc
+
+
+def initial(spec: GraphSpec) -> SchedulerState:
+    """The state of a fresh GraphFlow: all groups armed, the start nodes ready."""
+    return SchedulerState(
+        remaining={t: dict(g) for t, g in spec.origin_remaining.items()},
+        enqueued_any={t: {g: False for g in groups} for t, groups in spec.activation.items()},
+        triggered={},
+        ready=spec.start_nodes,
+        in_flight=(),
+        turn=0,
+    )
+
+
+def select(spec: GraphSpec, state: SchedulerState) -> tuple[SchedulerState, tuple[str, ...]]:
+    """Drain the ready queue into the in-flight list; return the new state and the speakers.
+
+    For each speaker taken (in queue order), the activation groups that triggered it are re-armed,
+    exactly as ``GraphFlowManager.select_speaker`` does.
+    """
+    speakers = state.ready
+    if not speakers:
+        return state, ()
+    remaining = dict(state.remaining)
+    enqueued = dict(state.enqueued_any)
+    triggered = dict(state.triggered)
+    for speaker in speakers:
+        groups = triggered.pop(speaker, ())
+        for group in groups:
+            if spec.activation[speaker][group] == "any":
+                enqueued[speaker] = {**enqueued[speaker], group: False}
+            elif speaker in remaining and group in remaining[speaker]:
+                remaining[speaker] = {**remaining[speaker], group: spec.origin_remaining[speaker][group]}
+    new = SchedulerState(
+        remaining=remaining,
+        enqueued_any=enqueued,
+        triggered=triggered,
+        ready=(),
+        in_flight=state.in_flight + speakers,
+        turn=state.turn,
+    )
+    return new, speakers
+
+
+def complete(spec: GraphSpec, state: SchedulerState, node: str, message: BaseChatMessage) -> SchedulerState:
+    """Record that ``node`` answered with ``message``.
+
+    ``node`` leaves the in-flight list (one occurrence). The outgoing edges of the message's
+    source are evaluated against the message, as GraphFlow does; a message whose source is not
+    a graph node moves nothing.
+
+    Raises:
+        ValueError: if ``node`` is not in flight.
+    """
+    if node not in state.in_flight:
+        raise ValueError(f"node {node!r} answered but is not in flight (in flight: {list(state.in_flight)})")
+    index = state.in_flight.index(node)
+    in_flight = state.in_flight[:index] + state.in_flight[index + 1 :]
+    source = message.source
+    if source not in spec.edges:
+        return replace(state, in_flight=in_flight)
+    remaining = dict(state.remaining)
+    enqueued = dict(state.enqueued_any)
+    triggered = dict(state.triggered)
+    ready = list(state.ready)
+    for edge in spec.edges[source]:
+        if not edge.check_condition(message):
+            continue
+        target, group = edge.target, edge.activation_group
+        if spec.activation[target][group] == "all":
+            count = remaining[target][group] - 1
+            remaining[target] = {**remaining[target], group: count}
+            if count == 0:
+                ready.append(target)
+                _trigger(triggered, target, group)
+        elif not enqueued[target][group]:
+            ready.append(target)
+            enqueued[target] = {**enqueued[target], group: True}
+            _trigger(triggered, target, group)
+    return SchedulerState(
+        remaining=remaining,
+        enqueued_any=enqueued,
+        triggered=triggered,
+        ready=tuple(ready),
+        in_flight=in_flight,
+        turn=state.turn,
+    )
+
+
+def _trigger(triggered: dict[str, tuple[str, ...]], target: str, group: str) -> None:
+    groups = triggered.get(target, ())
+    if group not in groups:
+        triggered[target] = (*groups, group)
+
+
+def is_done(state: SchedulerState) -> bool:
+    """True when the graph has run to its natural end: nothing ready and nothing in flight."""
+    return not state.ready and not state.in_flight
+
+
+def finish(spec: GraphSpec, state: SchedulerState) -> SchedulerState:
+    """The natural end of the graph: re-arm the counters and queue the start nodes again.
+
+    As in GraphFlow, the triggered-groups bookkeeping is kept and the turn counter goes to 0.
+    """
+    fresh = initial(spec)
+    return replace(fresh, triggered=state.triggered)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What :func:`replay` learnt from a thread.
+
+    Attributes:
+        state: the scheduler state after the last message.
+        completions: thread index of every message that counted as a node's completion.
+        finished_at: thread indexes after which the graph reached its natural end.
+        dispatched_at: for every node in ``state.in_flight``, the thread length when its batch was
+            selected (the messages it had seen as input).
+    """
+
+    state: SchedulerState
+    completions: tuple[int, ...]
+    finished_at: tuple[int, ...]
+    dispatched_at: Mapping[str, int]
+
+
+def replay(
+    spec: GraphSpec,
+    thread: Sequence[BaseAgentEvent | BaseChatMessage],
+    *,
+    start: SchedulerState | None = None,
+) -> ReplayResult:
+    """Rebuild the scheduler state by running ``thread`` through the graph's rules.
+
+    Every chat message whose source is a graph node is a completion of that node. A batch is
+    selected lazily, when the first answer of the batch is seen, so a thread that ends between two
+    batches leaves the next batch in ``ready`` and one that ends inside a batch leaves the nodes
+    that had not answered in ``in_flight``. Messages from outside the graph (the user's task) and
+    agent events move nothing.
+
+    Raises:
+        ReplayError: naming the index and source of the first message the graph cannot explain
+            (a node speaking while it was neither in flight nor ready).
+    """
+    state = start if start is not None else initial(spec)
+    completions: list[int] = []
+    finished: list[int] = []
+    dispatched: dict[str, int] = {}
+    for index, message in enumerate(thread):
+        if not isinstance(message, BaseChatMessage) or message.source not in spec.edges:
+            continue
+        if not state.in_flight:
+            state, speakers = select(spec, state)
+            for speaker in speakers:
+                dispatched[speaker] = index
+        if message.source not in state.in_flight:
+            raise ReplayError(
+                f"message {index} from {message.source!r} does not fit the graph: "
+                f"{message.source!r} was not allowed to speak then "
+                f"(in flight: {list(state.in_flight)}, ready: {list(state.ready)})"
+            )
+        state = complete(spec, state, message.source, message)
+        completions.append(index)
+        if is_done(state):
+            state = finish(spec, state)
+            finished.append(index)
+    return ReplayResult(
+        state=state,
+        completions=tuple(completions),
+        finished_at=tuple(finished),
+        dispatched_at={n: dispatched[n] for n in state.in_flight if n in dispatched},
+    )
+

@@ -1,0 +1,153 @@
+"""Engine set-up per backend: SQLite pragmas and ``BEGIN IMMEDIATE``, PostgreSQL over psycopg 3.
+
+:func:`open_engines` returns a :class:`Engines` bundle: one pool, two views of it. ``write`` starts
+transactions that take the write lock at once (SQLite ``BEGIN IMMEDIATE``, so a transaction never
+fails half-way with "database is locked" when upgrading a read lock); ``read`` starts plain,
+consistent read transactions (SQLite deferred ``BEGIN`` under WAL; PostgreSQL ``REPEATABLE READ``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+from .errors import StoreError
+
+__all__ = ["Engines", "open_engines", "safe_url"]
+
+_log = logging.getLogger(__name__)
+
+#: Execution option carrying the SQLite BEGIN mode ("IMMEDIATE" for writers).
+_BEGIN_OPTION = "graphflow_sqlite_begin"
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+BUSY_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Engines:
+    """One engine (one pool) seen two ways, plus what the store needs to know about it.
+
+    Attributes:
+        engine: the underlying engine (dispose it to close the pool).
+        write: begins write transactions (SQLite ``BEGIN IMMEDIATE``).
+        read: begins read transactions with one snapshot for all their statements.
+        dialect: ``"sqlite"`` or ``"postgresql"``.
+        url: the URL with its password hidden, for messages.
+        serial: a lock every operation must hold (a real lock only for in-memory SQLite, where all
+            threads share one connection; otherwise a no-op).
+    """
+
+    engine: Engine
+    write: Engine
+    read: Engine
+    dialect: str
+    url: str
+    serial: AbstractContextManager[Any]
+
+
+def safe_url(url: str | URL) -> str:
+    """``url`` as text with its password replaced by ``***`` (safe for messages and logs)."""
+    try:
+        parsed = sa.make_url(url) if isinstance(url, str) else url
+    except sa.exc.ArgumentError:
+        return "<unparseable database URL>"
+    return parsed.render_as_string(hide_password=True)
+
+
+def open_engines(url: str, *, synchronous: str = "FULL") -> Engines:
+    """Create the engine for ``url``.
+
+    Args:
+        url: ``sqlite:///path``, ``sqlite://`` (in memory), ``postgresql://...`` (rewritten to
+            psycopg 3) or ``postgresql+psycopg://...``.
+        synchronous: SQLite ``PRAGMA synchronous`` (``FULL``, ``NORMAL``, ``OFF`` or ``EXTRA``).
+
+    Raises:
+        StoreError: the URL is malformed or names a backend/driver this package does not support.
+    """
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(
+            f"cannot parse database URL {safe_url(url)!r}: {exc}; "
+            "use sqlite:///path/to/file.db or postgresql://user@host/dbname"
+        ) from exc
+    backend = parsed.get_backend_name()
+    driver = parsed.get_driver_name()
+    if backend == "sqlite" and driver in ("pysqlite", ""):
+        return _sqlite(parsed, synchronous)
+    if backend in ("postgresql", "postgres") and (
+        parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
+    ):
+        return _postgresql(parsed.set(drivername="postgresql+psycopg"))
+    raise StoreError(
+        f"unsupported database URL {safe_url(parsed)!r} (backend {backend!r}, driver {driver!r}); "
+        "graphflow-durable supports sqlite:///path (the standard sqlite3 module) and "
+        "postgresql:// or postgresql+psycopg:// (psycopg 3)"
+    )
+
+
+def _sqlite(url: URL, synchronous: str) -> Engines:
+    mode = synchronous.upper()
+    if mode not in _SYNCHRONOUS:
+        raise StoreError(
+            f"synchronous={synchronous!r} is not a SQLite synchronous mode; use one of {_SYNCHRONOUS}"
+        )
+    in_memory = url.database in (None, "", ":memory:")
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
+    if in_memory:
+        kwargs["poolclass"] = StaticPool
+    engine = sa.create_engine(url, hide_parameters=True, **kwargs)
+    busy_ms = int(BUSY_TIMEOUT_SECONDS * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        # SQLAlchemy's documented recipe: stop sqlite3 from emitting BEGIN itself; we emit it in
+        # the "begin" hook below, so SELECTs are transactional and writers can BEGIN IMMEDIATE.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            if not in_memory:
+                mode_row = cursor.execute("PRAGMA journal_mode=WAL").fetchone()
+                if mode_row is None or str(mode_row[0]).lower() != "wal":
+                    _log.warning("SQLite refused WAL mode for %s (journal_mode=%s)", url.database, mode_row)
+            cursor.execute(f"PRAGMA synchronous={mode}")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        begin = conn.get_execution_options().get(_BEGIN_OPTION, "BEGIN")
+        conn.exec_driver_sql(begin)
+
+    return Engines(
+        engine=engine,
+        write=engine.execution_options(**{_BEGIN_OPTION: "BEGIN IMMEDIATE"}),
+        read=engine,
+        dialect="sqlite",
+        url=safe_url(url),
+        serial=threading.RLock() if in_memory else nullcontext(),
+    )
+
+
+def _postgresql(url: URL) -> Engines:
+    engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True)
+    return Engines(
+        engine=engine,
+        write=engine,
+        read=engine.execution_options(isolation_level="REPEATABLE READ"),
+        dialect="postgresql",
+        url=safe_url(url),
+        serial=nullcontext(),
+    )

@@ -1,0 +1,191 @@
+"""Versioned schema migrations: an append-only tuple of ``(version, description, function)``.
+
+Rules (a test keeps them):
+
+- Never edit or reorder an existing migration; append a new one. Each function defines its own DDL
+  (its own local ``Table`` objects), so later edits to ``_schema.py`` never change what an old
+  migration does to a database.
+- Each migration runs in one transaction together with its version bump (row in
+  ``graphflow_schema_version``); PostgreSQL and SQLite both have transactional DDL.
+- After the last migration a fresh database has exactly the tables and columns of
+  ``_schema.metadata``.
+
+Concurrent openers are serialised: SQLite by ``BEGIN IMMEDIATE`` (the write lock), PostgreSQL by
+a transaction-scoped advisory lock; each migration re-reads the version under that lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from .errors import SchemaVersionError
+
+__all__ = ["HEAD", "MIGRATIONS", "Migration", "current_version", "migrate"]
+
+_log = logging.getLogger(__name__)
+
+Migration = tuple[int, str, Callable[[Connection], None]]
+
+_VERSION_TABLE = "graphflow_schema_version"
+#: Arbitrary constant key of the PostgreSQL advisory lock held while migrating.
+_PG_LOCK_KEY = 0x67F1_0D0B
+
+
+def _version_table(metadata: sa.MetaData) -> sa.Table:
+    """The version table as it was first created (frozen: never change it)."""
+    return sa.Table(
+        _VERSION_TABLE,
+        metadata,
+        sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("description", sa.Text, nullable=False),
+        sa.Column("applied_at", sa.Double, nullable=False),
+    )
+
+
+def _m0001_create_tables(conn: Connection) -> None:
+    """Version 1: runs, steps, messages, agent_states (frozen copy of the schema at version 1)."""
+    md = sa.MetaData()
+    sa.Table(
+        "graphflow_runs",
+        md,
+        sa.Column("run_id", sa.String, primary_key=True),
+        sa.Column("graph_fingerprint", sa.String, nullable=False),
+        sa.Column("graph", sa.Text, nullable=False),
+        sa.Column("status", sa.String, nullable=False),
+        sa.Column("head_seq", sa.Integer, nullable=False),
+        sa.Column("message_count", sa.Integer, nullable=False),
+        sa.Column("task", sa.Text, nullable=True),
+        sa.Column("result", sa.Text, nullable=True),
+        sa.Column("lease_owner", sa.String, nullable=True),
+        sa.Column("lease_host", sa.String, nullable=True),
+        sa.Column("lease_pid", sa.Integer, nullable=True),
+        sa.Column("lease_expires_at", sa.Double, nullable=True),
+        sa.Column("fencing_token", sa.Integer, nullable=False),
+        sa.Column("parent_run_id", sa.String, nullable=True),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("updated_at", sa.Double, nullable=False),
+        sa.Index("graphflow_runs_status", "status"),
+        sa.Index("graphflow_runs_parent", "parent_run_id"),
+    )
+    sa.Table(
+        "graphflow_steps",
+        md,
+        sa.Column(
+            "run_id", sa.String, sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"), primary_key=True
+        ),
+        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("kind", sa.String, nullable=False),
+        sa.Column("node", sa.String, nullable=True),
+        sa.Column("scheduler", sa.Text, nullable=False),
+        sa.Column("data", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+    )
+    sa.Table(
+        "graphflow_messages",
+        md,
+        sa.Column("run_id", sa.String, primary_key=True),
+        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("step_seq", sa.Integer, nullable=False),
+        sa.Column("published", sa.Boolean, nullable=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.ForeignKeyConstraint(
+            ["run_id", "step_seq"],
+            ["graphflow_steps.run_id", "graphflow_steps.seq"],
+            ondelete="CASCADE",
+            name="graphflow_messages_step",
+        ),
+    )
+    sa.Table(
+        "graphflow_agent_states",
+        md,
+        sa.Column("run_id", sa.String, primary_key=True),
+        sa.Column("node", sa.String, primary_key=True),
+        sa.Column("step_seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.ForeignKeyConstraint(
+            ["run_id", "step_seq"],
+            ["graphflow_steps.run_id", "graphflow_steps.seq"],
+            ondelete="CASCADE",
+            name="graphflow_agent_states_step",
+        ),
+    )
+    md.create_all(conn)
+
+
+#: Append only. Versions are 1, 2, 3, ... in order.
+MIGRATIONS: tuple[Migration, ...] = (
+    (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
+)
+
+#: The schema version this package writes.
+HEAD: int = MIGRATIONS[-1][0]
+
+
+def current_version(conn: Connection) -> int | None:
+    """The database's schema version, or ``None`` when it has no version table yet."""
+    if not sa.inspect(conn).has_table(_VERSION_TABLE):
+        return None
+    table = _version_table(sa.MetaData())
+    found = conn.execute(sa.select(sa.func.max(table.c.version))).scalar_one()
+    return 0 if found is None else int(found)
+
+
+def migrate(
+    write: Engine,
+    *,
+    read: Engine | None = None,
+    url: str,
+    migrations: Sequence[Migration] = MIGRATIONS,
+) -> int:
+    """Bring the database at ``write`` to the last of ``migrations``; return its version.
+
+    ``write`` must begin write transactions (SQLite ``BEGIN IMMEDIATE``); ``read`` (default
+    ``write``) is used for the up-to-date check. ``url`` (password hidden) is only for messages.
+
+    Raises:
+        SchemaVersionError: the database's version is newer than the last migration known here.
+    """
+    head = migrations[-1][0] if migrations else 0
+    with (read or write).connect() as conn:
+        version = current_version(conn)
+        conn.rollback()
+    if version is not None:
+        _refuse_newer(version, head, url)
+        if version == head:
+            return version
+    for number, description, function in migrations:
+        with write.begin() as conn:
+            _lock(conn)
+            table = _version_table(sa.MetaData())
+            table.create(conn, checkfirst=True)
+            version = current_version(conn) or 0
+            _refuse_newer(version, head, url)
+            if version >= number:
+                continue
+            _log.info("migrating %s to schema version %d: %s", url, number, description)
+            function(conn)
+            conn.execute(
+                table.insert().values(version=number, description=description, applied_at=time.time())
+            )
+    return head
+
+
+def _lock(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
+
+
+def _refuse_newer(version: int, head: int, url: str) -> None:
+    if version > head:
+        from . import __version__
+
+        raise SchemaVersionError(
+            f"database {url} has schema version {version}, but graphflow-durable {__version__} knows "
+            f"schema versions up to {head}; upgrade graphflow-durable (pip install -U graphflow-durable) "
+            "to open it, or point the store at another database"
+        )

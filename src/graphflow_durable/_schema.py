@@ -1,0 +1,101 @@
+"""SQLAlchemy Core tables: the single source of the schema the store reads and writes.
+
+Every table name starts with ``graphflow_`` so the store can share a database with an application.
+JSON values are stored as canonical JSON *text* (see ``_codec``), identical on both backends;
+timestamps are float seconds since the epoch (``time.time()``).
+
+Changing a table here requires a new migration in ``_migrations.py`` that brings an existing
+database to the same shape; the migration test compares a migrated database with this metadata.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+__all__ = ["agent_states", "messages", "metadata", "runs", "schema_version", "steps"]
+
+metadata = sa.MetaData()
+
+#: One row per applied migration; the schema version is the highest ``version``.
+schema_version = sa.Table(
+    "graphflow_schema_version",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("applied_at", sa.Double, nullable=False),
+)
+
+#: One row per run: its identity, its head, its lifecycle status and its lease.
+runs = sa.Table(
+    "graphflow_runs",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("graph_fingerprint", sa.String, nullable=False),
+    sa.Column("graph", sa.Text, nullable=False),
+    sa.Column("status", sa.String, nullable=False),
+    sa.Column("head_seq", sa.Integer, nullable=False),
+    sa.Column("message_count", sa.Integer, nullable=False),
+    sa.Column("task", sa.Text, nullable=True),
+    sa.Column("result", sa.Text, nullable=True),
+    sa.Column("lease_owner", sa.String, nullable=True),
+    sa.Column("lease_host", sa.String, nullable=True),
+    sa.Column("lease_pid", sa.Integer, nullable=True),
+    sa.Column("lease_expires_at", sa.Double, nullable=True),
+    sa.Column("fencing_token", sa.Integer, nullable=False),
+    sa.Column("parent_run_id", sa.String, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Index("graphflow_runs_status", "status"),
+    sa.Index("graphflow_runs_parent", "parent_run_id"),
+)
+
+#: One row per committed transition; ``seq`` 1 is the first commit, the run's head is the last.
+steps = sa.Table(
+    "graphflow_steps",
+    metadata,
+    sa.Column(
+        "run_id",
+        sa.String,
+        sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("kind", sa.String, nullable=False),
+    sa.Column("node", sa.String, nullable=True),
+    sa.Column("scheduler", sa.Text, nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+)
+
+#: The thread: append-only, each message once, ``seq`` contiguous from 0 within a run.
+messages = sa.Table(
+    "graphflow_messages",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("step_seq", sa.Integer, nullable=False),
+    sa.Column("published", sa.Boolean, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["run_id", "step_seq"],
+        ["graphflow_steps.run_id", "graphflow_steps.seq"],
+        ondelete="CASCADE",
+        name="graphflow_messages_step",
+    ),
+)
+
+#: Agent states as saved after each turn; every row is kept, the latest per node is current.
+agent_states = sa.Table(
+    "graphflow_agent_states",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("node", sa.String, primary_key=True),
+    sa.Column("step_seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["run_id", "step_seq"],
+        ["graphflow_steps.run_id", "graphflow_steps.seq"],
+        ondelete="CASCADE",
+        name="graphflow_agent_states_step",
+    ),
+)

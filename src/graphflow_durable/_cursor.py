@@ -1,0 +1,166 @@
+"""The manager's position in a run: scheduler state plus what resuming needs beyond it.
+
+A :class:`Cursor` is a value. Each transition makes a new one; the head step of the store holds
+its compact JSON (:meth:`Cursor.to_json`), and ``save_state()`` holds its full JSON
+(:meth:`Cursor.extension`). Indexes are positions in the current message thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import StateFormatError
+from .scheduler import GraphSpec, SchedulerState
+
+__all__ = ["FORMAT", "Cursor", "without_one"]
+
+FORMAT = 1
+
+
+def without_one(items: tuple[str, ...], item: str) -> tuple[str, ...]:
+    """``items`` without its first occurrence of ``item``."""
+    index = items.index(item)
+    return items[:index] + items[index + 1 :]
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Scheduler state, round and batch boundaries, and dispatch bookkeeping.
+
+    Attributes:
+        sched: the scheduler state.
+        origin: absolute message sequence number where the current thread begins (moves on reset).
+        round_start: thread index of the first message of the current round.
+        batch_start: thread index of the first answer of the current batch.
+        finished: whether the current round has stopped (the next task starts a new round).
+        dispatches: per node, the thread lengths at its last two dispatches.
+        attempts: per in-flight node, how many times this turn has been dispatched.
+        dispatch_step: per in-flight node, the head sequence number that first dispatched this turn.
+    """
+
+    sched: SchedulerState
+    origin: int = 0
+    round_start: int = 0
+    batch_start: int = 0
+    finished: bool = False
+    dispatches: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    attempts: Mapping[str, int] = field(default_factory=dict)
+    dispatch_step: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def fresh(cls, sched: SchedulerState, origin: int = 0) -> Cursor:
+        return cls(sched=sched, origin=origin)
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    def new_round(self, at: int) -> Cursor:
+        return replace(self, round_start=at, batch_start=at, finished=False)
+
+    def dispatched(self, sched: SchedulerState, speakers: Sequence[str], at: int, step: int) -> Cursor:
+        dispatches = dict(self.dispatches)
+        for name in speakers:
+            dispatches[name] = (*dispatches.get(name, ())[-1:], at)
+        return replace(
+            self,
+            sched=sched,
+            batch_start=at,
+            dispatches=dispatches,
+            attempts=dict.fromkeys(sched.in_flight, 1),
+            dispatch_step=dict.fromkeys(sched.in_flight, step),
+        )
+
+    def redispatched(self, speakers: Sequence[str]) -> Cursor:
+        attempts = {n: self.attempts.get(n, 1) + 1 for n in speakers}
+        return replace(self, attempts=attempts)
+
+    def answered(self, name: str, sched: SchedulerState) -> Cursor:
+        still = set(sched.in_flight)
+        return replace(
+            self,
+            sched=sched,
+            attempts={n: a for n, a in self.attempts.items() if n in still},
+            dispatch_step={n: s for n, s in self.dispatch_step.items() if n in still},
+        )
+
+    def stopped(self, sched: SchedulerState) -> Cursor:
+        return replace(self, sched=sched, finished=True)
+
+    # -- JSON ----------------------------------------------------------------------------------
+
+    def _in_flight_json(self) -> dict[str, Any]:
+        flying = set(self.sched.in_flight)
+        return {
+            "dispatches": {n: list(self.dispatches[n]) for n in sorted(flying) if n in self.dispatches},
+            "attempts": {n: self.attempts[n] for n in sorted(flying) if n in self.attempts},
+            "dispatch_step": {n: self.dispatch_step[n] for n in sorted(flying) if n in self.dispatch_step},
+        }
+
+    def to_json(self, spec: GraphSpec) -> dict[str, Any]:
+        """The compact form stored with each step; its size follows the active frontier only."""
+        return {
+            "s": self.sched.to_sparse_json(spec),
+            "origin": self.origin,
+            "round_start": self.round_start,
+            "batch_start": self.batch_start,
+            "finished": self.finished,
+            **self._in_flight_json(),
+        }
+
+    @classmethod
+    def from_json(
+        cls, data: Mapping[str, Any], spec: GraphSpec, dispatches: Mapping[str, tuple[int, ...]]
+    ) -> Cursor:
+        """Inverse of :meth:`to_json`; ``dispatches`` of nodes not in flight come from the step log."""
+        try:
+            merged = dict(dispatches)
+            merged.update({n: tuple(v) for n, v in data.get("dispatches", {}).items()})
+            return cls(
+                sched=SchedulerState.from_sparse_json(data["s"], spec),
+                origin=int(data["origin"]),
+                round_start=int(data["round_start"]),
+                batch_start=int(data["batch_start"]),
+                finished=bool(data["finished"]),
+                dispatches=merged,
+                attempts={n: int(a) for n, a in data.get("attempts", {}).items()},
+                dispatch_step={n: int(s) for n, s in data.get("dispatch_step", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
+
+    def extension(self, run_id: str | None) -> dict[str, Any]:
+        """The ``graphflow_durable`` section of ``save_state()`` (see docs/state-format.md)."""
+        return {
+            "format": FORMAT,
+            "scheduler": self.sched.to_json(),
+            "dispatches": {n: list(v) for n, v in sorted(self.dispatches.items())},
+            "attempts": dict(self.attempts),
+            "dispatch_step": dict(self.dispatch_step),
+            "batch_start": self.batch_start,
+            "round_start": self.round_start,
+            "origin": self.origin,
+            "status": "finished" if self.finished else ("interrupted" if self.sched.in_flight else "running"),
+            "run_id": run_id,
+        }
+
+    @classmethod
+    def from_extension(cls, ext: Mapping[str, Any]) -> Cursor:
+        """Inverse of :meth:`extension`."""
+        if ext.get("format") != FORMAT:
+            raise StateFormatError(
+                f"unknown graphflow_durable state format {ext.get('format')!r}; this version reads format {FORMAT}"
+            )
+        try:
+            return cls(
+                sched=SchedulerState.from_json(ext["scheduler"]),
+                origin=int(ext.get("origin", 0)),
+                round_start=int(ext.get("round_start", 0)),
+                batch_start=int(ext.get("batch_start", 0)),
+                finished=ext.get("status") == "finished",
+                dispatches={n: tuple(int(i) for i in v) for n, v in ext.get("dispatches", {}).items()},
+                attempts={n: int(a) for n, a in ext.get("attempts", {}).items()},
+                dispatch_step={n: int(s) for n, s in ext.get("dispatch_step", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

@@ -1,0 +1,445 @@
+"""The durable GraphFlow manager and participant container.
+
+This is the only module that touches AutoGen's private names. The manager replaces
+GraphFlowManager's in-memory bookkeeping by the pure scheduler (``scheduler``) and commits every
+transition through a :class:`Journal` before anything it decided becomes visible: one commit per
+agent completion, holding the messages, the scheduler state after the decrements, enqueues and
+the next selection, and the agent's state after its turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autogen_agentchat.base import ChatAgent, Team, TerminationCondition
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory, StopMessage
+from autogen_agentchat.teams import DiGraph
+from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
+from autogen_agentchat.teams._group_chat._events import (
+    GroupChatAgentResponse,
+    GroupChatRequestPublish,
+    GroupChatStart,
+    GroupChatTeamResponse,
+    SerializableException,
+)
+from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import (
+    _DIGRAPH_STOP_MESSAGE,
+    GraphFlowManager,
+)
+from autogen_core import CancellationToken, DefaultTopicId, MessageContext, event, rpc
+
+from . import context as _context
+from ._cursor import Cursor, without_one
+from .errors import StateFormatError
+from .scheduler import GraphSpec, SchedulerState, complete, finish, initial, select
+from .store import AgentStateRecord, MessageRecord, RunUpdate, Step
+
+__all__ = ["DurableChatAgentContainer", "DurableGraphFlowManager", "Journal", "task_key"]
+
+logger = logging.getLogger(__name__)
+
+OutputQueue = Any  # asyncio.Queue[BaseAgentEvent | BaseChatMessage | GroupChatTermination]
+
+
+@dataclass
+class Journal:
+    """The manager's link to its run: where commits go, and what the flow tells the manager.
+
+    ``write`` is the flow's single crossing into the store (it returns the new head and keeps
+    ``head`` up to date); the manager calls nothing else.
+    """
+
+    run_id: str
+    spec: GraphSpec
+    participants: Mapping[str, ChatAgent | Team]
+    write: Callable[[Step, Sequence[MessageRecord], Sequence[AgentStateRecord], RunUpdate | None], int]
+    head: int = 0
+    halted: bool = False
+    fatal: BaseException | None = None
+    contexts: dict[str, _context.ExecutionContext] = field(default_factory=dict)
+    deferred: dict[str, list[BaseChatMessage]] = field(default_factory=dict)
+    stop_reason: str | None = None
+
+
+def task_key(task: Sequence[BaseChatMessage]) -> list[dict[str, Any]]:
+    """What identifies a task: its messages without their ids and timestamps."""
+    volatile = {"id", "created_at"}
+    return [{k: v for k, v in m.dump().items() if k not in volatile} for m in task]
+
+
+def _published(delta: Sequence[BaseAgentEvent | BaseChatMessage], team: bool) -> list[bool]:
+    """Which messages of a delta were broadcast to the participants."""
+    if team:
+        return [isinstance(m, BaseChatMessage) for m in delta]
+    return [i == len(delta) - 1 for i in range(len(delta))]
+
+
+class DurableGraphFlowManager(GraphFlowManager):
+    """A GraphFlowManager whose every transition is committed before it takes effect."""
+
+    def __init__(
+        self,
+        name: str,
+        group_topic_type: str,
+        output_topic_type: str,
+        participant_topic_types: list[str],
+        participant_names: list[str],
+        participant_descriptions: list[str],
+        output_message_queue: OutputQueue,
+        termination_condition: TerminationCondition | None,
+        max_turns: int | None,
+        message_factory: MessageFactory,
+        graph: DiGraph,
+        journal: Journal,
+    ) -> None:
+        super().__init__(
+            name=name,
+            group_topic_type=group_topic_type,
+            output_topic_type=output_topic_type,
+            participant_topic_types=participant_topic_types,
+            participant_names=participant_names,
+            participant_descriptions=participant_descriptions,
+            output_message_queue=output_message_queue,
+            termination_condition=termination_condition,
+            max_turns=max_turns,
+            message_factory=message_factory,
+            graph=graph,
+        )
+        self._journal = journal
+        self._spec = journal.spec
+        self._cursor = Cursor.fresh(initial(self._spec))
+        self._batch_delta: list[BaseAgentEvent | BaseChatMessage] = []
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def scheduler_state(self) -> SchedulerState:
+        return self._cursor.sched
+
+    @property
+    def cursor(self) -> Cursor:
+        return self._cursor
+
+    def _thread_len(self) -> int:
+        return len(self._message_thread)
+
+    # -- the two entry points -------------------------------------------------------------------
+
+    @rpc
+    async def handle_start(self, message: GroupChatStart, ctx: MessageContext) -> None:
+        """Start a round, add user input to an unfinished one, or resume an interrupted batch."""
+        try:
+            await self._start(message, ctx)
+        except Exception as exc:
+            await self._fail(exc)
+            raise
+
+    @event
+    async def handle_agent_response(
+        self, message: GroupChatAgentResponse | GroupChatTeamResponse, ctx: MessageContext
+    ) -> None:
+        """Record one node's answer, and the next selection when its batch is complete, in one commit."""
+        try:
+            await self._on_response(message, ctx)
+        except Exception as exc:
+            await self._fail(exc)
+            raise
+
+    async def _fail(self, exc: Exception) -> None:
+        self._journal.fatal = exc
+        await self._signal_termination_with_error(SerializableException.from_exception(exc))
+
+    async def _start(self, message: GroupChatStart, ctx: MessageContext) -> None:
+        if self._termination_condition is not None and self._termination_condition.terminated:
+            await self._signal_termination(
+                StopMessage(content="The group chat has already terminated.", source=self._name)
+            )
+            return
+        self._journal.halted = False
+        task = list(message.messages or [])
+        cursor = self._cursor
+        kind = "resume"
+        if cursor.finished:
+            cursor = cursor.new_round(self._thread_len())
+            kind = "start"
+        if task:
+            kind = "start" if kind == "start" else "input"
+            await self.publish_message(
+                GroupChatStart(messages=task), topic_id=DefaultTopicId(type=self._output_topic_type)
+            )
+            if message.output_task_messages:
+                for msg in task:
+                    await self._output_message_queue.put(msg)
+            await self.publish_message(
+                GroupChatStart(messages=task),
+                topic_id=DefaultTopicId(type=self._group_topic_type),
+                cancellation_token=ctx.cancellation_token,
+            )
+        first = self._thread_len()
+        self._message_thread.extend(task)
+        records = [MessageRecord(cursor.origin + first + i, m.dump(), True) for i, m in enumerate(task)]
+
+        update = RunUpdate(status="running", task=task_key(task) if kind == "start" else None)
+        stop = await self._condition_stop(task) if task else None
+        if stop is not None:
+            self._cursor = cursor.stopped(cursor.sched)
+            self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
+            await self._signal_termination(stop)
+            return
+
+        if cursor.sched.in_flight:
+            # Resumed inside a batch: the nodes that had not answered run again, before anything
+            # that became ready meanwhile.
+            speakers = cursor.sched.in_flight
+            cursor = cursor.redispatched(speakers)
+        elif cursor.sched.ready:
+            sched, speakers = select(self._spec, cursor.sched)
+            cursor = cursor.dispatched(sched, speakers, self._thread_len(), self._journal.head + 1)
+            self._batch_delta = []
+        else:
+            stop = StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name)
+            self._cursor = cursor.stopped(finish(self._spec, cursor.sched))
+            self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
+            await self._signal_termination(stop)
+            return
+        self._cursor = cursor
+        head = self._commit(
+            Step(
+                kind,
+                None,
+                cursor.to_json(self._spec),
+                {"dispatched": list(speakers), "at": first + len(task)},
+            ),
+            records,
+            (),
+            None,
+            update,
+        )
+        await self._dispatch(speakers, head, ctx.cancellation_token)
+
+    async def _on_response(
+        self, message: GroupChatAgentResponse | GroupChatTeamResponse, ctx: MessageContext
+    ) -> None:
+        name = message.name
+        if name not in self._cursor.sched.in_flight:
+            logger.warning(
+                "run %s: ignoring a response from %r, which is not in flight (late or duplicate)",
+                self._journal.run_id,
+                name,
+            )
+            return
+        team = isinstance(message, GroupChatTeamResponse)
+        delta: list[BaseAgentEvent | BaseChatMessage]
+        if isinstance(message, GroupChatAgentResponse):
+            delta = [*(message.response.inner_messages or []), message.response.chat_message]
+        else:
+            delta = list(message.result.messages)
+        first = self._thread_len()
+        self._message_thread.extend(delta)
+        self._batch_delta.extend(delta)
+        records = [
+            MessageRecord(self._cursor.origin + first + i, m.dump(), p)
+            for i, (m, p) in enumerate(zip(delta, _published(delta, team), strict=True))
+        ]
+        last = next((m for m in reversed(delta) if isinstance(m, BaseChatMessage)), None)
+        if last is None:
+            sched = replace(self._cursor.sched, in_flight=without_one(self._cursor.sched.in_flight, name))
+        else:
+            sched = complete(self._spec, self._cursor.sched, name, last)
+        states = [AgentStateRecord(name, await self._journal.participants[name].save_state())]
+        self._journal.contexts.pop(name, None)
+
+        if sched.in_flight:
+            self._cursor = self._cursor.answered(name, sched)
+            self._commit(Step("complete", name, self._cursor.to_json(self._spec)), records, states, None)
+            return
+
+        # The batch is complete: decide the stop, or select the next batch, in this same commit.
+        stop, sched = await self._batch_stop(sched)
+        if stop is not None:
+            self._cursor = self._cursor.answered(name, sched).stopped(sched)
+            self._commit(Step("complete", name, self._cursor.to_json(self._spec)), records, states, stop)
+            await self._signal_termination(stop)
+            return
+        sched, speakers = select(self._spec, sched)
+        at = self._thread_len()
+        self._cursor = self._cursor.answered(name, sched).dispatched(
+            sched, speakers, at, self._journal.head + 1
+        )
+        self._batch_delta = []
+        head = self._commit(
+            Step(
+                "complete", name, self._cursor.to_json(self._spec), {"dispatched": list(speakers), "at": at}
+            ),
+            records,
+            states,
+            None,
+        )
+        await self._dispatch(speakers, head, ctx.cancellation_token)
+
+    # -- termination, mirroring GraphFlowManager._apply_termination_condition ---------------------
+
+    async def _condition_stop(self, delta: Sequence[BaseAgentEvent | BaseChatMessage]) -> StopMessage | None:
+        if self._termination_condition is None:
+            return None
+        stop = await self._termination_condition(delta)
+        if stop is not None:
+            await self._termination_condition.reset()
+        return stop
+
+    async def _batch_stop(self, sched: SchedulerState) -> tuple[StopMessage | None, SchedulerState]:
+        """GraphFlow's end-of-batch checks, in its order: natural end, condition, max turns."""
+        if not sched.ready:
+            if self._termination_condition is not None:
+                await self._termination_condition.reset()
+            return StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name), finish(self._spec, sched)
+        # Every message of the batch reaches the condition, not only the last answer's.
+        stop = await self._condition_stop(self._batch_delta)
+        if stop is not None:
+            return stop, replace(sched, turn=0)
+        sched = replace(sched, turn=sched.turn + 1)
+        if self._max_turns is not None and sched.turn >= self._max_turns:
+            if self._termination_condition is not None:
+                await self._termination_condition.reset()
+            stop = StopMessage(
+                content=f"Maximum number of turns {self._max_turns} reached.", source=self._name
+            )
+            return stop, replace(sched, turn=0)
+        return None, sched
+
+    # -- commit and dispatch ------------------------------------------------------------------
+
+    def _commit(
+        self,
+        step: Step,
+        messages: Sequence[MessageRecord],
+        states: Sequence[AgentStateRecord],
+        stop: StopMessage | None,
+        update: RunUpdate | None = None,
+    ) -> int:
+        if stop is not None:
+            task = update.task if update is not None else None
+            update = RunUpdate(status="finished", task=task, result={"stop_reason": stop.content})
+            self._journal.stop_reason = stop.content
+        self._current_turn = self._cursor.sched.turn
+        return self._journal.write(step, messages, states, update)
+
+    async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
+        if self._journal.halted:
+            logger.info("run %s: halted, not dispatching %s", self._journal.run_id, list(speakers))
+            return
+        await self._log_speaker_selection(list(speakers))
+        for speaker in speakers:
+            self._journal.contexts[speaker] = _context.ExecutionContext(
+                run_id=self._journal.run_id,
+                node=speaker,
+                step=self._cursor.dispatch_step.get(speaker, head),
+                attempt=self._cursor.attempts.get(speaker, 1),
+            )
+            await self.publish_message(
+                GroupChatRequestPublish(),
+                topic_id=DefaultTopicId(type=self._participant_name_to_topic_type[speaker]),
+                cancellation_token=token,
+            )
+
+    # -- GraphFlowManager's other hooks -----------------------------------------------------------
+
+    async def select_speaker(self, thread: Sequence[BaseAgentEvent | BaseChatMessage]) -> list[str]:
+        raise NotImplementedError("DurableGraphFlowManager selects inside its commits")
+
+    async def reset(self) -> None:
+        self._current_turn = 0
+        self._message_thread.clear()
+        if self._termination_condition is not None:
+            await self._termination_condition.reset()
+        self._cursor = Cursor.fresh(initial(self._spec))
+        self._batch_delta = []
+
+    async def save_state(self) -> Mapping[str, Any]:
+        """GraphFlow's keys (in-flight nodes first in ``ready``) plus the durable extension."""
+        sched = self._cursor.sched
+        full = sched.to_json()
+        return {
+            "message_thread": [m.dump() for m in self._message_thread],
+            "current_turn": sched.turn,
+            "remaining": full["remaining"],
+            "enqueued_any": full["enqueued_any"],
+            "ready": [*sched.in_flight, *sched.ready],
+            "graphflow_durable": self._cursor.extension(self._journal.run_id),
+        }
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        """Load a state in the durable format (legacy states are repaired by the flow first)."""
+        ext = state.get("graphflow_durable")
+        if not isinstance(ext, Mapping):
+            raise StateFormatError(
+                "the manager state has no 'graphflow_durable' section; "
+                "load it through DurableGraphFlow.load_state(), which repairs legacy states"
+            )
+        self._message_thread = [self._message_factory.create(m) for m in state["message_thread"]]
+        self._cursor = Cursor.from_extension(ext)
+        self._current_turn = self._cursor.sched.turn
+        self._batch_delta = list(self._message_thread[self._cursor.batch_start :])
+        await self._replay_termination()
+
+    async def _replay_termination(self) -> None:
+        """Let the termination condition see the committed history of the current round again."""
+        if self._termination_condition is None:
+            return
+        await self._termination_condition.reset()
+        seen = self._message_thread[self._cursor.round_start : self._cursor.batch_start]
+        if not seen or self._cursor.finished:
+            return
+        if await self._termination_condition(seen) is not None:
+            logger.warning(
+                "run %s: the termination condition fires on the replayed history of the round; "
+                "it is reset and the run continues as it did before the interruption",
+                self._journal.run_id,
+            )
+            await self._termination_condition.reset()
+
+
+class DurableChatAgentContainer(ChatAgentContainer):
+    """A participant container that exposes the execution context and honours deferred input."""
+
+    def __init__(
+        self,
+        parent_topic_type: str,
+        output_topic_type: str,
+        agent: ChatAgent | Team,
+        message_factory: MessageFactory,
+        journal: Journal,
+    ) -> None:
+        super().__init__(parent_topic_type, output_topic_type, agent, message_factory)
+        self._journal = journal
+
+    @event
+    async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:
+        """Run the agent's turn with its execution context set; then hear what was deferred."""
+        name = self._agent.name
+        token = _context._current.set(self._journal.contexts.get(name))
+        try:
+            await ChatAgentContainer.handle_request(self, message, ctx)
+        finally:
+            _context._current.reset(token)
+        deferred = self._journal.deferred.pop(name, [])
+        self._message_buffer[:0] = deferred
+
+    async def save_state(self) -> Mapping[str, Any]:
+        state = dict(await super().save_state())
+        deferred = self._journal.deferred.get(self._agent.name)
+        if deferred:
+            state["deferred_buffer"] = [m.dump() for m in deferred]
+        return state
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        await super().load_state(state)
+        deferred = [self._message_factory.create(m) for m in state.get("deferred_buffer", [])]
+        chat = [m for m in deferred if isinstance(m, BaseChatMessage)]
+        if chat:
+            self._journal.deferred[self._agent.name] = chat
+        else:
+            self._journal.deferred.pop(self._agent.name, None)

@@ -1,0 +1,50 @@
+"""What a running agent can know about its own execution: run, node, step, attempt.
+
+An agent that was in flight when its process died runs again on resume (at-least-once
+execution). Code with side effects -- sending an email, charging a card -- can use
+:attr:`ExecutionContext.idempotency_key` to do them once::
+
+    from graphflow_durable import current_execution
+
+    ctx = current_execution()
+    if ctx is not None and not already_sent(ctx.idempotency_key):
+        send_email(...)
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+__all__ = ["ExecutionContext", "current_execution"]
+
+
+@dataclass(frozen=True)
+class ExecutionContext:
+    """The identity of one agent turn inside a durable run.
+
+    Attributes:
+        run_id: the run's id.
+        node: the graph node (participant name) that is speaking.
+        step: the head sequence number of the commit that dispatched this turn. It is the same on
+            every attempt of the same turn.
+        attempt: 1 for the first attempt, 2 after one resume, and so on.
+    """
+
+    run_id: str
+    node: str
+    step: int
+    attempt: int
+
+    @property
+    def idempotency_key(self) -> str:
+        """``run_id/node/step``: equal on every attempt of one turn, different between turns."""
+        return f"{self.run_id}/{self.node}/{self.step}"
+
+
+_current: ContextVar[ExecutionContext | None] = ContextVar("graphflow_durable_execution", default=None)
+
+
+def current_execution() -> ExecutionContext | None:
+    """The execution context of the agent turn running in this task, or ``None`` outside one."""
+    return _current.get()

@@ -1,0 +1,162 @@
+"""Schema migrations on both backends: empty -> head equals the declared schema; newer is refused."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import threading
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from graphflow_durable import _migrations, _schema
+from graphflow_durable._engine import open_engines
+from graphflow_durable.errors import SchemaVersionError, StoreError
+from graphflow_durable.store import Store
+
+
+@pytest.fixture
+def raw(store_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(store_url)
+    yield engine
+    engine.dispose()
+
+
+def shape(conn: Connection) -> dict[str, tuple[list[str], list[str]]]:
+    """{table: (column names, primary key columns)} of the graphflow_ tables."""
+    inspector = sa.inspect(conn)
+    return {
+        name: (
+            sorted(column["name"] for column in inspector.get_columns(name)),
+            sorted(inspector.get_pk_constraint(name)["constrained_columns"]),
+        )
+        for name in inspector.get_table_names()
+        if name.startswith("graphflow_")
+    }
+
+
+def test_an_empty_database_migrates_to_exactly_the_declared_tables_and_columns(
+    store_url: str, raw: sa.Engine
+) -> None:
+    Store(store_url).close()
+    declared = {
+        table.name: (sorted(c.name for c in table.columns), sorted(c.name for c in table.primary_key))
+        for table in _schema.metadata.sorted_tables
+    }
+    with raw.connect() as conn:
+        assert shape(conn) == declared
+        inspector = sa.inspect(conn)
+        indexes = {name: {i["name"] for i in inspector.get_indexes(name)} for name in declared}
+        foreign = {
+            name: sorted(tuple(fk["constrained_columns"]) for fk in inspector.get_foreign_keys(name))
+            for name in declared
+        }
+    assert indexes["graphflow_runs"] >= {"graphflow_runs_status", "graphflow_runs_parent"}
+    assert foreign == {
+        table.name: sorted(tuple(c.name for c in fk.columns) for fk in table.foreign_key_constraints)
+        for table in _schema.metadata.sorted_tables
+    }
+
+
+def test_the_schema_version_is_head_after_open_and_reopening_changes_nothing(
+    store_url: str, raw: sa.Engine
+) -> None:
+    with Store(store_url) as store:
+        assert store.schema_version() == _migrations.HEAD == 1
+    with Store(store_url) as store:
+        assert store.schema_version() == _migrations.HEAD
+    with raw.connect() as conn:
+        rows = conn.execute(sa.text("SELECT version, description FROM graphflow_schema_version")).all()
+    assert [tuple(r) for r in rows] == [(v, d) for v, d, _ in _migrations.MIGRATIONS]
+
+
+def test_a_database_with_a_newer_schema_is_refused_naming_both_versions(
+    store_url: str, raw: sa.Engine
+) -> None:
+    Store(store_url).close()
+    newer = _migrations.HEAD + 41
+    with raw.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO graphflow_schema_version (version, description, applied_at) VALUES (:v, 'x', 0)"
+            ),
+            {"v": newer},
+        )
+    with pytest.raises(
+        SchemaVersionError,
+        match=rf"schema version {newer}.*up to {_migrations.HEAD}.*upgrade graphflow-durable",
+    ):
+        Store(store_url)
+
+
+def test_a_failing_migration_rolls_back_together_with_its_version_bump(
+    store_url: str, raw: sa.Engine
+) -> None:
+    def good(conn: Connection) -> None:
+        conn.execute(sa.text("CREATE TABLE graphflow_probe_a (x INTEGER)"))
+
+    def bad(conn: Connection) -> None:
+        conn.execute(sa.text("CREATE TABLE graphflow_probe_b (x INTEGER)"))
+        conn.execute(sa.text("SELECT no_such_column FROM graphflow_probe_b"))
+
+    engines = open_engines(store_url)
+    try:
+        with pytest.raises(sa.exc.SQLAlchemyError):
+            _migrations.migrate(
+                engines.write, url=engines.url, migrations=((1, "good", good), (2, "bad", bad))
+            )
+    finally:
+        engines.engine.dispose()
+    with raw.connect() as conn:
+        tables = set(sa.inspect(conn).get_table_names())
+        versions = conn.execute(sa.text("SELECT version FROM graphflow_schema_version")).scalars().all()
+    assert "graphflow_probe_a" in tables and "graphflow_probe_b" not in tables
+    assert versions == [1]
+
+
+def test_stores_opened_at_once_on_an_empty_database_migrate_it_once(store_url: str, raw: sa.Engine) -> None:
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            Store(store_url).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with raw.connect() as conn:
+        assert (
+            conn.execute(sa.text("SELECT COUNT(*) FROM graphflow_schema_version")).scalar_one()
+            == _migrations.HEAD
+        )
+
+
+def test_migrations_are_numbered_one_to_head_in_order_and_described() -> None:
+    versions = [version for version, _, _ in _migrations.MIGRATIONS]
+    assert versions == list(range(1, len(versions) + 1)) and versions[-1] == _migrations.HEAD
+    assert all(description.strip() for _, description, _ in _migrations.MIGRATIONS)
+
+
+def test_migrations_define_their_own_tables_and_never_use_the_live_schema() -> None:
+    tree = ast.parse(inspect.getsource(_migrations))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "_schema" not in imported and not any(m and m.endswith("_schema") for m in imported)
+
+
+def test_a_store_error_wraps_a_schema_that_was_tampered_with(store_url: str, raw: sa.Engine) -> None:
+    with Store(store_url) as store:
+        store.create_run("x", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+    with raw.begin() as conn:
+        conn.execute(sa.text("DROP TABLE graphflow_agent_states"))
+    with (
+        Store(store_url) as store,
+        pytest.raises(StoreError, match=r"loading run x failed on .*graphflow_agent_states"),
+    ):
+        store.load("x")

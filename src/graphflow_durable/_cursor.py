@@ -51,7 +51,8 @@ class Cursor:
 
     @classmethod
     def fresh(cls, sched: SchedulerState, origin: int = 0) -> Cursor:
-        return cls(sched=sched, origin=origin)
+        """Before any round: the next start begins a new round."""
+        return cls(sched=sched, origin=origin, finished=True)
 
     # -- transitions ---------------------------------------------------------------------------
 

@@ -1,0 +1,161 @@
+"""A worker process for the crash tests: runs the crash graph, optionally SIGKILLing itself.
+
+Usage: ``python tests/crash/worker.py STORE_URL RUN_ID [KILL]`` where KILL is one of
+``commit:K:before`` (entering the K-th commit), ``commit:K:inside`` (inside its transaction,
+before COMMIT), ``commit:K:after`` (after it returned), ``agent:J`` (during the J-th agent turn).
+
+Every agent turn is appended to the file named by ``$GFD_EXEC_LOG`` as ``pid node turn``. On a
+normal end the transcript is printed to stdout as JSON: ``[[source, content], ...]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from autogen_agentchat.agents import BaseChatAgent
+from autogen_agentchat.base import Response
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.messages import BaseChatMessage, TextMessage
+from autogen_agentchat.teams import DiGraph, DiGraphBuilder
+from autogen_core import CancellationToken
+
+from graphflow_durable.flow import DurableGraphFlow
+from graphflow_durable.store import Store
+
+AGENT_CALLS = 0
+KILL_AGENT_CALL: int | None = None
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Scripted(BaseChatAgent):
+    """Answers with its name, its turn number and a digest of everything it was given.
+
+    The digest makes any difference in input (a lost or duplicated message) visible in the
+    transcript; the turn number lives in the agent's saved state, so a wrongly restored state is
+    visible too. ``says`` scripts what it adds on each turn (e.g. "again", "done").
+    """
+
+    def __init__(self, name: str, says: Sequence[str] = ()) -> None:
+        super().__init__(name, f"scripted agent {name}")
+        self.turn = 0
+        self.says = list(says)
+
+    @property
+    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
+        return (TextMessage,)
+
+    async def on_messages(self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken) -> Response:
+        global AGENT_CALLS
+        AGENT_CALLS += 1
+        self.turn += 1
+        log = os.environ.get("GFD_EXEC_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {self.name} {self.turn}\n")
+                f.flush()
+                os.fsync(f.fileno())
+        if KILL_AGENT_CALL is not None and AGENT_CALLS == KILL_AGENT_CALL:
+            die()
+        await asyncio.sleep(0)
+        seen = hashlib.sha256("|".join(m.to_text() for m in messages).encode()).hexdigest()[:8]
+        extra = self.says[self.turn - 1] if self.turn <= len(self.says) else ""
+        return Response(
+            chat_message=TextMessage(content=f"{self.name}#{self.turn} saw {len(messages)}:{seen} {extra}", source=self.name)
+        )
+
+    async def on_reset(self, cancellation_token: CancellationToken) -> None:
+        self.turn = 0
+
+    async def save_state(self) -> Mapping[str, Any]:
+        return {"turn": self.turn}
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        self.turn = int(state["turn"])
+
+
+def crash_team(url: str, run_id: str) -> DurableGraphFlow:
+    """Fan-out S->(P1,P2), join ->J, loop J->R->J ("any", while R says "again"), exit R->E."""
+    s, p1, p2, j, e = (Scripted(n) for n in ("S", "P1", "P2", "J", "E"))
+    r = Scripted("R", says=["again", "again", "done"])
+    b = DiGraphBuilder()
+    for agent in (s, p1, p2, j, r, e):
+        b.add_node(agent)
+    b.add_edge(s, p1).add_edge(s, p2)
+    b.add_edge(p1, j, activation_group="join").add_edge(p2, j, activation_group="join")
+    b.add_edge(j, r)
+    b.add_edge(r, j, condition="again", activation_group="loop", activation_condition="any")
+    b.add_edge(r, e, condition="done")
+    b.set_entry_point(s)
+    graph: DiGraph = b.build()
+    return DurableGraphFlow(
+        [s, p1, p2, j, r, e],
+        graph,
+        termination_condition=MaxMessageTermination(60),
+        store=url,
+        run_id=run_id,
+    )
+
+
+def arm(store: Store, kill: str) -> None:
+    """Install the SIGKILL at the requested point."""
+    global KILL_AGENT_CALL
+    kind, _, rest = kill.partition(":")
+    if kind == "agent":
+        KILL_AGENT_CALL = int(rest)
+        return
+    number, _, phase = rest.partition(":")
+    target = int(number)
+    calls = 0
+    inside = False
+    original = store.commit
+
+    def commit(*args: Any, **kwargs: Any) -> int:
+        nonlocal calls, inside
+        calls += 1
+        if calls == target and phase == "before":
+            die()
+        inside = calls == target and phase == "inside"
+        head = original(*args, **kwargs)
+        if calls == target and phase == "after":
+            die()
+        return head
+
+    def on_commit(conn: Any) -> None:
+        if inside:
+            die()
+
+    sa.event.listen(store._e.write, "commit", on_commit)
+    store.commit = commit  # type: ignore[method-assign]
+
+
+async def main(argv: list[str]) -> int:
+    url, run_id = argv[0], argv[1]
+    kill = argv[2] if len(argv) > 2 else None
+    team = crash_team(url, run_id)
+    if kill:
+        arm(team.store, kill)
+    # Re-running the same task resumes an unfinished run; a finished run's result is read back
+    # with run() and no task (the same task again would start a new round, as in GraphFlow).
+    info = team.run_info()
+    finished = info is not None and info.status == "finished"
+    result = await team.run(task=None if finished else "build the report")
+    store = team.store
+    log = store.load(run_id)
+    transcript = [[m.body["source"], m.body.get("content")] for m in log.messages]
+    sys.stdout.write(json.dumps({"transcript": transcript, "stop_reason": result.stop_reason}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))

@@ -129,7 +129,7 @@ class DurableGraphFlowManager(GraphFlowManager):
     # -- the two entry points -------------------------------------------------------------------
 
     @rpc
-    async def handle_start(self, message: GroupChatStart, ctx: MessageContext) -> None:
+    async def handle_start(self, message: GroupChatStart, ctx: MessageContext) -> None:  # type: ignore[override]
         """Start a round, add user input to an unfinished one, or resume an interrupted batch."""
         try:
             await self._start(message, ctx)
@@ -138,7 +138,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             raise
 
     @event
-    async def handle_agent_response(
+    async def handle_agent_response(  # type: ignore[override]
         self, message: GroupChatAgentResponse | GroupChatTeamResponse, ctx: MessageContext
     ) -> None:
         """Record one node's answer, and the next selection when its batch is complete, in one commit."""
@@ -417,7 +417,7 @@ class DurableChatAgentContainer(ChatAgentContainer):
         self._journal = journal
 
     @event
-    async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:
+    async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:  # type: ignore[override]
         """Run the agent's turn with its execution context set; then hear what was deferred."""
         name = self._agent.name
         token = _context._current.set(self._journal.contexts.get(name))

@@ -23,9 +23,9 @@ from . import _graphid
 from ._buffers import LogEntry, participant_buffers
 from ._cursor import Cursor
 from ._manager import DurableChatAgentContainer, DurableGraphFlowManager, Journal, task_key
-from .errors import GraphMismatchError, LeaseLostError, NotSerializableError
+from .errors import GraphMismatchError, LeaseLostError, NotSerializableError, StateFormatError
 from .scheduler import GraphSpec, initial
-from .store import AgentStateRecord, MessageRecord, RunLog, RunRecord, RunUpdate, Step, Store
+from .store import AgentStateRecord, MessageRecord, RunLog, RunRecord, RunStatus, RunUpdate, Step, Store
 
 __all__ = ["DEFAULT_STORE_ENV", "DurableGraphFlow", "DurableGraphFlowConfig", "default_store_url"]
 
@@ -76,7 +76,7 @@ class DurableGraphFlow(GraphFlow):
         ValueError: as GraphFlow, for invalid graphs or participants.
     """
 
-    component_config_schema = DurableGraphFlowConfig  # type: ignore[assignment]
+    component_config_schema = DurableGraphFlowConfig
     component_provider_override = "graphflow_durable.DurableGraphFlow"
 
     def __init__(
@@ -145,7 +145,7 @@ class DurableGraphFlow(GraphFlow):
 
     # -- AutoGen factories -----------------------------------------------------------------------
 
-    def _create_group_chat_manager_factory(  # type: ignore[override]
+    def _create_group_chat_manager_factory(
         self,
         name: str,
         group_topic_type: str,
@@ -176,7 +176,7 @@ class DurableGraphFlow(GraphFlow):
 
         return _factory
 
-    def _create_participant_factory(  # type: ignore[override]
+    def _create_participant_factory(
         self,
         parent_topic_type: str,
         output_topic_type: str,
@@ -213,7 +213,7 @@ class DurableGraphFlow(GraphFlow):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run_stream(  # type: ignore[override]
+    async def run_stream(
         self,
         *,
         task: str | BaseChatMessage | Sequence[BaseChatMessage] | None = None,
@@ -319,11 +319,21 @@ class DurableGraphFlow(GraphFlow):
             host=socket.gethostname(),
             pid=os.getpid(),
         )
-        if not self._synced or self._journal.head != run.head_seq:
-            await self._restore(store.load(self._run_id))
+        stale = not self._synced or self._journal.head != run.head_seq
         self._journal.head = run.head_seq
+        if self._pending_import is not None:
+            if run.message_count:
+                store.release_lease(self._run_id, self._token)
+                raise StateFormatError(
+                    f"run {self._run_id!r} already has {run.message_count} messages in the store; load_state() "
+                    "seeds a new run only: construct the team with a new run_id to continue the loaded state"
+                )
+            await self._import_state(self._pending_import)
+            self._pending_import = None
+        elif stale:
+            await self._restore(store.load(self._run_id))
         self._synced = True
-        return run
+        return store.get_run(self._run_id)
 
     def _detach(self, clean: bool, failed: bool) -> None:
         """Record how the run ended if the manager did not (interrupted or failed); free the lease."""
@@ -382,7 +392,7 @@ class DurableGraphFlow(GraphFlow):
                 dispatches = {n: tuple(v) for n, v in step.data.get("dispatches", {}).items()}
             at = step.data.get("at")
             for name in step.data.get("dispatched", ()):
-                dispatches[name] = (*dispatches.get(name, ())[-1:], int(at))
+                dispatches[name] = (*dispatches.get(name, ())[-1:], int(at or 0))
         if log.scheduler is None:
             return Cursor.fresh(initial(self._spec))
         return Cursor.from_json(log.scheduler, self._spec, dispatches)
@@ -441,7 +451,7 @@ class DurableGraphFlow(GraphFlow):
             if name in agent_states
         ]
         cursor = Cursor.from_extension(ext)
-        status = "finished" if cursor.finished else "interrupted"
+        status: RunStatus = "finished" if cursor.finished else "interrupted"
         self._write(
             Step("import", None, cursor.to_json(self._spec), {"dispatches": ext.get("dispatches", {})}),
             records,
@@ -450,6 +460,78 @@ class DurableGraphFlow(GraphFlow):
         )
 
     # -- state, reset, component ----------------------------------------------------------------
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        """Load a saved team state; the next :meth:`run` continues it durably under :attr:`run_id`.
+
+        The argument is deep-copied. A state saved by plain ``GraphFlow`` (no ``graphflow_durable``
+        section) is validated and repaired first -- lost in-flight speakers, an empty ready queue
+        with work left, lost loop bookkeeping -- and what was changed is logged. The run must be
+        new (or empty) in the store.
+
+        Raises:
+            StateFormatError: the state has the wrong shape, or the run already has history.
+            UnrepairableStateError: a legacy state whose thread the graph cannot explain.
+        """
+        copied: dict[str, Any] = copy.deepcopy(dict(state))
+        agent_states = copied.get("agent_states")
+        manager = (
+            agent_states.get(self._group_chat_manager_name) if isinstance(agent_states, Mapping) else None
+        )
+        if not isinstance(manager, Mapping):
+            raise StateFormatError(
+                f"not a team state: expected 'agent_states' with a {self._group_chat_manager_name!r} entry, "
+                "as GraphFlow.save_state() writes"
+            )
+        if "graphflow_durable" not in manager:
+            from .integrity import repair_state
+
+            repaired = repair_state(copied, graph=self._graph)
+            for change in repaired.changes:
+                logger.warning("run %s: repaired a legacy GraphFlow state: %s", self._run_id, change)
+            copied = copy.deepcopy(dict(repaired.state))
+        run = self.store.get_run(self._run_id)
+        if run is not None and run.message_count:
+            raise StateFormatError(
+                f"run {self._run_id!r} already has {run.message_count} messages in the store; load_state() "
+                "seeds a new run only: construct the team with a new run_id to continue the loaded state"
+            )
+        self._journal.deferred.clear()
+        await GraphFlow.load_state(self, copied)
+        self._pending_import = copied
+        self._synced = True
+
+    async def reset(self) -> None:
+        """Reset the team as GraphFlow does, and start the stored run afresh (its history is kept)."""
+        await GraphFlow.reset(self)
+        self._journal.deferred.clear()
+        self._journal.contexts.clear()
+        self._pending_import = None
+        store = self.store
+        run = store.get_run(self._run_id)
+        if run is None:
+            return
+        token = store.acquire_lease(
+            self._run_id,
+            self._owner,
+            lease_seconds=self._lease_seconds,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+        try:
+            cursor = Cursor.fresh(initial(self._spec), origin=run.message_count)
+            states = [AgentStateRecord(p.name, await p.save_state()) for p in self._participants]
+            self._journal.head = store.commit(
+                self._run_id,
+                expected_head=run.head_seq,
+                fencing_token=token,
+                step=Step("reset", None, cursor.to_json(self._spec)),
+                agent_states=states,
+                update=RunUpdate(status="interrupted", task=[]),
+            )
+        finally:
+            store.release_lease(self._run_id, token)
+        self._synced = True
 
     async def save_state(self) -> Mapping[str, Any]:
         """A JSON-serialisable deep copy of the team's state, in the durable format.

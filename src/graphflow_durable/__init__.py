@@ -1,7 +1,13 @@
-"""graphflow-durable: durable execution for AutoGen's GraphFlow."""
+"""graphflow-durable: durable execution for AutoGen's GraphFlow.
+
+Swap ``GraphFlow`` for :class:`DurableGraphFlow`, add ``store=`` and ``run_id=``, and every agent
+completion is committed to a database; a new process with the same run id resumes exactly where
+the last commit left off.
+"""
 
 from __future__ import annotations
 
+from .context import ExecutionContext, current_execution
 from .errors import (
     ConflictError,
     GraphflowDurableError,
@@ -16,11 +22,16 @@ from .errors import (
     StoreError,
     UnrepairableStateError,
 )
+from .flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
+from .store import RunRecord, Store
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConflictError",
+    "DurableGraphFlow",
+    "DurableGraphFlowConfig",
+    "ExecutionContext",
     "GraphMismatchError",
     "GraphflowDurableError",
     "LeaseLostError",
@@ -28,9 +39,13 @@ __all__ = [
     "ReplayError",
     "RunLockedError",
     "RunNotFoundError",
+    "RunRecord",
     "SchemaVersionError",
     "StateFormatError",
+    "Store",
     "StoreError",
     "UnrepairableStateError",
     "__version__",
+    "current_execution",
+    "default_store_url",
 ]

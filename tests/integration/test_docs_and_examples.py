@@ -1,0 +1,67 @@
+"""The README's code and the examples run as documented."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import graphflow_durable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def python_blocks(markdown: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown.read_text(), flags=re.S)
+
+
+def test_readme_python_examples_run_and_resume_from_the_same_store(tmp_path: Path) -> None:
+    blocks = python_blocks(ROOT / "README.md")
+    assert blocks, "the README has no python example"
+    for index, code in enumerate(blocks):
+        script = tmp_path / f"readme_{index}.py"
+        script.write_text(code)
+        for attempt in (1, 2):  # the second run finds the stored run
+            done = subprocess.run(
+                [sys.executable, str(script)],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 0, f"README block {index}, run {attempt}:\n{done.stderr}"
+
+
+def test_crash_demo_resumes_at_summarize_in_a_fresh_process_without_rerunning_completed_nodes(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "crash_demo.py"), "--db", str(tmp_path / "demo.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "worker 1 exited with -9" in out
+    second = out.split("== worker 2")[1].split("== timeline")[0]
+    assert "summarize: started" in second and "report: done" in second
+    assert "research" not in second and "validate" not in second
+    assert "completed nodes that ran twice: none" in out
+
+
+def test_public_api_all_is_sorted_and_complete() -> None:
+    names = graphflow_durable.__all__
+    assert list(names) == sorted(names)
+    for name in names:
+        assert hasattr(graphflow_durable, name), name
+    public = {
+        n
+        for n in vars(graphflow_durable)
+        if not n.startswith("_") and not isinstance(getattr(graphflow_durable, n), type(sys))
+    }
+    public -= {"annotations"}
+    assert public <= set(names), f"exported but not in __all__: {sorted(public - set(names))}"

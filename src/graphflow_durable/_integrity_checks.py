@@ -29,6 +29,8 @@ def check_graph(p: Parsed, graph: DiGraph, fingerprint: str | None) -> bool:
             f"the state was saved with graph fingerprint {stored[:12]}..., "
             f"the given graph has {fingerprint[:12]}..."
         )
+    elif (edges := _edge_difference(p, graph)) is not None:
+        message = edges
     elif nodes - names and names - nodes:
         message = (
             f"the state has participants {sorted(names)} and the graph has nodes {sorted(nodes)}: "
@@ -39,6 +41,20 @@ def check_graph(p: Parsed, graph: DiGraph, fingerprint: str | None) -> bool:
     p.add("GFD010-different-graph", "/agent_states", message + "; use the graph the state was saved with")
     p.refusal = p.refusal or GraphMismatchError(f"the state belongs to a different graph: {message}")
     return False
+
+
+def _edge_difference(p: Parsed, graph: DiGraph) -> str | None:
+    """GraphFlow saves a count for every (target, activation group) of the graph's edges."""
+    if p.remaining is None:
+        return None
+    have = {f"{t}/{g}" for t, gs in p.remaining.items() for g in gs}
+    want = {f"{t}/{g}" for t, gs in graph.get_remaining_map().items() for g in gs}
+    if have == want:
+        return None
+    return (
+        "the state's remaining counts are for edge targets/groups "
+        f"{sorted(have)}, the graph's edges give {sorted(want)}"
+    )
 
 
 def check_participants(p: Parsed, graph: DiGraph) -> None:

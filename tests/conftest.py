@@ -48,27 +48,47 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def postgres_admin(postgres_url: str) -> Iterator[sa.Engine]:
-    """An autocommit engine on the server, for CREATE/DROP DATABASE."""
+def postgres_test_database(postgres_url: str) -> Iterator[str]:
+    """URL of a database created for this test session (dropped at its end)."""
     url = sa.make_url(postgres_url)
-    if url.drivername == "postgresql":
+    if url.drivername in ("postgresql", "postgres"):
         url = url.set(drivername="postgresql+psycopg")
-    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    name = f"graphflow_test_{os.getpid()}"
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        yield url.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_admin(postgres_test_database: str) -> Iterator[sa.Engine]:
+    """An autocommit engine on the session's test database, for CREATE/DROP SCHEMA."""
+    engine = sa.create_engine(postgres_test_database, isolation_level="AUTOCOMMIT")
     yield engine
     engine.dispose()
 
 
 @pytest.fixture
-def postgres_database(postgres_url: str, postgres_admin: sa.Engine) -> Iterator[str]:
-    """URL of a new, empty PostgreSQL database, dropped after the test."""
-    name = f"graphflow_test_{os.getpid()}_{next(_db_numbers)}"
+def postgres_database(postgres_test_database: str, postgres_admin: sa.Engine) -> Iterator[str]:
+    """URL of a new, empty PostgreSQL schema (the only one on the search path), dropped afterwards.
+
+    A schema per test instead of a database per test: CREATE DATABASE costs ~0.35 s here.
+    """
+    name = f"t{next(_db_numbers)}"
     with postgres_admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        conn.exec_driver_sql(f'CREATE SCHEMA "{name}"')
     try:
-        yield sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+        url = sa.make_url(postgres_test_database)
+        yield url.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(hide_password=False)
     finally:
         with postgres_admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
 
 
 @pytest.fixture

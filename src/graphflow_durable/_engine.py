@@ -63,13 +63,14 @@ def safe_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def open_engines(url: str, *, synchronous: str = "FULL") -> Engines:
+def open_engines(url: str, *, synchronous: str = "FULL", pool_pre_ping: bool = True) -> Engines:
     """Create the engine for ``url``.
 
     Args:
         url: ``sqlite:///path``, ``sqlite://`` (in memory), ``postgresql://...`` (rewritten to
             psycopg 3) or ``postgresql+psycopg://...``.
         synchronous: SQLite ``PRAGMA synchronous`` (``FULL``, ``NORMAL``, ``OFF`` or ``EXTRA``).
+        pool_pre_ping: PostgreSQL only: test each connection as it leaves the pool.
 
     Raises:
         StoreError: the URL is malformed or names a backend/driver this package does not support.
@@ -88,7 +89,7 @@ def open_engines(url: str, *, synchronous: str = "FULL") -> Engines:
     if backend in ("postgresql", "postgres") and (
         parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
     ):
-        return _postgresql(parsed.set(drivername="postgresql+psycopg"))
+        return _postgresql(parsed.set(drivername="postgresql+psycopg"), pool_pre_ping)
     raise StoreError(
         f"unsupported database URL {safe_url(parsed)!r} (backend {backend!r}, driver {driver!r}); "
         "graphflow-durable supports sqlite:///path (the standard sqlite3 module) and "
@@ -141,8 +142,8 @@ def _sqlite(url: URL, synchronous: str) -> Engines:
     )
 
 
-def _postgresql(url: URL) -> Engines:
-    engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True)
+def _postgresql(url: URL, pool_pre_ping: bool) -> Engines:
+    engine = sa.create_engine(url, pool_pre_ping=pool_pre_ping, hide_parameters=True)
     return Engines(
         engine=engine,
         write=engine,

@@ -3,15 +3,29 @@
 Building a statement once lets SQLAlchemy's compiled cache serve every later execution, so the hot
 path (:meth:`Store.commit`) only binds parameters. Bind parameter names start with ``p_`` because
 SQLAlchemy reserves column names for the values of INSERT/UPDATE. Only ``store.py`` executes them.
+
+The commit path goes one step further: :class:`HotPath` compiles its statements once per dialect
+to driver SQL, which ``store.py`` runs on the pooled DBAPI connection, skipping SQLAlchemy's
+per-execution machinery (about 0.3 ms per commit here, more than a SQLite ``NORMAL`` commit).
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import ClauseElement
 
 from ._schema import agent_states, messages, runs, steps
 
 __all__ = [
+    "HotPath",
+    "Prepared",
     "INSERT_MESSAGE",
     "INSERT_RUN",
     "INSERT_STATE",
@@ -139,3 +153,53 @@ RELEASE_LEASE = (
     )
     .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None)
 )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A statement compiled to the driver's SQL, with how to order its parameters."""
+
+    sql: str
+    positions: tuple[str, ...] | None  # parameter names in order (positional styles), or None
+
+    @classmethod
+    def compile(cls, statement: ClauseElement, dialect: Dialect) -> Prepared:
+        """Compile ``statement`` for ``dialect`` (no literal or expanding parameters allowed)."""
+        compiled = statement.compile(dialect=dialect)
+        assert isinstance(compiled, SQLCompiler)
+        positions = tuple(compiled.positiontup or ()) if compiled.positional else None
+        return cls(sql=compiled.string, positions=positions)
+
+    def bind(self, params: Mapping[str, Any]) -> Any:
+        """Parameters in the shape the driver wants for this statement."""
+        if self.positions is None:
+            return params
+        return tuple([params[name] for name in self.positions])
+
+
+#: A run's lease columns as read by the commit path (attribute access like a SQLAlchemy Row).
+LeaseTuple = namedtuple("LeaseTuple", list(SELECT_LEASE.selected_columns.keys()))  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class HotPath:
+    """The commit path's statements, compiled once for one dialect."""
+
+    update_head: Prepared
+    update_head_msgs: Prepared
+    insert_step: Prepared
+    insert_message: Prepared
+    insert_state: Prepared
+    select_lease: Prepared
+
+    @classmethod
+    def for_dialect(cls, dialect: Dialect) -> HotPath:
+        """Compile every statement of the commit path for ``dialect``."""
+        return cls(
+            update_head=Prepared.compile(UPDATE_HEAD, dialect),
+            update_head_msgs=Prepared.compile(UPDATE_HEAD_MSGS, dialect),
+            insert_step=Prepared.compile(INSERT_STEP, dialect),
+            insert_message=Prepared.compile(INSERT_MESSAGE, dialect),
+            insert_state=Prepared.compile(INSERT_STATE, dialect),
+            select_lease=Prepared.compile(SELECT_LEASE, dialect),
+        )

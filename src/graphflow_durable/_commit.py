@@ -1,0 +1,169 @@
+"""What a commit writes, encoded before any SQL runs, and why a refused commit was refused.
+
+Pure: no database access. Encoding first means a value that is not JSON fails with
+:class:`NotSerializableError` before a transaction is even opened, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._codec import dumps
+from ._lease import lease_lost
+from ._records import AgentStateRecord, MessageRecord, RunUpdate, Step
+from .errors import ConflictError, RunNotFoundError, StoreError
+
+__all__ = ["VALID_STATUS", "CommitParams", "encode_commit", "encode_run", "not_found", "refusal"]
+
+VALID_STATUS = frozenset(("running", "interrupted", "failed", "finished"))
+
+
+def encode_run(
+    run_id: str,
+    graph_fingerprint: str,
+    graph: Mapping[str, Any],
+    owner: str,
+    lease_seconds: float,
+    parent_run_id: str | None,
+    host: str | None,
+    pid: int | None,
+    now: float,
+) -> dict[str, Any]:
+    """The row of a new run: running, head 0, leased to ``owner`` (this process by default), token 1."""
+    return {
+        "run_id": run_id,
+        "graph_fingerprint": graph_fingerprint,
+        "graph": dumps(graph, where="graph"),
+        "status": "running",
+        "head_seq": 0,
+        "message_count": 0,
+        "task": None,
+        "result": None,
+        "lease_owner": owner,
+        "lease_host": socket.gethostname() if host is None else host,
+        "lease_pid": os.getpid() if pid is None else pid,
+        "lease_expires_at": now + lease_seconds,
+        "fencing_token": 1,
+        "parent_run_id": parent_run_id,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+@dataclass(frozen=True)
+class CommitParams:
+    """Bind parameters of one commit: the head update, the step row, message and state rows."""
+
+    run: dict[str, Any]
+    step: dict[str, Any]
+    messages: list[dict[str, Any]]
+    states: list[dict[str, Any]]
+
+
+def encode_commit(
+    run_id: str,
+    expected_head: int,
+    fencing_token: int,
+    now: float,
+    step: Step,
+    messages: Sequence[MessageRecord],
+    agent_states: Sequence[AgentStateRecord],
+    update: RunUpdate | None,
+) -> CommitParams:
+    """Encode everything a commit writes; raise before any SQL if something is wrong with it."""
+    new_head = expected_head + 1
+    run: dict[str, Any] = {
+        "p_run_id": run_id,
+        "p_expected": expected_head,
+        "p_token": fencing_token,
+        "p_new_head": new_head,
+        "p_now": now,
+        "p_status": None,
+        "p_task": None,
+        "p_result": None,
+    }
+    if update is not None:
+        if update.status is not None and update.status not in VALID_STATUS:
+            raise StoreError(
+                f"run {run_id}: status {update.status!r} is not one of {sorted(VALID_STATUS)}; "
+                "nothing was written"
+            )
+        run["p_status"] = update.status
+        if update.task is not None:
+            run["p_task"] = dumps(update.task, where="update/task")
+        if update.result is not None:
+            run["p_result"] = dumps(update.result, where="update/result")
+    step_row = {
+        "run_id": run_id,
+        "seq": new_head,
+        "kind": step.kind,
+        "node": step.node,
+        "scheduler": dumps(step.scheduler, where="step/scheduler"),
+        "data": dumps(step.data, where="step/data"),
+        "created_at": now,
+    }
+    rows = []
+    if messages:
+        first = messages[0].seq
+        for index, message in enumerate(messages):
+            if message.seq != first + index:
+                raise ConflictError(
+                    f"run {run_id}: message seqs of one commit must be contiguous; message {index} has "
+                    f"seq {message.seq} but {first + index} was expected; nothing was written"
+                )
+            body = dumps(message.body, where=f"messages/{message.seq}/body")
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "seq": message.seq,
+                    "step_seq": new_head,
+                    "published": bool(message.published),
+                    "body": body,
+                }
+            )
+        run["p_first_seq"] = first
+        run["p_message_count"] = first + len(messages)
+    states = []
+    seen: set[str] = set()
+    for state in agent_states:
+        if state.node in seen:
+            raise StoreError(
+                f"run {run_id}: two agent states for node {state.node!r} in one commit; "
+                "pass one state per node; nothing was written"
+            )
+        seen.add(state.node)
+        body = dumps(state.body, where=f"agent_states/{state.node}")
+        states.append({"run_id": run_id, "node": state.node, "step_seq": new_head, "body": body})
+    return CommitParams(run=run, step=step_row, messages=rows, states=states)
+
+
+def refusal(
+    run_id: str,
+    row: Any,
+    expected_head: int,
+    fencing_token: int,
+    first_seq: int | None,
+) -> StoreError:
+    """Why the guarded head update matched no row, given the run's lease row (``None``: no run)."""
+    if row is None:
+        return not_found(run_id)
+    if row.fencing_token != fencing_token:
+        return lease_lost(run_id, fencing_token, row)
+    if row.head_seq != expected_head:
+        return ConflictError(
+            f"run {run_id}: expected head {expected_head} but the store is at {row.head_seq}; "
+            "another writer committed first; nothing was written; reload the run"
+        )
+    return ConflictError(
+        f"run {run_id}: the new messages start at seq {first_seq} but the run has {row.message_count} "
+        "messages; message seqs must continue the thread without gaps; nothing was written; reload the run"
+    )
+
+
+def not_found(run_id: str) -> RunNotFoundError:
+    """The error for a run id the store does not have."""
+    return RunNotFoundError(f"run {run_id} does not exist; create it with Store.create_run() first")

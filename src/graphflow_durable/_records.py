@@ -1,0 +1,159 @@
+"""The store's value objects: what a commit takes and what a load returns (JSON values, no AutoGen).
+
+Re-exported by :mod:`graphflow_durable.store`, which is where they are documented for users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sqlalchemy.engine import RowMapping
+
+from ._codec import loads
+
+__all__ = [
+    "AgentStateRecord",
+    "MessageRecord",
+    "RunLog",
+    "RunRecord",
+    "RunStatus",
+    "RunUpdate",
+    "Step",
+    "StepRecord",
+    "StoredMessage",
+    "run_record",
+]
+
+RunStatus = Literal["running", "interrupted", "failed", "finished"]
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    """A message to append to a run's thread.
+
+    Attributes:
+        seq: its position in the thread (0-based, contiguous; the first message of a commit is the
+            run's current message count).
+        body: the message as AutoGen's ``message.dump()`` returns it.
+        published: whether the message was broadcast to the participants (it then belongs in
+            their input buffers); inner events of an agent's turn are not.
+    """
+
+    seq: int
+    body: Mapping[str, Any]
+    published: bool
+
+
+@dataclass(frozen=True)
+class AgentStateRecord:
+    """A participant's state saved in a commit (as ``agent.save_state()`` returns it)."""
+
+    node: str
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One transition to commit.
+
+    Attributes:
+        kind: ``"start"`` (a round begins: task messages, first selection), ``"complete"``
+            (a node's answer, possibly followed by the next selection), ``"input"`` (user input
+            added to an unfinished round), ``"stop"`` (the round ended), ``"reset"``.
+        node: the node that completed, for ``"complete"``.
+        scheduler: the scheduler state after the step (JSON, opaque to the store).
+        data: anything else the flow needs to resume (JSON, opaque to the store).
+    """
+
+    kind: str
+    node: str | None
+    scheduler: Mapping[str, Any]
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunUpdate:
+    """Run-level fields a commit changes at the same time (``None`` = unchanged)."""
+
+    status: RunStatus | None = None
+    task: Any = None
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run's row."""
+
+    run_id: str
+    graph_fingerprint: str
+    graph: Mapping[str, Any]
+    status: RunStatus
+    head_seq: int
+    message_count: int
+    task: Any
+    result: Any
+    lease_owner: str | None
+    lease_expires_at: float | None
+    fencing_token: int
+    parent_run_id: str | None
+    created_at: float
+    updated_at: float
+    lease_host: str | None = None
+    lease_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A committed step, as read back (the scheduler state only for the head step, in RunLog)."""
+
+    seq: int
+    kind: str
+    node: str | None
+    data: Mapping[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message of the thread, as read back."""
+
+    seq: int
+    step_seq: int
+    body: Mapping[str, Any]
+    published: bool
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """Everything needed to resume a run, read in one transaction."""
+
+    run: RunRecord
+    steps: Sequence[StepRecord]
+    messages: Sequence[StoredMessage]
+    scheduler: Mapping[str, Any] | None
+    agent_states: Mapping[str, Mapping[str, Any]]
+
+
+def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:
+    """A run's row (as stored: JSON text) as a :class:`RunRecord` (JSON decoded)."""
+    task, result = row["task"], row["result"]
+    return RunRecord(
+        run_id=row["run_id"],
+        graph_fingerprint=row["graph_fingerprint"],
+        graph=loads(row["graph"]),
+        status=row["status"],
+        head_seq=row["head_seq"],
+        message_count=row["message_count"],
+        task=None if task is None else loads(task),
+        result=None if result is None else loads(result),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        fencing_token=row["fencing_token"],
+        parent_run_id=row["parent_run_id"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        lease_host=row["lease_host"],
+        lease_pid=row["lease_pid"],
+    )

@@ -386,3 +386,27 @@ def test_a_store_can_be_reopened_and_sees_what_was_committed(store_url: str) -> 
         commit_text(first, "run-1", 0, start(first), 0, text="kept")
     with Store(store_url) as second:
         assert [m.body["content"] for m in second.load("run-1").messages] == ["kept"]
+
+
+def test_a_database_error_in_the_middle_of_a_commit_rolls_back_all_of_it(
+    store: Store, raw: sa.Engine
+) -> None:
+    token = start(store)
+    with raw.begin() as conn:  # the last statement of the commit will fail
+        conn.execute(sa.text("ALTER TABLE graphflow_agent_states RENAME TO graphflow_agent_states_gone"))
+    with pytest.raises(StoreError, match=r"committing step 1 of run run-1 failed on .*agent_states") as info:
+        store.commit(
+            "run-1",
+            expected_head=0,
+            fencing_token=token,
+            step=Step("start", None, {}),
+            messages=[MessageRecord(0, {}, True)],
+            agent_states=[AgentStateRecord("a", {})],
+            update=RunUpdate(status="failed"),
+        )
+    assert info.value.__cause__ is not None
+    with raw.connect() as conn:
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM graphflow_steps")).scalar_one() == 0
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM graphflow_messages")).scalar_one() == 0
+    run = store.get_run("run-1")
+    assert run is not None and (run.head_seq, run.message_count, run.status) == (0, 0, "running")

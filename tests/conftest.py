@@ -85,7 +85,9 @@ def postgres_database(postgres_test_database: str, postgres_admin: sa.Engine) ->
         conn.exec_driver_sql(f'CREATE SCHEMA "{name}"')
     try:
         url = sa.make_url(postgres_test_database)
-        yield url.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(hide_password=False)
+        yield url.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
+            hide_password=False
+        )
     finally:
         with postgres_admin.connect() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')

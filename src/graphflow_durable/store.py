@@ -308,7 +308,7 @@ class Store:
                     "p_expires": now + lease_seconds,
                 },
             )
-        if reason != "free":
+        if reason not in ("free", "same owner"):
             _log.info(
                 "run %s: %s took the lease from %s (%s); token %d",
                 run_id,

@@ -1,0 +1,300 @@
+"""Deterministic agents and small graphs shared by the integration tests.
+
+:class:`Scripted` answers with its name, its turn number and a digest of everything it was given,
+so a lost or duplicated input, or a wrongly restored agent state (the turn number is its saved
+state), shows in the transcript. Hooks let a test make a turn wait, fail or look around.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from autogen_agentchat.agents import BaseChatAgent
+from autogen_agentchat.base import Response, TerminationCondition
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, TextMessage
+from autogen_agentchat.teams import DiGraph, DiGraphBuilder
+from autogen_core import CancellationToken, Component
+from pydantic import BaseModel
+
+from graphflow_durable.flow import DurableGraphFlow
+
+Hook = Callable[["Scripted", Sequence[BaseChatMessage]], Awaitable[None]]
+
+
+class ScriptedConfig(BaseModel):
+    name: str
+    says: list[str] = []
+
+
+class Scripted(BaseChatAgent, Component[ScriptedConfig]):
+    """A deterministic agent.
+
+    Args:
+        name: its name.
+        says: what it adds on each turn (e.g. ``"again"``, ``"done"``, ``"STOP"``).
+        calls: a list shared between teams; every call appends the agent's name (also a failing one).
+        before: awaited at the start of every turn, after the turn counter moved (it may wait on an
+            Event, record ``current_execution()``, or raise to simulate a crash of the turn).
+    """
+
+    component_config_schema = ScriptedConfig
+    component_provider_override = "agents.Scripted"
+
+    def __init__(
+        self,
+        name: str,
+        says: Sequence[str] = (),
+        *,
+        calls: list[str] | None = None,
+        before: Hook | None = None,
+    ) -> None:
+        super().__init__(name, f"scripted agent {name}")
+        self.turn = 0
+        self.says = list(says)
+        self.calls = calls if calls is not None else []
+        self.before = before
+        self.token: CancellationToken | None = None
+
+    @property
+    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
+        return (TextMessage,)
+
+    async def on_messages(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> Response:
+        self.calls.append(self.name)
+        self.turn += 1
+        self.token = cancellation_token
+        if self.before is not None:
+            await self.before(self, messages)
+        await asyncio.sleep(0)
+        seen = hashlib.sha256("|".join(m.to_text() for m in messages).encode()).hexdigest()[:8]
+        extra = self.says[self.turn - 1] if self.turn <= len(self.says) else ""
+        content = f"{self.name}#{self.turn} saw {len(messages)}:{seen} {extra}".rstrip()
+        return Response(chat_message=TextMessage(content=content, source=self.name))
+
+    async def on_reset(self, cancellation_token: CancellationToken) -> None:
+        self.turn = 0
+
+    async def save_state(self) -> Mapping[str, Any]:
+        return {"turn": self.turn}
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        self.turn = int(state["turn"])
+
+    def _to_config(self) -> ScriptedConfig:
+        return ScriptedConfig(name=self.name, says=self.says)
+
+    @classmethod
+    def _from_config(cls, config: ScriptedConfig) -> Scripted:
+        return cls(config.name, config.says)
+
+
+# -- hooks ----------------------------------------------------------------------------------------
+
+
+class Boom(RuntimeError):
+    """What a failing agent raises."""
+
+
+def fail_once(after: Hook | None = None) -> Hook:
+    """Raise :class:`Boom` on the first call (after awaiting ``after``, if given); pass afterwards."""
+    state = {"failed": False}
+
+    async def hook(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        if after is not None:
+            await after(agent, messages)
+        if not state["failed"]:
+            state["failed"] = True
+            raise Boom(f"{agent.name} crashed on purpose")
+
+    return hook
+
+
+def fail_on_turn(turn: int) -> Hook:
+    """Raise :class:`Boom` the first time the agent reaches its ``turn``-th turn."""
+    state = {"failed": False}
+
+    async def hook(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        if agent.turn == turn and not state["failed"]:
+            state["failed"] = True
+            raise Boom(f"{agent.name} crashed on purpose on turn {turn}")
+
+    return hook
+
+
+class Gate:
+    """A turn that announces it started and then waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def __call__(self, agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        self.started.set()
+        waiting = asyncio.ensure_future(self.opened.wait())
+        if agent.token is not None:
+            agent.token.link_future(waiting)  # like a model call, the wait honours cancellation
+        await waiting
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+# -- graphs -----------------------------------------------------------------------------------
+
+
+def chain(*agents: Scripted) -> DiGraph:
+    """agents[0] -> agents[1] -> ... -> agents[-1]."""
+    b = DiGraphBuilder()
+    for agent in agents:
+        b.add_node(agent)
+    for source, target in itertools.pairwise(agents):
+        b.add_edge(source, target)
+    b.set_entry_point(agents[0])
+    return b.build()
+
+
+def fan(a: Scripted, b1: Scripted, b2: Scripted, d: Scripted) -> DiGraph:
+    """a -> (b1, b2) -> d, d waiting for both."""
+    b = DiGraphBuilder()
+    for agent in (a, b1, b2, d):
+        b.add_node(agent)
+    b.add_edge(a, b1).add_edge(a, b2).add_edge(b1, d).add_edge(b2, d)
+    b.set_entry_point(a)
+    return b.build()
+
+
+def loop_graph(agents: Mapping[str, Scripted]) -> DiGraph:
+    """Fan-out S->(P1,P2), join ->J, loop J->R->J ("any", while R says "again"), exit R->E."""
+    s, p1, p2, j, r, e = (agents[n] for n in ("S", "P1", "P2", "J", "R", "E"))
+    b = DiGraphBuilder()
+    for agent in (s, p1, p2, j, r, e):
+        b.add_node(agent)
+    b.add_edge(s, p1).add_edge(s, p2)
+    b.add_edge(p1, j, activation_group="join").add_edge(p2, j, activation_group="join")
+    b.add_edge(j, r)
+    b.add_edge(r, j, condition="again", activation_group="loop", activation_condition="any")
+    b.add_edge(r, e, condition="done")
+    b.set_entry_point(s)
+    return b.build()
+
+
+LOOP_SAYS = {"R": ["again", "again", "done"]}
+
+
+def loop_agents(calls: list[str], hooks: Mapping[str, Hook] | None = None) -> dict[str, Scripted]:
+    hooks = hooks or {}
+    return {
+        n: Scripted(n, LOOP_SAYS.get(n, ()), calls=calls, before=hooks.get(n))
+        for n in ("S", "P1", "P2", "J", "R", "E")
+    }
+
+
+def durable(
+    agents: Sequence[Scripted] | Mapping[str, Scripted],
+    graph: DiGraph,
+    url: str,
+    run_id: str,
+    termination: TerminationCondition | None = None,
+    **kwargs: Any,
+) -> DurableGraphFlow:
+    participants = list(agents.values()) if isinstance(agents, Mapping) else list(agents)
+    team = DurableGraphFlow(
+        participants, graph, termination_condition=termination, store=url, run_id=run_id, **kwargs
+    )
+    OPEN_TEAMS.append(team)
+    return team
+
+
+OPEN_TEAMS: list[DurableGraphFlow] = []
+
+
+def close_stores() -> None:
+    """Close the stores of every team :func:`durable` made (call it at the end of each test)."""
+    while OPEN_TEAMS:
+        team = OPEN_TEAMS.pop()
+        if team._store is not None:
+            team._store.close()
+
+
+def text(messages: Sequence[BaseAgentEvent | BaseChatMessage]) -> list[tuple[str, str]]:
+    """``[(source, content)]`` of the chat messages of a result."""
+    return [(m.source, m.to_text()) for m in messages if isinstance(m, BaseChatMessage)]
+
+
+def stored_transcript(team: DurableGraphFlow) -> list[tuple[str, str]]:
+    """``[(source, content)]`` of the run's whole stored thread."""
+    log = team.store.load(team.run_id)
+    return [(str(m.body["source"]), str(m.body.get("content"))) for m in log.messages]
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Yield to the loop until ``predicate()`` holds (fail after ``timeout`` seconds)."""
+
+    async def poll() -> None:
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+# -- spying on a team ---------------------------------------------------------------------------
+
+
+class CommitSpy:
+    """Records every commit a team makes: ``(kind, node, message sources, state nodes, scheduler)``."""
+
+    def __init__(self, team: DurableGraphFlow) -> None:
+        self.commits: list[dict[str, Any]] = []
+        store = team.store
+        original = store.commit
+
+        def commit(*args: Any, **kwargs: Any) -> int:
+            head = original(*args, **kwargs)
+            step = kwargs["step"]
+            self.commits.append(
+                {
+                    "kind": step.kind,
+                    "node": step.node,
+                    "sources": [m.body["source"] for m in kwargs.get("messages", ())],
+                    "states": {s.node: dict(s.body) for s in kwargs.get("agent_states", ())},
+                    "scheduler": dict(step.scheduler),
+                    "data": dict(step.data),
+                    "head": head,
+                }
+            )
+            return head
+
+        store.commit = commit  # type: ignore[method-assign]
+
+    def completed(self, node: str) -> bool:
+        return any(c["kind"] == "complete" and c["node"] == node for c in self.commits)
+
+
+def capture_manager(team: DurableGraphFlow) -> list[Any]:
+    """A list that receives the team's group chat manager when the team initialises."""
+    managers: list[Any] = []
+    original = team._create_group_chat_manager_factory
+
+    def patched(*args: Any, **kwargs: Any) -> Callable[[], Any]:
+        factory = original(*args, **kwargs)
+
+        def make() -> Any:
+            manager = factory()
+            managers.append(manager)
+            return manager
+
+        return make
+
+    team._create_group_chat_manager_factory = patched  # type: ignore[method-assign]
+    return managers
+
+
+def manager_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The manager's entry of a saved team state."""
+    return next(s for s in state["agent_states"].values() if "message_thread" in s)

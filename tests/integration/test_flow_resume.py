@@ -1,0 +1,176 @@
+"""Issue 6, behaviours 2 and 7: exact resume by a new team object, and the execution context."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.messages import BaseChatMessage
+
+from agents import (
+    Boom,
+    CommitSpy,
+    Scripted,
+    chain,
+    close_stores,
+    durable,
+    fail_on_turn,
+    fail_once,
+    fan,
+    loop_agents,
+    loop_graph,
+    stored_transcript,
+    text,
+    wait_for,
+)
+from graphflow_durable.context import ExecutionContext, current_execution
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    yield
+    close_stores()
+
+
+async def _reference(names: str, graph_of, url: str) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    agents = [Scripted(n) for n in names]
+    result = await durable(agents, graph_of(*agents), url, "reference").run(task="go")
+    return text(result.messages)
+
+
+async def test_agent_exception_fails_the_run_and_leaves_the_node_in_flight(store_url: str) -> None:
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls, before=fail_once() if n == "B" else None) for n in "ABC"]
+    team = durable(agents, chain(*agents), store_url, "run")
+    with pytest.raises(RuntimeError, match="B crashed on purpose"):
+        await team.run(task="go")
+    assert calls == ["A", "B"]
+    assert team.run_info().status == "failed"
+    assert team.store.load("run").scheduler["s"]["in_flight"] == ["B"]
+
+
+async def test_new_team_resumes_completed_nodes_never_run_again_failed_node_gets_same_input(
+    store_url: str,
+) -> None:
+    reference = await _reference("ABC", chain, store_url)
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls, before=fail_once() if n == "B" else None) for n in "ABC"]
+    with pytest.raises(RuntimeError):
+        await durable(agents, chain(*agents), store_url, "run").run(task="go")
+
+    again: list[str] = []
+    fresh = [Scripted(n, calls=again) for n in "ABC"]
+    team = durable(fresh, chain(*fresh), store_url, "run")
+    result = await team.run()
+    assert again == ["B", "C"], "A completed before the failure and must not run again"
+    # B's content digests its input and carries its restored turn number: same as uninterrupted
+    assert text(result.messages) == reference[2:]
+    assert stored_transcript(team) == reference
+    assert team.run_info().status == "finished"
+
+
+async def test_same_team_object_resumes_after_an_agent_exception(store_url: str) -> None:
+    reference = await _reference("ABC", chain, store_url)
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls, before=fail_once() if n == "B" else None) for n in "ABC"]
+    team = durable(agents, chain(*agents), store_url, "run")
+    with pytest.raises(RuntimeError):
+        await team.run(task="go")
+    # B's failed turn moved its in-memory turn counter; resuming restores the committed state
+    await team.run()
+    assert calls == ["A", "B", "B", "C"]
+    assert stored_transcript(team) == reference
+
+
+async def test_parallel_sibling_that_finished_is_kept_only_the_failed_one_reruns(store_url: str) -> None:
+    reference = await _reference("ABCD", fan, store_url)
+    calls: list[str] = []
+    holder: list[CommitSpy] = []
+
+    async def after_b_committed(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        await wait_for(lambda: holder[0].completed("B"))
+
+    agents = [
+        Scripted(n, calls=calls, before=fail_once(after_b_committed) if n == "C" else None) for n in "ABCD"
+    ]
+    first = durable(agents, fan(*agents), store_url, "run")
+    holder.append(CommitSpy(first))
+    with pytest.raises(RuntimeError, match="C crashed"):
+        await first.run(task="go")
+    assert sorted(calls) == ["A", "B", "C"]
+
+    again: list[str] = []
+    fresh = [Scripted(n, calls=again) for n in "ABCD"]
+    team = durable(fresh, fan(*fresh), store_url, "run")
+    await team.run()
+    assert again == ["C", "D"]
+    assert stored_transcript(team) == reference
+
+
+@pytest.mark.parametrize("fail", [("J", 2), ("R", 2), ("R", 3), ("P2", 1)])
+async def test_loop_resume_keeps_activation_bookkeeping(store_url: str, fail: tuple[str, int]) -> None:
+    reference_calls: list[str] = []
+    ref_agents = loop_agents(reference_calls)
+    ref_team = durable(ref_agents, loop_graph(ref_agents), store_url, "reference", MaxMessageTermination(60))
+    reference = text((await ref_team.run(task="go")).messages)
+
+    node, turn = fail
+    calls: list[str] = []
+    agents = loop_agents(calls, {node: fail_on_turn(turn)})
+    with pytest.raises(RuntimeError, match="crashed on purpose"):
+        await durable(agents, loop_graph(agents), store_url, "run", MaxMessageTermination(60)).run(task="go")
+    done_before = len(calls) - 1
+
+    again: list[str] = []
+    fresh = loop_agents(again)
+    team = durable(fresh, loop_graph(fresh), store_url, "run", MaxMessageTermination(60))
+    await team.run()
+    assert stored_transcript(team) == reference
+    assert calls[:done_before] + again == reference_calls, "each activation ran exactly once"
+    assert again[0] == node, "the failed node runs again first"
+
+
+async def test_execution_context_gives_run_node_step_attempt(store_url: str) -> None:
+    seen: dict[str, ExecutionContext | None] = {}
+
+    async def record(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        seen[agent.name] = current_execution()
+
+    agents = [Scripted(n, before=record) for n in "ABC"]
+    team = durable(agents, chain(*agents), store_url, "ctx")
+    spy = CommitSpy(team)
+    await team.run(task="go")
+    assert current_execution() is None
+    dispatched_by = {
+        c["data"]["dispatched"][0]: c["head"] for c in spy.commits if c["data"].get("dispatched")
+    }
+    for name in "ABC":
+        ctx = seen[name]
+        assert ctx is not None
+        assert (ctx.run_id, ctx.node, ctx.step, ctx.attempt) == ("ctx", name, dispatched_by[name], 1)
+        assert ctx.idempotency_key == f"ctx/{name}/{dispatched_by[name]}"
+    assert len({ctx.idempotency_key for ctx in seen.values() if ctx}) == 3
+
+
+async def test_retried_turn_after_failure_has_attempt_2_and_the_same_idempotency_key(store_url: str) -> None:
+    seen: list[ExecutionContext | None] = []
+
+    async def record(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        seen.append(current_execution())
+
+    agents = [Scripted(n, before=fail_once(record) if n == "B" else None) for n in "ABC"]
+    with pytest.raises(RuntimeError):
+        await durable(agents, chain(*agents), store_url, "ctx").run(task="go")
+
+    fresh = [Scripted(n, before=record if n == "B" else None) for n in "ABC"]
+    await durable(fresh, chain(*fresh), store_url, "ctx").run()
+    first, retry = seen
+    assert first is not None and retry is not None
+    assert (first.attempt, retry.attempt) == (1, 2)
+    assert first.idempotency_key == retry.idempotency_key
+    assert (retry.run_id, retry.node, retry.step) == ("ctx", "B", first.step)
+
+
+def test_boom_is_what_agents_raise() -> None:
+    assert issubclass(Boom, RuntimeError)

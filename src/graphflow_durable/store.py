@@ -80,7 +80,7 @@ class Store:
             (psycopg 3; ``postgresql+psycopg://`` also accepted).
         synchronous: SQLite ``PRAGMA synchronous`` (``"FULL"`` default, or ``"NORMAL"``).
         pool_pre_ping: PostgreSQL: test each pooled connection before use (survives server restarts;
-            costs one round trip per operation, ~0.3 ms per commit on a local server).
+            costs one extra round trip per operation, measured at 0.02-0.08 ms on a local server).
     """
 
     def __init__(self, url: str, *, synchronous: str = "FULL", pool_pre_ping: bool = True) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -251,8 +252,25 @@ class DurableGraphFlow(GraphFlow):
                 cancellation_token=cancellation_token,
                 output_task_messages=output_task_messages,
             )
+            if cancellation_token is not None:
+                cancellation_token.add_callback(self._halt)
             try:
-                async for item in inner:
+                while True:
+                    # GraphFlow's stream, on a cancellation, waits for the runtime to go idle
+                    # before it lets go; the manager must stop dispatching *before* that wait, or
+                    # the graph runs on to its end inside the cancelled task. So the inner stream
+                    # is advanced in its own task and a cancellation of ours halts first.
+                    advance = asyncio.ensure_future(inner.__anext__())
+                    try:
+                        item = await asyncio.shield(advance)
+                    except StopAsyncIteration:
+                        break
+                    except asyncio.CancelledError:
+                        self._halt()
+                        advance.cancel()
+                        with contextlib.suppress(BaseException):
+                            await advance
+                        raise
                     yield item
                 finished_cleanly = True
             finally:
@@ -269,6 +287,10 @@ class DurableGraphFlow(GraphFlow):
             renewer.cancel()
             self._journal.fatal = None
             self._detach(finished_cleanly, failed)
+
+    def _halt(self) -> None:
+        """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
+        self._journal.halted = True
 
     async def _renew_lease(self) -> None:
         """Keep the lease alive while running; on losing it, stop dispatching."""
@@ -398,6 +420,10 @@ class DurableGraphFlow(GraphFlow):
         return Cursor.from_json(log.scheduler, self._spec, dispatches)
 
     async def _restore(self, log: RunLog) -> None:
+        await GraphFlow.load_state(self, await self._state_from_log(log))
+
+    async def _state_from_log(self, log: RunLog) -> dict[str, Any]:
+        """The team state (TeamState dump, durable format) at the store's head."""
         cursor = self._cursor_from(log)
         completes = {s.seq: s.node for s in log.steps if s.kind == "complete"}
         imported = {s.seq for s in log.steps if s.kind == "import"}
@@ -436,7 +462,7 @@ class DurableGraphFlow(GraphFlow):
             "ready": [*cursor.sched.in_flight, *cursor.sched.ready],
             "graphflow_durable": extension,
         }
-        await GraphFlow.load_state(self, TeamState(agent_states=agent_states).model_dump())
+        return TeamState(agent_states=agent_states).model_dump()
 
     async def _import_state(self, state: Mapping[str, Any]) -> None:
         """Seed the new run with a loaded state: its thread, agent states and cursor in one commit."""
@@ -531,7 +557,9 @@ class DurableGraphFlow(GraphFlow):
             )
         finally:
             store.release_lease(self._run_id, token)
-        self._synced = True
+        # GraphFlow.reset() left the manager's cursor at origin 0, but the stored thread continues at
+        # run.message_count: the next run must restore the cursor (new origin) from the store.
+        self._synced = False
 
     async def save_state(self) -> Mapping[str, Any]:
         """A JSON-serialisable deep copy of the team's state, in the durable format.
@@ -539,6 +567,12 @@ class DurableGraphFlow(GraphFlow):
         Taken at any moment, even mid-run, it is a consistent cut: a fresh team resumes it with
         :meth:`load_state` and :meth:`run`. See docs/state-format.md.
         """
+        if self._pending_import is None and self.store.get_run(self._run_id) is not None:
+            # The store's head is the consistent cut. In memory, mid-run, an in-flight agent may be
+            # mid-turn (its state already holding this turn's input, its buffer already cleared),
+            # an answer may have reached some participants' buffers before the manager committed
+            # it, and the manager extends its thread before its commit: none of that is a cut.
+            return await self._state_from_log(self.store.load(self._run_id))
         return copy.deepcopy(dict(await super().save_state()))
 
     def _to_config(self) -> DurableGraphFlowConfig:

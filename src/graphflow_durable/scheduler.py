@@ -14,7 +14,9 @@ The rules, as in autogen-agentchat 0.7.x:
   original value, ``"any"`` flags cleared).
 * :func:`complete` -- a node's chat message arrived: it leaves the in-flight list, and each of
   the message source's outgoing edges whose condition holds decrements its target's group
-  (``"all"``: enqueue at zero) or enqueues the target once (``"any"``).
+  (``"all"``: enqueue at zero) or enqueues the target once (``"any"``). It does not count turns:
+  GraphFlow counts one per batch only after its termination checks, so the caller, which owns
+  those checks, keeps ``turn``.
 * :func:`finish` -- the natural end of the graph (nothing ready, nothing in flight) re-arms the
   counters and queues the start nodes again, as GraphFlow does.
 * :func:`replay` -- rebuilds the state from a message thread alone.
@@ -65,7 +67,9 @@ class GraphSpec:
         activation: dict[str, dict[str, Activation]] = {}
         for node in graph.nodes.values():
             for edge in node.edges:
-                activation.setdefault(edge.target, {}).setdefault(edge.activation_group, edge.activation_condition)
+                activation.setdefault(edge.target, {}).setdefault(
+                    edge.activation_group, edge.activation_condition
+                )
         return cls(
             graph=graph,
             nodes=tuple(graph.nodes),
@@ -112,7 +116,9 @@ class SchedulerState:
         """Inverse of :meth:`to_json`; raises :class:`StateFormatError` on a wrong shape."""
         try:
             return cls(
-                remaining={str(t): {str(g): int(c) for g, c in gs.items()} for t, gs in data["remaining"].items()},
+                remaining={
+                    str(t): {str(g): int(c) for g, c in gs.items()} for t, gs in data["remaining"].items()
+                },
                 enqueued_any={
                     str(t): {str(g): bool(f) for g, f in gs.items()} for t, gs in data["enqueued_any"].items()
                 },
@@ -129,7 +135,11 @@ class SchedulerState:
 
         Its size follows the active frontier of the run, not the size of the graph.
         """
-        out: dict[str, Any] = {"ready": list(self.ready), "in_flight": list(self.in_flight), "turn": self.turn}
+        out: dict[str, Any] = {
+            "ready": list(self.ready),
+            "in_flight": list(self.in_flight),
+            "turn": self.turn,
+        }
         remaining = {
             t: changed
             for t, groups in self.remaining.items()
@@ -218,6 +228,9 @@ def complete(spec: GraphSpec, state: SchedulerState, node: str, message: BaseCha
     source are evaluated against the message, as GraphFlow does; a message whose source is not
     a graph node moves nothing.
 
+    ``turn`` is left alone (see the module docstring): at the end of a batch that is not the
+    natural end, GraphFlow adds one after its termination checks, and the caller does the same.
+
     Raises:
         ValueError: if ``node`` is not in flight.
     """
@@ -285,7 +298,9 @@ class ReplayResult:
         completions: thread index of every message that counted as a node's completion.
         finished_at: thread indexes after which the graph reached its natural end.
         dispatched_at: for every node in ``state.in_flight``, the thread length when its batch was
-            selected (the messages it had seen as input).
+            selected (the messages it had seen as input). Read from the thread: the index just
+            after the last chat message before the batch's first answer, so that answer's inner
+            events are not counted and a task message appended before the batch is.
     """
 
     state: SchedulerState
@@ -306,7 +321,9 @@ def replay(
     selected lazily, when the first answer of the batch is seen, so a thread that ends between two
     batches leaves the next batch in ``ready`` and one that ends inside a batch leaves the nodes
     that had not answered in ``in_flight``. Messages from outside the graph (the user's task) and
-    agent events move nothing.
+    agent events move nothing. ``turn`` is kept from ``start`` (0 without it) and set to 0 at each
+    natural end; replay does not count turns, because a run stopped by a termination condition
+    (which sets GraphFlow's ``_current_turn`` back to 0) leaves no trace in the thread.
 
     Raises:
         ReplayError: naming the index and source of the first message the graph cannot explain
@@ -316,13 +333,20 @@ def replay(
     completions: list[int] = []
     finished: list[int] = []
     dispatched: dict[str, int] = {}
+    # Where the delta of the next answer begins: just after the last chat message. An answer's
+    # inner events (tool calls, thoughts) come before its chat message in the same delta, and
+    # GraphFlow selected the batch before that delta was appended.
+    delta_start = 0
     for index, message in enumerate(thread):
-        if not isinstance(message, BaseChatMessage) or message.source not in spec.edges:
+        if not isinstance(message, BaseChatMessage):
+            continue
+        if message.source not in spec.edges:
+            delta_start = index + 1
             continue
         if not state.in_flight:
             state, speakers = select(spec, state)
             for speaker in speakers:
-                dispatched[speaker] = index
+                dispatched[speaker] = delta_start
         if message.source not in state.in_flight:
             raise ReplayError(
                 f"message {index} from {message.source!r} does not fit the graph: "
@@ -331,6 +355,7 @@ def replay(
             )
         state = complete(spec, state, message.source, message)
         completions.append(index)
+        delta_start = index + 1
         if is_done(state):
             state = finish(spec, state)
             finished.append(index)
@@ -340,4 +365,3 @@ def replay(
         finished_at=tuple(finished),
         dispatched_at={n: dispatched[n] for n in state.in_flight if n in dispatched},
     )
-

@@ -1,0 +1,1 @@
+"""Unit tests: pure logic, no database, no network."""

@@ -324,14 +324,15 @@ class DurableGraphFlow(GraphFlow):
             )
             self._token = run.fencing_token
             self._journal.head = run.head_seq
+            self._synced = True
             if self._pending_import is not None:
+                # A loaded state: the run's status is the state's (a finished one runs nothing).
                 await self._import_state(self._pending_import)
                 self._pending_import = None
-            else:
-                if self._initialized:
-                    await GraphFlow.reset(self)
-                await self._snapshot_all()
-            self._synced = True
+                return store.get_run(self._run_id)
+            if self._initialized:
+                await GraphFlow.reset(self)
+            await self._snapshot_all()
             return None
         self._check_graph(run)
         self._token = store.acquire_lease(
@@ -512,7 +513,7 @@ class DurableGraphFlow(GraphFlow):
         if "graphflow_durable" not in manager:
             from .integrity import repair_state
 
-            repaired = repair_state(copied, graph=self._graph)
+            repaired = repair_state(copied, graph=self._graph, graph_fingerprint=self._fingerprint)
             for change in repaired.changes:
                 logger.warning("run %s: repaired a legacy GraphFlow state: %s", self._run_id, change)
             copied = copy.deepcopy(dict(repaired.state))

@@ -19,7 +19,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from autogen_agentchat.agents import BaseChatAgent
 from autogen_agentchat.base import Response
 from autogen_agentchat.conditions import MaxMessageTermination
@@ -55,7 +54,9 @@ class Scripted(BaseChatAgent):
     def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
         return (TextMessage,)
 
-    async def on_messages(self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken) -> Response:
+    async def on_messages(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> Response:
         global AGENT_CALLS
         AGENT_CALLS += 1
         self.turn += 1
@@ -71,7 +72,9 @@ class Scripted(BaseChatAgent):
         seen = hashlib.sha256("|".join(m.to_text() for m in messages).encode()).hexdigest()[:8]
         extra = self.says[self.turn - 1] if self.turn <= len(self.says) else ""
         return Response(
-            chat_message=TextMessage(content=f"{self.name}#{self.turn} saw {len(messages)}:{seen} {extra}", source=self.name)
+            chat_message=TextMessage(
+                content=f"{self.name}#{self.turn} saw {len(messages)}:{seen} {extra}", source=self.name
+            )
         )
 
     async def on_reset(self, cancellation_token: CancellationToken) -> None:
@@ -131,11 +134,23 @@ def arm(store: Store, kill: str) -> None:
             die()
         return head
 
-    def on_commit(conn: Any) -> None:
-        if inside:
-            die()
+    class KillOnCommit:
+        """The pooled DBAPI connection, dying when COMMIT is about to be sent inside the target commit."""
 
-    sa.event.listen(store._e.write, "commit", on_commit)
+        def __init__(self, conn: Any) -> None:
+            self._conn = conn
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._conn, name)
+
+        def commit(self) -> None:
+            if inside:
+                die()
+            self._conn.commit()
+
+    engine = store._e.engine
+    raw_connection = engine.raw_connection
+    engine.raw_connection = lambda: KillOnCommit(raw_connection())  # type: ignore[method-assign]
     store.commit = commit  # type: ignore[method-assign]
 
 

@@ -74,10 +74,6 @@ async def test_a_repaired_legacy_state_runs_exactly_the_remaining_nodes(name: st
     assert [m for m in ran if m not in full[len(saved) :]] == []
 
 
-@pytest.mark.xfail(
-    reason="DurableGraphFlow.run() with no task on an imported finished run starts a new round "
-    "(DESIGN: a finished run returns its stored result and runs nothing); flow.py owner to fix",
-)
 async def test_a_repaired_finished_state_runs_nothing(sqlite_url: str) -> None:
     team, agents = durable_team("finished", sqlite_url, "legacy-finished")
     await team.load_state(ml.load("finished"))
@@ -120,10 +116,6 @@ async def test_a_live_durable_state_agrees_with_repair_on_the_scheduler_and_book
     assert [c.pointer for c in changes if not c.pointer.endswith("/deferred_buffer")] == []
 
 
-@pytest.mark.xfail(
-    reason="DurableGraphFlow.save_state() mid-run omits the in-flight node's deferred_buffer (B's answer "
-    "to C waits in C's queue, not in the journal); _manager/flow owner to fix",
-)
 async def test_a_live_durable_state_validates_clean_and_repair_changes_nothing(sqlite_url: str) -> None:
     state = await live_mid_run_state(sqlite_url)
     graph = ml.SCENARIOS["fanout_join"].graph()

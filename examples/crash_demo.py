@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -74,7 +75,7 @@ def build_team(db: Path) -> DurableGraphFlow:
     builder = DiGraphBuilder()
     for agent in agents:
         builder.add_node(agent)
-    for a, b in zip(agents, agents[1:]):
+    for a, b in itertools.pairwise(agents):
         builder.add_edge(a, b)
     return DurableGraphFlow(agents, builder.build(), store=f"sqlite:///{db}", run_id=RUN_ID)
 

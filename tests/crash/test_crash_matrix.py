@@ -80,7 +80,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def kill_points(reference: dict[str, Any]) -> list[str]:
-    points = [f"commit:{k}:{phase}" for k in range(1, reference["commits"] + 1) for phase in ("before", "inside", "after")]
+    points = [
+        f"commit:{k}:{phase}"
+        for k in range(1, reference["commits"] + 1)
+        for phase in ("before", "inside", "after")
+    ]
     points += [f"agent:{j}" for j in range(1, reference["turns"] + 1)]
     return points
 
@@ -88,7 +92,9 @@ def kill_points(reference: dict[str, Any]) -> list[str]:
 def crash_and_resume(url: str, tmp: Path, kill: str, reference: dict[str, Any]) -> None:
     exec_log = tmp / "exec.log"
     first = run_worker(url, exec_log, kill)
-    assert first.returncode == -signal.SIGKILL, f"{kill}: expected SIGKILL, got {first.returncode}\n{first.stderr}"
+    assert first.returncode == -signal.SIGKILL, (
+        f"{kill}: expected SIGKILL, got {first.returncode}\n{first.stderr}"
+    )
     before = committed_turns(url) if _run_exists(url) else set()
     executed_before = len(executions(exec_log))
     resumed = run_worker(url, exec_log)
@@ -126,7 +132,9 @@ def test_uninterrupted_durable_run_matches_plain_graphflow(reference: dict[str, 
     assert result.stop_reason == reference["stop_reason"]
 
 
-def _matrix(url_factory: Callable[[Path], str], tmp_path: Path, reference: dict[str, Any], points: list[str]) -> None:
+def _matrix(
+    url_factory: Callable[[Path], str], tmp_path: Path, reference: dict[str, Any], points: list[str]
+) -> None:
     for i, kill in enumerate(points):
         tmp = tmp_path / f"case{i}"
         tmp.mkdir()

@@ -23,6 +23,7 @@ from .errors import (
     UnrepairableStateError,
 )
 from .flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
+from .integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
 from .store import RunRecord, Store
 
 __version__ = "0.1.0"
@@ -32,10 +33,12 @@ __all__ = [
     "DurableGraphFlow",
     "DurableGraphFlowConfig",
     "ExecutionContext",
+    "Finding",
     "GraphMismatchError",
     "GraphflowDurableError",
     "LeaseLostError",
     "NotSerializableError",
+    "RepairResult",
     "ReplayError",
     "RunLockedError",
     "RunNotFoundError",
@@ -45,7 +48,10 @@ __all__ = [
     "Store",
     "StoreError",
     "UnrepairableStateError",
+    "ValidationReport",
     "__version__",
     "current_execution",
     "default_store_url",
+    "repair_state",
+    "validate_state",
 ]

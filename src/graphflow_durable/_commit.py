@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._codec import dumps
+from . import _jsondelta as jsondelta
+from ._codec import dumps, loads
 from ._lease import lease_lost
 from ._records import AgentStateRecord, MessageRecord, RunUpdate, Step
 from .errors import ConflictError, RunNotFoundError, StoreError
 
-__all__ = ["VALID_STATUS", "CommitParams", "encode_commit", "encode_run", "not_found", "refusal"]
+__all__ = [
+    "VALID_STATUS",
+    "CommitParams",
+    "encode_commit",
+    "encode_run",
+    "fold_states",
+    "not_found",
+    "refusal",
+]
 
 VALID_STATUS = frozenset(("running", "interrupted", "failed", "finished"))
 
@@ -137,7 +146,15 @@ def encode_commit(
             )
         seen.add(state.node)
         body = dumps(state.body, where=f"agent_states/{state.node}")
-        states.append({"run_id": run_id, "node": state.node, "step_seq": new_head, "body": body})
+        states.append(
+            {
+                "run_id": run_id,
+                "node": state.node,
+                "step_seq": new_head,
+                "body": body,
+                "base_step": state.base_step,
+            }
+        )
     return CommitParams(run=run, step=step_row, messages=rows, states=states)
 
 
@@ -167,3 +184,28 @@ def refusal(
 def not_found(run_id: str) -> RunNotFoundError:
     """The error for a run id the store does not have."""
     return RunNotFoundError(f"run {run_id} does not exist; create it with Store.create_run() first")
+
+
+def fold_states(run_id: str, rows: Iterable[Any]) -> tuple[dict[str, Any], dict[str, int]]:
+    """Each node's current state from its latest whole row and the delta rows after it.
+
+    ``rows`` are (node, step_seq, base_step, body) ordered by node and step. Returns the states
+    and the step of each node's latest row. A delta whose base is not the row before it means the
+    log is corrupt: :class:`StoreError`, naming the run, node and steps.
+    """
+    states: dict[str, Any] = {}
+    steps: dict[str, int] = {}
+    for node, step_seq, base_step, body in rows:
+        value = loads(body)
+        if base_step is None:
+            states[node] = value
+        elif steps.get(node) != base_step:
+            raise StoreError(
+                f"run {run_id}: the state of node {node!r} saved at step {step_seq} is a delta against "
+                f"step {base_step}, but the row before it is at step {steps.get(node)}; the agent-state log "
+                "is corrupt (was the database edited by hand?)"
+            )
+        else:
+            states[node] = jsondelta.apply(states[node], value)
+        steps[node] = step_seq
+    return states, steps

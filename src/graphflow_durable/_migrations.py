@@ -117,9 +117,15 @@ def _m0001_create_tables(conn: Connection) -> None:
     md.create_all(conn)
 
 
+def _m0002_agent_state_deltas(conn: Connection) -> None:
+    """Version 2: an agent-state row may be a delta against the node's previous row."""
+    conn.execute(sa.text("ALTER TABLE graphflow_agent_states ADD COLUMN base_step INTEGER"))
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
+    (2, "agent states stored as deltas against the previous row (base_step)", _m0002_agent_state_deltas),
 )
 
 #: The schema version this package writes.

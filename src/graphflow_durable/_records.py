@@ -48,10 +48,15 @@ class MessageRecord:
 
 @dataclass(frozen=True)
 class AgentStateRecord:
-    """A participant's state saved in a commit (as ``agent.save_state()`` returns it)."""
+    """A participant's state saved in a commit (as ``agent.save_state()`` returns it).
+
+    With ``base_step`` set, ``body`` is a delta (see ``_jsondelta``) against the node's state
+    saved at step ``base_step``, which must be the node's previous row; ``load`` applies it.
+    """
 
     node: str
     body: Mapping[str, Any]
+    base_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,7 @@ class RunLog:
     messages: Sequence[StoredMessage]
     scheduler: Mapping[str, Any] | None
     agent_states: Mapping[str, Mapping[str, Any]]
+    agent_state_steps: Mapping[str, int] = field(default_factory=dict)
 
 
 def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:

@@ -92,6 +92,8 @@ agent_states = sa.Table(
     sa.Column("node", sa.String, primary_key=True),
     sa.Column("step_seq", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("body", sa.Text, nullable=False),
+    # NULL: body is the whole state. Otherwise body is a delta against the row at this step.
+    sa.Column("base_step", sa.Integer, nullable=True),
     sa.ForeignKeyConstraint(
         ["run_id", "step_seq"],
         ["graphflow_steps.run_id", "graphflow_steps.seq"],

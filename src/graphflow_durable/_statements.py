@@ -108,19 +108,19 @@ SELECT_MESSAGES = (
 
 _latest = (
     sa.select(agent_states.c.node, sa.func.max(agent_states.c.step_seq).label("step_seq"))
-    .where(agent_states.c.run_id == _run_id)
+    .where(agent_states.c.run_id == _run_id, agent_states.c.base_step.is_(None))
     .group_by(agent_states.c.node)
     .subquery("latest")
 )
-#: The latest saved state of every node of a run.
+#: Per node of a run: its latest whole state and the deltas after it, in step order.
 SELECT_LATEST_STATES = (
-    sa.select(agent_states.c.node, agent_states.c.body)
+    sa.select(agent_states.c.node, agent_states.c.step_seq, agent_states.c.base_step, agent_states.c.body)
     .join(
         _latest,
-        sa.and_(agent_states.c.node == _latest.c.node, agent_states.c.step_seq == _latest.c.step_seq),
+        sa.and_(agent_states.c.node == _latest.c.node, agent_states.c.step_seq >= _latest.c.step_seq),
     )
     .where(agent_states.c.run_id == _run_id)
-    .order_by(agent_states.c.node)
+    .order_by(agent_states.c.node, agent_states.c.step_seq)
 )
 
 _lease_values = {

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from . import _statements as S
 from ._codec import loads
-from ._commit import encode_commit, encode_run, not_found, refusal
+from ._commit import encode_commit, encode_run, fold_states, not_found, refusal
 from ._engine import open_engines
 from ._lease import lease_lost, locked, takeover_reason
 from ._migrations import current_version, migrate
@@ -257,13 +257,14 @@ class Store:
                 StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
                 for m in conn.execute(S.SELECT_MESSAGES, p)
             ]
-            states = {a.node: loads(a.body) for a in conn.execute(S.SELECT_LATEST_STATES, p)}
+            states, state_steps = fold_states(run_id, conn.execute(S.SELECT_LATEST_STATES, p))
         return RunLog(
             run=run,
             steps=steps,
             messages=thread,
             scheduler=None if scheduler_text is None else loads(scheduler_text),
             agent_states=states,
+            agent_state_steps=state_steps,
         )
 
     # -- leases -------------------------------------------------------------------------------

@@ -122,10 +122,37 @@ def _m0002_agent_state_deltas(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_agent_states ADD COLUMN base_step INTEGER"))
 
 
+def _m0003_create_queue(conn: Connection) -> None:
+    """Version 3: the worker-pool queue (submitted runs, claims, retry back-off); frozen copy."""
+    md = sa.MetaData()
+    sa.Table(
+        "graphflow_queue",
+        md,
+        sa.Column("run_id", sa.String, primary_key=True),
+        sa.Column("team", sa.String, nullable=True),
+        sa.Column("task", sa.Text, nullable=True),
+        sa.Column("status", sa.String, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        sa.Column("not_before", sa.Double, nullable=True),
+        sa.Column("last_error", sa.Text, nullable=True),
+        sa.Column("claimed_by", sa.String, nullable=True),
+        sa.Column("claim_host", sa.String, nullable=True),
+        sa.Column("claim_pid", sa.Integer, nullable=True),
+        sa.Column("claim_expires_at", sa.Double, nullable=True),
+        sa.Column("claim_token", sa.Integer, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("updated_at", sa.Double, nullable=False),
+        sa.Index("graphflow_queue_status", "status", "created_at"),
+        sa.Index("graphflow_queue_team", "team"),
+    )
+    md.create_all(conn)
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
     (2, "agent states stored as deltas against the previous row (base_step)", _m0002_agent_state_deltas),
+    (3, "create the worker-pool queue (submissions, claims, retry back-off)", _m0003_create_queue),
 )
 
 #: The schema version this package writes.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["agent_states", "messages", "metadata", "runs", "schema_version", "steps"]
+__all__ = ["agent_states", "messages", "metadata", "queue", "runs", "schema_version", "steps"]
 
 metadata = sa.MetaData()
 
@@ -100,4 +100,28 @@ agent_states = sa.Table(
         ondelete="CASCADE",
         name="graphflow_agent_states_step",
     ),
+)
+
+#: Work for a worker pool (schema version 3): runs submitted to be started by a worker, and the
+#: retry bookkeeping (attempts, back-off) of runs that failed under a worker. A submission has no
+#: run row until a worker creates it; from then on the run's own lease governs who drives it.
+queue = sa.Table(
+    "graphflow_queue",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("team", sa.String, nullable=True),
+    sa.Column("task", sa.Text, nullable=True),
+    sa.Column("status", sa.String, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("not_before", sa.Double, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("claimed_by", sa.String, nullable=True),
+    sa.Column("claim_host", sa.String, nullable=True),
+    sa.Column("claim_pid", sa.Integer, nullable=True),
+    sa.Column("claim_expires_at", sa.Double, nullable=True),
+    sa.Column("claim_token", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Index("graphflow_queue_status", "status", "created_at"),
+    sa.Index("graphflow_queue_team", "team"),
 )

@@ -72,6 +72,9 @@ class DurableGraphFlow(GraphFlow):
         allow_graph_change: resume a stored run even if its graph differs from ``graph``.
         lease_seconds: how long this process's claim on the run lasts without renewal; a crashed
             process's run can be taken over after this (at once on the same host).
+        lease_owner: the owner id this team drives the run as. Default: a new id per team. A worker
+            that claimed the run (:meth:`Store.claim`) passes its own id, so the team takes the lease
+            over from the claim (with a new fencing token) instead of being refused.
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -95,6 +98,7 @@ class DurableGraphFlow(GraphFlow):
         run_id: str | None = None,
         allow_graph_change: bool = False,
         lease_seconds: float = 30.0,
+        lease_owner: str | None = None,
     ) -> None:
         super().__init__(
             participants,
@@ -111,7 +115,7 @@ class DurableGraphFlow(GraphFlow):
         self._run_id = run_id or uuid.uuid4().hex
         self._allow_graph_change = allow_graph_change
         self._lease_seconds = lease_seconds
-        self._owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._owner = lease_owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._spec = GraphSpec.from_digraph(graph)
         self._graph_description = _graphid.describe_graph(graph, [p.name for p in participants])
         self._fingerprint = _graphid.fingerprint(self._graph_description)

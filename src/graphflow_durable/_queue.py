@@ -1,0 +1,185 @@
+"""The worker-pool queue: value objects and the statements :meth:`Store.claim` runs.
+
+A *submission* (:meth:`Store.submit`) is a row of ``graphflow_queue`` naming a run that does not
+exist yet, the team key that knows how to build it and its task. A worker *claims* one claimable
+item at a time, atomically:
+
+- a run that is not finished and whose lease is free, expired, or held by a process on this host
+  that no longer exists (the run's lease is taken, with a new fencing token);
+- a submission whose run does not exist yet and that nobody holds an unexpired claim on (the
+  submission's claim is taken; the worker's team then creates the run and its lease).
+
+Runs with a queue row carry the team key and the retry back-off (``not_before``) there. On
+PostgreSQL the candidate row is locked with ``FOR UPDATE SKIP LOCKED`` so many workers poll at once
+without blocking or double-claiming; on SQLite ``BEGIN IMMEDIATE`` serialises the claimers.
+
+Only ``store.py`` executes these statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import RowMapping
+
+from ._codec import loads
+from ._schema import queue, runs
+
+__all__ = [
+    "Claim",
+    "ClaimKind",
+    "Submission",
+    "claimable_runs",
+    "claimable_submissions",
+    "local_lease_pids",
+    "submission",
+]
+
+ClaimKind = Literal["run", "submission"]
+
+_Q = queue.c
+_R = runs.c
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :meth:`Store.claim` handed to a worker.
+
+    Attributes:
+        run_id: the run to drive.
+        kind: ``"run"`` (the run exists; its lease was taken) or ``"submission"`` (the run does not
+            exist yet; the submission's claim was taken and the worker's team creates the run).
+        owner: the claiming worker (the lease owner the team must use).
+        fencing_token: the run's new fencing token (``"run"``) or the submission's claim token.
+        expires_at: when the lease/claim expires unless the team takes it over (epoch seconds).
+        team: the submission's team key, or ``None`` for a run that was never submitted.
+        task: the submitted task (JSON), or ``None``.
+        status: the run's status before the claim (``None`` for a submission).
+        reason: why it was claimable: ``"submitted"``, ``"free"``, ``"expired"`` or
+            ``"holder process N on this host is gone"``.
+        attempts: how many times workers failed this run before.
+    """
+
+    run_id: str
+    kind: ClaimKind
+    owner: str
+    fencing_token: int
+    expires_at: float
+    team: str | None
+    task: Any
+    status: str | None
+    reason: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A row of the queue: a submitted run (or a run workers failed), as read back."""
+
+    run_id: str
+    team: str | None
+    task: Any
+    status: str
+    attempts: int
+    not_before: float | None
+    last_error: str | None
+    claimed_by: str | None
+    claim_expires_at: float | None
+    created_at: float
+
+
+def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
+    """A queue row (JSON text) as a :class:`Submission`."""
+    task = row["task"]
+    return Submission(
+        run_id=row["run_id"],
+        team=row["team"],
+        task=None if task is None else loads(task),
+        status=row["status"],
+        attempts=row["attempts"],
+        not_before=row["not_before"],
+        last_error=row["last_error"],
+        claimed_by=row["claimed_by"],
+        claim_expires_at=row["claim_expires_at"],
+        created_at=row["created_at"],
+    )
+
+
+def local_lease_pids(host: str, now: float) -> sa.Select[Any]:
+    """Pids of this host's processes holding unexpired leases or claims (to test for liveness)."""
+    held_runs = sa.select(_R.lease_pid.label("pid")).where(
+        _R.lease_host == host, _R.lease_pid.is_not(None), _R.lease_expires_at >= now, _R.status != "finished"
+    )
+    held_claims = sa.select(_Q.claim_pid.label("pid")).where(
+        _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= now
+    )
+    union = sa.union(held_runs, held_claims).subquery()
+    return sa.select(union.c.pid).distinct()
+
+
+def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
+    return sa.true() if teams is None else _Q.team.in_(list(teams))
+
+
+def _due(now: float) -> sa.ColumnElement[bool]:
+    return sa.or_(_Q.not_before.is_(None), _Q.not_before <= now)
+
+
+def claimable_runs(
+    *, owner: str, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
+) -> sa.Select[Any]:
+    """The oldest-updated unfinished run whose lease ``owner`` may take (locked, skipping locked rows)."""
+    takeable = sa.or_(
+        _R.lease_owner.is_(None),
+        _R.lease_expires_at.is_(None),
+        _R.lease_expires_at < now,
+        sa.and_(_R.lease_host == host, _R.lease_pid.in_(list(dead_pids))),
+    )
+    return (
+        sa.select(
+            _R.run_id,
+            _R.status,
+            _R.fencing_token,
+            _R.lease_owner,
+            _R.lease_host,
+            _R.lease_pid,
+            _R.lease_expires_at,
+            _Q.team,
+            _Q.task,
+            sa.func.coalesce(_Q.attempts, 0).label("attempts"),
+        )
+        .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
+        .where(
+            _R.status != "finished",
+            takeable,
+            sa.or_(_R.lease_owner.is_(None), _R.lease_owner != owner),
+            _due(now),
+            _team_filter(teams),
+        )
+        .order_by(_R.updated_at, _R.run_id)
+        .limit(1)
+        .with_for_update(of=runs, skip_locked=True)
+    )
+
+
+def claimable_submissions(
+    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
+) -> sa.Select[Any]:
+    """The oldest submission whose run does not exist yet and whose claim is free, expired or dead."""
+    takeable = sa.or_(
+        _Q.claimed_by.is_(None),
+        _Q.claim_expires_at.is_(None),
+        _Q.claim_expires_at < now,
+        sa.and_(_Q.claim_host == host, _Q.claim_pid.in_(list(dead_pids))),
+    )
+    no_run = ~sa.exists().where(_R.run_id == _Q.run_id)
+    return (
+        sa.select(queue)
+        .where(no_run, takeable, _due(now), _team_filter(teams))
+        .order_by(_Q.created_at, _Q.run_id)
+        .limit(1)
+        .with_for_update(of=queue, skip_locked=True)
+    )

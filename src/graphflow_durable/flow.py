@@ -24,6 +24,7 @@ from . import _graphid
 from ._buffers import LogEntry, participant_buffers
 from ._cursor import Cursor
 from ._manager import DurableChatAgentContainer, DurableGraphFlowManager, Journal, task_key
+from ._snapshots import StateLog
 from .errors import GraphMismatchError, LeaseLostError, NotSerializableError, StateFormatError
 from .scheduler import GraphSpec, initial
 from .store import AgentStateRecord, MessageRecord, RunLog, RunRecord, RunStatus, RunUpdate, Step, Store
@@ -122,6 +123,7 @@ class DurableGraphFlow(GraphFlow):
         self._token = 0
         self._synced = False  # in-memory state equals the store's head
         self._pending_import: Mapping[str, Any] | None = None
+        self._states = StateLog()  # what this writer last committed per node, for deltas
         self._journal = Journal(
             run_id=self._run_id,
             spec=self._spec,
@@ -204,15 +206,17 @@ class DurableGraphFlow(GraphFlow):
         states: Sequence[AgentStateRecord],
         update: RunUpdate | None,
     ) -> int:
+        stored, pending = self._states.encode(states, self._journal.head + 1)
         head = self.store.commit(
             self._run_id,
             expected_head=self._journal.head,
             fencing_token=self._token,
             step=step,
             messages=messages,
-            agent_states=states,
+            agent_states=stored,
             update=update,
         )
+        self._states.accept(pending)
         self._journal.head = head
         return head
 
@@ -329,6 +333,7 @@ class DurableGraphFlow(GraphFlow):
             self._token = run.fencing_token
             self._journal.head = run.head_seq
             self._synced = True
+            self._states.clear()
             if self._pending_import is not None:
                 # A loaded state: the run's status is the state's (a finished one runs nothing).
                 await self._import_state(self._pending_import)
@@ -426,6 +431,7 @@ class DurableGraphFlow(GraphFlow):
 
     async def _restore(self, log: RunLog) -> None:
         await GraphFlow.load_state(self, await self._state_from_log(log))
+        self._states.prime(log.agent_states, log.agent_state_steps)
 
     async def _state_from_log(self, log: RunLog) -> dict[str, Any]:
         """The team state (TeamState dump, durable format) at the store's head."""
@@ -538,6 +544,7 @@ class DurableGraphFlow(GraphFlow):
         self._journal.deferred.clear()
         self._journal.contexts.clear()
         self._pending_import = None
+        self._states.clear()
         store = self.store
         run = store.get_run(self._run_id)
         if run is None:

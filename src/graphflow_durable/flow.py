@@ -351,6 +351,7 @@ class DurableGraphFlow(GraphFlow):
             host=socket.gethostname(),
             pid=os.getpid(),
         )
+        run = store.get_run(self._run_id) or run  # what committed before the lease was ours
         stale = not self._synced or self._journal.head != run.head_seq
         self._journal.head = run.head_seq
         if self._pending_import is not None:
@@ -378,7 +379,7 @@ class DurableGraphFlow(GraphFlow):
                 self._run_id,
                 expected_head=run.head_seq,
                 fencing_token=self._token,
-                step=Step("interrupt", None, store.load(self._run_id).scheduler or {}),
+                step=Step("interrupt", None, store.head_scheduler(self._run_id) or {}),
                 update=RunUpdate(status="failed" if failed else "interrupted"),
             )
         store.release_lease(self._run_id, self._token)

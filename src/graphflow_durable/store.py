@@ -273,6 +273,15 @@ class Store:
             agent_state_steps=state_steps,
         )
 
+    def head_scheduler(self, run_id: str) -> Mapping[str, Any] | None:
+        """The scheduler JSON of the run's head step (``None`` before the first step), read alone."""
+        with self._guard(f"reading the head of run {run_id}"), self._e.read.begin() as conn:
+            run = conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).mappings().first()
+            if run is None:
+                raise not_found(run_id)
+            text = conn.execute(S.SELECT_SCHEDULER, {"p_run_id": run_id, "p_seq": run["head_seq"]}).scalar()
+        return None if text is None else loads(text)
+
     # -- leases -------------------------------------------------------------------------------
 
     def acquire_lease(

@@ -410,3 +410,48 @@ def test_a_database_error_in_the_middle_of_a_commit_rolls_back_all_of_it(
         assert conn.execute(sa.text("SELECT COUNT(*) FROM graphflow_messages")).scalar_one() == 0
     run = store.get_run("run-1")
     assert run is not None and (run.head_seq, run.message_count, run.status) == (0, 0, "running")
+
+
+# -- agent-state deltas and the head ----------------------------------------------------------
+
+
+def test_delta_states_are_folded_onto_the_last_whole_state_by_load(store: Store) -> None:
+    token = start(store)
+    head = store.commit(
+        "run-1",
+        expected_head=0,
+        fencing_token=token,
+        step=Step("complete", "a", {"s": 1}),
+        agent_states=[AgentStateRecord("a", {"ctx": [1], "k": "v"})],
+    )
+    head = store.commit(
+        "run-1",
+        expected_head=head,
+        fencing_token=token,
+        step=Step("complete", "a", {"s": 2}),
+        agent_states=[AgentStateRecord("a", {"sub": {"ctx": {"+": [2, 3]}}}, base_step=head)],
+    )
+    log = store.load("run-1")
+    assert log.agent_states["a"] == {"ctx": [1, 2, 3], "k": "v"}
+    assert log.agent_state_steps["a"] == head
+    assert store.head_scheduler("run-1") == {"s": 2}
+
+
+def test_a_delta_whose_base_is_not_the_previous_row_is_reported_as_corruption(store: Store) -> None:
+    token = start(store)
+    head = store.commit(
+        "run-1",
+        expected_head=0,
+        fencing_token=token,
+        step=Step("x", None, {}),
+        agent_states=[AgentStateRecord("a", {"ctx": [1]})],
+    )
+    store.commit(
+        "run-1",
+        expected_head=head,
+        fencing_token=token,
+        step=Step("x", None, {}),
+        agent_states=[AgentStateRecord("a", {"sub": {"ctx": {"+": [2]}}}, base_step=head + 7)],
+    )
+    with pytest.raises(StoreError, match=r"node 'a'.*delta against step 8.*corrupt"):
+        store.load("run-1")

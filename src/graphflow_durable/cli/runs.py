@@ -1,0 +1,258 @@
+"""``graphflow-durable``: list runs, submit runs, and run a worker of a worker pool.
+
+A thin shell over :class:`graphflow_durable.store.Store` and :class:`graphflow_durable.worker.Worker`.
+Data goes to stdout, diagnostics (logging) to stderr. Run ``graphflow-durable --help`` (or ``python
+-m graphflow_durable.cli.runs --help``) for the usage and exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._lease import iso
+from ..errors import ConflictError, GraphflowDurableError
+from ..flow import DEFAULT_STORE_ENV, default_store_url
+from ..store import Store
+from ..worker import TeamFactory, Worker
+
+__all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
+
+EXIT_OK = 0
+"""Done: listed, submitted (or already submitted with the same task), or the worker stopped cleanly."""
+EXIT_ERROR = 1
+"""The store could not be opened or used, or a team factory could not be imported."""
+EXIT_USAGE = 2
+"""Usage error (argparse)."""
+EXIT_CONFLICT = 3
+"""``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
+
+#: ``runs list --status`` value for submissions whose run does not exist yet.
+SUBMITTED = "submitted"
+_STATUSES = ("running", "interrupted", "failed", "finished", SUBMITTED)
+
+EPILOG = f"""\
+commands:
+  worker   claim runs and drive them until SIGTERM/SIGINT (a second signal halts in-flight runs)
+  runs list [--status S] [--json]    list runs (and submissions not started yet: status 'submitted')
+  submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
+
+--team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
+module:factory alone claims every run (one kind of team per database). The factory is called as
+factory(run_id, store=..., lease_owner=..., lease_seconds=...) and returns a DurableGraphFlow.
+
+the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/runs.db
+
+exit codes:
+  0  done (listed; submitted or already submitted with the same task; worker stopped cleanly)
+  1  the store failed, or a team factory could not be imported
+  2  usage error
+  3  submit: RUN_ID was submitted with another task/team, or exists without a submission
+"""
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphflow-durable",
+        description="Inspect and submit durable GraphFlow runs; run a worker of a worker pool.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--store", help="database URL (sqlite:///runs.db, postgresql://...)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    worker = commands.add_parser("worker", help="claim and drive runs until stopped")
+    worker.add_argument("--store", dest="store_sub", help="database URL")
+    worker.add_argument(
+        "--team", action="append", required=True, metavar="[KEY=]module:factory", help="team factory"
+    )
+    worker.add_argument("--concurrency", type=int, default=1, help="runs driven at once (default 1)")
+    worker.add_argument("--lease-seconds", type=float, default=30.0, help="lease length (default 30)")
+    worker.add_argument("--poll-interval", type=float, default=0.5, help="idle poll period (default 0.5)")
+    worker.add_argument(
+        "--grace-seconds", type=float, default=30.0, help="on SIGTERM, let runs finish this long (30)"
+    )
+    worker.add_argument("--until-idle", action="store_true", help="exit when nothing is left to claim")
+
+    runs = commands.add_parser("runs", help="inspect runs")
+    runs_commands = runs.add_subparsers(dest="runs_command", required=True)
+    listing = runs_commands.add_parser("list", help="list runs")
+    listing.add_argument("--store", dest="store_sub", help="database URL")
+    listing.add_argument("--status", action="append", choices=_STATUSES, help="only these (repeatable)")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    submit = commands.add_parser("submit", help="queue a run for the worker pool")
+    submit.add_argument("--store", dest="store_sub", help="database URL")
+    submit.add_argument("run_id")
+    submit.add_argument("task")
+    submit.add_argument("--team", default=None, help="the team key workers claim it by")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit code (see the module's ``EXIT_*`` constants)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2) if args.command != "worker" else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.verbose < 2:  # AutoGen logs every message delivery at INFO
+        for name in ("autogen_core", "autogen_agentchat"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    url = getattr(args, "store_sub", None) or args.store or default_store_url()
+    try:
+        if args.command == "worker":
+            return _worker(args, url)
+        with Store(url) as store:
+            if args.command == "submit":
+                return _submit(store, args)
+            return _list(store, args)
+    except _Fail as exc:
+        sys.stderr.write(f"graphflow-durable: {exc}\n")
+        return exc.code
+    except GraphflowDurableError as exc:
+        sys.stderr.write(f"graphflow-durable: {exc}\n")
+        return EXIT_ERROR
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _submit(store: Store, args: argparse.Namespace) -> int:
+    try:
+        sub = store.submit(args.run_id, task=args.task, team=args.team)
+    except ConflictError as exc:
+        raise _Fail(str(exc), EXIT_CONFLICT) from exc
+    _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
+    return EXIT_OK
+
+
+def _list(store: Store, args: argparse.Namespace) -> int:
+    wanted = set(args.status or _STATUSES)
+    teams = {s.run_id: s for s in store.list_submissions()}
+    rows: list[dict[str, Any]] = []
+    real = [s for s in wanted if s != SUBMITTED]
+    for run in store.list_runs(real) if real else []:
+        sub = teams.get(run.run_id)
+        rows.append(
+            {
+                "run_id": run.run_id,
+                "status": run.status,
+                "team": None if sub is None else sub.team,
+                "head": run.head_seq,
+                "messages": run.message_count,
+                "lease_owner": run.lease_owner,
+                "lease_expires_at": run.lease_expires_at,
+                "attempts": 0 if sub is None else sub.attempts,
+                "last_error": None if sub is None else sub.last_error,
+            }
+        )
+    if SUBMITTED in wanted:
+        for sub in store.list_submissions(waiting=True):
+            rows.append(
+                {
+                    "run_id": sub.run_id,
+                    "status": SUBMITTED,
+                    "team": sub.team,
+                    "head": None,
+                    "messages": 0,
+                    "lease_owner": sub.claimed_by,
+                    "lease_expires_at": sub.claim_expires_at,
+                    "attempts": sub.attempts,
+                    "last_error": sub.last_error,
+                }
+            )
+    if args.json:
+        for row in rows:
+            _out(json.dumps(row, sort_keys=True))
+        return EXIT_OK
+    now = time.time()
+    _out(f"{'RUN':<24} {'STATUS':<12} {'TEAM':<12} {'HEAD':>5} {'LEASE'}")
+    for row in rows:
+        lease = "-"
+        if row["lease_owner"] is not None:
+            expires = row["lease_expires_at"]
+            state = "expired" if expires is not None and expires < now else "until"
+            lease = f"{row['lease_owner']} ({state} {iso(expires)})"
+        head = "-" if row["head"] is None else str(row["head"])
+        _out(f"{row['run_id']:<24} {row['status']:<12} {row['team'] or '-':<12} {head:>5} {lease}")
+    return EXIT_OK
+
+
+def _load_factory(spec: str) -> TeamFactory:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise _Fail(f"--team {spec!r}: expected module:factory (e.g. myapp.teams:make_team)", EXIT_USAGE)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _Fail(f"--team {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise _Fail(f"--team {spec!r}: {module_name} has no callable {attribute!r}")
+    return factory  # type: ignore[no-any-return]
+
+
+def _worker(args: argparse.Namespace, url: str) -> int:
+    specs: list[str] = args.team
+    keyed = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs if "=" in spec}
+    plain = [spec for spec in specs if "=" not in spec]
+    if plain and (keyed or len(plain) > 1):
+        raise _Fail(
+            "--team module:factory (any run) cannot be combined with other --team options", EXIT_USAGE
+        )
+    sys.path.insert(0, "")  # module:factory names resolve from the working directory, like python -m
+    if plain:
+        worker = Worker(url, team=_load_factory(plain[0]), **_worker_options(args))
+    else:
+        factories = {key: _load_factory(spec) for key, spec in keyed.items()}
+        worker = Worker(url, factories, **_worker_options(args))
+    _out(json.dumps({"worker": worker.owner, "teams": worker.teams, "store": worker.store.url}))
+
+    async def go() -> None:
+        worker.install_signal_handlers()
+        if args.until_idle:
+            await worker.run_until_idle()
+        else:
+            await worker.run_forever()
+
+    asyncio.run(go())
+    return EXIT_OK
+
+
+def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "concurrency": args.concurrency,
+        "lease_seconds": args.lease_seconds,
+        "poll_interval": args.poll_interval,
+        "grace_seconds": args.grace_seconds,
+    }
+
+
+if __name__ == "__main__":
+    entry()

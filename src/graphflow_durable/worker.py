@@ -1,0 +1,285 @@
+"""A worker that claims runs from a store and drives them to completion; run several for a pool.
+
+Each worker polls :meth:`Store.claim` for work its teams can do -- submitted runs (see
+:meth:`Store.submit`), interrupted or failed runs, and runs whose driver died (lease expired, or a
+dead process on this host) -- builds the team with its factory and calls ``run()``. Any number of
+workers, in any number of processes and machines, may share one PostgreSQL database (or one SQLite
+file on one machine): a run is driven by one worker at a time (leases with fencing tokens), and a
+crashed worker's runs are taken over by the others.
+
+Guarantees (see docs/worker-pool.md): every committed agent completion is recorded exactly once;
+an agent that was running when its worker died runs again (at-least-once execution); takeover
+happens when the lease expires, or at once when the dead worker was a process on the same host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from .errors import ConflictError, LeaseLostError, RunLockedError
+from .flow import DurableGraphFlow
+from .store import Claim, Store
+
+__all__ = ["RunOutcome", "TeamFactory", "Worker"]
+
+_log = logging.getLogger(__name__)
+
+
+class TeamFactory(Protocol):
+    """Builds the team for ``run_id``, forwarding the keyword arguments to :class:`DurableGraphFlow`::
+
+        def make_team(run_id: str, **durable: Any) -> DurableGraphFlow:
+            return DurableGraphFlow(agents(), graph(), run_id=run_id, **durable)
+
+    The keywords are ``store`` (the worker's :class:`Store`), ``lease_owner`` (the worker's id: the
+    team takes over the lease the worker claimed) and ``lease_seconds``. Build fresh agents on every
+    call: a worker drives several runs, and a run resumes in a fresh team.
+    """
+
+    def __call__(
+        self, run_id: str, /, *, store: Store, lease_owner: str, lease_seconds: float
+    ) -> DurableGraphFlow: ...
+
+
+Outcome = Literal["finished", "interrupted", "failed", "lost", "halted"]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one claim ended in this worker.
+
+    ``outcome`` is ``"finished"``; ``"interrupted"`` (the team stopped before the end, e.g. it was
+    halted); ``"failed"`` (the team raised; the run is retried after a back-off); ``"lost"`` (another
+    worker took the run over or got it first: this worker wrote nothing more); ``"halted"`` (this
+    worker was stopped and cancelled the run, which is left interrupted for another worker).
+    """
+
+    run_id: str
+    outcome: Outcome
+    claim: Claim
+    seconds: float
+    error: str | None = None
+
+
+class Worker:
+    """Claims runs whose team it knows and drives up to ``concurrency`` of them at a time.
+
+    Args:
+        store: a store URL or an open :class:`Store` (a URL is opened here and closed at the end).
+        factories: team key -> :class:`TeamFactory`; only runs submitted with one of these keys
+            are claimed.
+        team: a single factory instead, for a pool that runs one kind of team: every claimable
+            run is claimed, including runs that were never submitted (no team key).
+        concurrency: how many runs this worker drives at once (in one event loop).
+        poll_interval: seconds between claims when there is nothing to do.
+        lease_seconds: the lease of the runs this worker drives: how long a stopped or partitioned
+            worker keeps its runs before another takes them over (a dead process on the same host
+            loses them at once). Renewed every third of it while running.
+        grace_seconds: after :meth:`request_stop`, how long in-flight runs may continue before they
+            are halted (their in-flight agents' answers are still recorded; the run is left
+            interrupted for another worker).
+        backoff_seconds, max_backoff_seconds: a run whose team raised is retried after
+            ``backoff_seconds * 2 ** (failures - 1)``, at most ``max_backoff_seconds``.
+        owner: this worker's id (default ``host:pid:random``).
+
+    Raises:
+        ValueError: neither or both of ``factories`` and ``team`` were given, or ``concurrency < 1``.
+    """
+
+    def __init__(
+        self,
+        store: str | Store,
+        factories: Mapping[str, TeamFactory] | None = None,
+        *,
+        team: TeamFactory | None = None,
+        concurrency: int = 1,
+        poll_interval: float = 0.5,
+        lease_seconds: float = 30.0,
+        grace_seconds: float = 30.0,
+        backoff_seconds: float = 1.0,
+        max_backoff_seconds: float = 300.0,
+        owner: str | None = None,
+    ) -> None:
+        if (factories is None) == (team is None):
+            raise ValueError("give Worker either factories={team key: factory} or team=factory, not both")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        self._own_store = isinstance(store, str)
+        self._store = Store(store) if isinstance(store, str) else store
+        self._factories = dict(factories) if factories is not None else {}
+        self._single = team
+        self._concurrency = concurrency
+        self._poll = poll_interval
+        self._lease = lease_seconds
+        self._grace = grace_seconds
+        self._backoff = backoff_seconds
+        self._max_backoff = max_backoff_seconds
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.outcomes: list[RunOutcome] = []
+        self._stopping = False
+        self._halting = False
+        self._wake: asyncio.Event | None = None
+
+    @property
+    def store(self) -> Store:
+        """The worker's store."""
+        return self._store
+
+    @property
+    def teams(self) -> list[str] | None:
+        """The team keys this worker claims (``None``: any)."""
+        return None if self._single is not None else sorted(self._factories)
+
+    def request_stop(self, *, halt: bool = False) -> None:
+        """Stop claiming; let in-flight runs finish within the grace period (``halt``: halt them now).
+
+        Safe to call from a signal handler running in the worker's event loop.
+        """
+        self._stopping = True
+        self._halting = self._halting or halt
+        if self._wake is not None:
+            self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: stop claiming and drain; a second signal halts in-flight runs at once.
+
+        Call from inside the running event loop (Unix only).
+        """
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            first = not self._stopping
+            _log.warning(
+                "worker %s: %s; %s",
+                self.owner,
+                signal.Signals(signum).name,
+                "stopping: no new claims, in-flight runs may finish" if first else "halting in-flight runs",
+            )
+            self.request_stop(halt=not first)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+    async def run_forever(self) -> None:
+        """Claim and drive runs until :meth:`request_stop`; then drain and return."""
+        await self._loop(until_idle=False)
+
+    async def run_until_idle(self) -> None:
+        """Claim and drive runs until nothing is claimable and nothing is in flight (or a stop)."""
+        await self._loop(until_idle=True)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _loop(self, *, until_idle: bool) -> None:
+        self._wake = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+        _log.info("worker %s: started (teams %s, concurrency %d)", self.owner, self.teams, self._concurrency)
+        try:
+            while not self._stopping:
+                claimed = False
+                while len(tasks) < self._concurrency and not self._stopping:
+                    claim = self._store.claim(self.owner, lease_seconds=self._lease, teams=self.teams)
+                    if claim is None:
+                        break
+                    claimed = True
+                    tasks.add(asyncio.ensure_future(self._drive(claim)))
+                if until_idle and not tasks and not claimed:
+                    break
+                self._wake.clear()
+                waker = asyncio.ensure_future(self._wake.wait())
+                done, _ = await asyncio.wait(
+                    {*tasks, waker},
+                    timeout=None if len(tasks) >= self._concurrency else self._poll,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                waker.cancel()
+                tasks -= done
+        finally:
+            await self._drain(tasks)
+            _log.info("worker %s: stopped", self.owner)
+            if self._own_store:
+                self._store.close()
+
+    async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
+        if not tasks:
+            return
+        assert self._wake is not None
+        deadline = time.monotonic() + self._grace
+        while tasks and not self._halting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wake.clear()
+            waker = asyncio.ensure_future(self._wake.wait())
+            done, _ = await asyncio.wait(
+                {*tasks, waker}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            waker.cancel()
+            tasks -= done
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _factory(self, claim: Claim) -> TeamFactory:
+        if self._single is not None:
+            return self._single
+        return self._factories[str(claim.team)]
+
+    async def _drive(self, claim: Claim) -> None:
+        started = time.monotonic()
+        run_id = claim.run_id
+
+        def done(outcome: Outcome, error: str | None = None) -> None:
+            self.outcomes.append(RunOutcome(run_id, outcome, claim, time.monotonic() - started, error))
+            log = _log.warning if outcome in ("failed", "lost") else _log.info
+            log("worker %s: run %s %s%s", self.owner, run_id, outcome, f": {error}" if error else "")
+
+        _log.info("worker %s: claimed run %s (%s, %s)", self.owner, run_id, claim.kind, claim.reason)
+        try:
+            team = self._factory(claim)(
+                run_id, store=self._store, lease_owner=self.owner, lease_seconds=self._lease
+            )
+            if team.run_id != run_id:
+                raise ValueError(
+                    f"the team factory for {claim.team!r} built a team for run {team.run_id!r}, not "
+                    f"{run_id!r}; pass run_id=run_id and the other keyword arguments to DurableGraphFlow"
+                )
+            run = self._store.get_run(run_id)
+            # A submitted task starts the run; once its round has started, resuming needs no task
+            # (and the same task again would be recognised and not added twice anyway).
+            start = claim.task if claim.task is not None and (run is None or run.task is None) else None
+            await team.run(task=start)
+        except asyncio.CancelledError:
+            done("halted")
+            raise
+        except (LeaseLostError, RunLockedError, ConflictError) as exc:
+            # Another worker took the run over (this one was paused or too slow) or created it
+            # first: the fencing token stopped every write; there is nothing to record here.
+            self._store.release_claim(claim)
+            done("lost", str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
+            self._store.release_claim(claim)
+            delay = min(self._backoff * 2**claim.attempts, self._max_backoff)
+            error = f"{type(exc).__name__}: {exc}"
+            self._store.record_failure(run_id, error=error, retry_at=time.time() + delay)
+            _log.debug("run %s failed", run_id, exc_info=True)
+            done("failed", f"{error} (retry in {delay:g} s)")
+            return
+        final = self._store.get_run(run_id)
+        status = None if final is None else final.status
+        if status == "finished":
+            done("finished")
+        elif final is not None and final.lease_owner not in (None, self.owner):
+            done("lost", f"run {run_id} is now driven by {final.lease_owner}")
+        else:
+            done("interrupted", f"status {status}")

@@ -91,6 +91,9 @@ class SchedulerState:
         ready: the queue of nodes allowed to speak next (may hold a node twice, as GraphFlow's).
         in_flight: nodes selected to speak whose response has not been recorded yet.
         turn: completed batches in the current round (GraphFlow's ``_current_turn``).
+        touched: the targets whose counts or flags may differ from the armed graph (``None``:
+            unknown, every target may). It keeps :meth:`to_sparse_json` proportional to the active
+            frontier; it is bookkeeping, not state, and takes no part in equality.
     """
 
     remaining: Mapping[str, Mapping[str, int]]
@@ -99,6 +102,7 @@ class SchedulerState:
     ready: tuple[str, ...] = ()
     in_flight: tuple[str, ...] = ()
     turn: int = 0
+    touched: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The full state as JSON types (maps are copied, tuples become lists)."""
@@ -140,14 +144,21 @@ class SchedulerState:
             "in_flight": list(self.in_flight),
             "turn": self.turn,
         }
+        targets = self.remaining.keys() | self.enqueued_any.keys() if self.touched is None else self.touched
         remaining = {
             t: changed
-            for t, groups in self.remaining.items()
-            if (changed := {g: c for g, c in groups.items() if spec.origin_remaining.get(t, {}).get(g) != c})
+            for t in targets
+            if (
+                changed := {
+                    g: c
+                    for g, c in self.remaining.get(t, {}).items()
+                    if spec.origin_remaining.get(t, {}).get(g) != c
+                }
+            )
         }
         if remaining:
             out["remaining"] = remaining
-        flags = {t: sorted(g for g, f in groups.items() if f) for t, groups in self.enqueued_any.items()}
+        flags = {t: sorted(g for g, f in self.enqueued_any.get(t, {}).items() if f) for t in targets}
         if any(flags.values()):
             out["enqueued_any"] = {t: g for t, g in flags.items() if g}
         triggered = {t: list(g) for t, g in self.triggered.items() if g}
@@ -174,6 +185,7 @@ class SchedulerState:
                 ready=tuple(data["ready"]),
                 in_flight=tuple(data.get("in_flight", ())),
                 turn=int(data.get("turn", 0)),
+                touched=frozenset(data.get("remaining", {})) | frozenset(data.get("enqueued_any", {})),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise StateFormatError(f"sparse scheduler state has the wrong shape: {exc!r}") from exc
@@ -188,6 +200,7 @@ def initial(spec: GraphSpec) -> SchedulerState:
         ready=spec.start_nodes,
         in_flight=(),
         turn=0,
+        touched=frozenset(),
     )
 
 
@@ -217,6 +230,7 @@ def select(spec: GraphSpec, state: SchedulerState) -> tuple[SchedulerState, tupl
         ready=(),
         in_flight=state.in_flight + speakers,
         turn=state.turn,
+        touched=None if state.touched is None else state.touched | set(speakers),
     )
     return new, speakers
 
@@ -245,10 +259,12 @@ def complete(spec: GraphSpec, state: SchedulerState, node: str, message: BaseCha
     enqueued = dict(state.enqueued_any)
     triggered = dict(state.triggered)
     ready = list(state.ready)
+    changed: set[str] = set()
     for edge in spec.edges[source]:
         if not edge.check_condition(message):
             continue
         target, group = edge.target, edge.activation_group
+        changed.add(target)
         if spec.activation[target][group] == "all":
             count = remaining[target][group] - 1
             remaining[target] = {**remaining[target], group: count}
@@ -266,6 +282,7 @@ def complete(spec: GraphSpec, state: SchedulerState, node: str, message: BaseCha
         ready=tuple(ready),
         in_flight=in_flight,
         turn=state.turn,
+        touched=None if state.touched is None else state.touched | changed,
     )
 
 

@@ -11,23 +11,23 @@ normal end the transcript is printed to stdout as JSON: ``[[source, content], ..
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from autogen_agentchat.agents import BaseChatAgent
-from autogen_agentchat.base import Response
 from autogen_agentchat.conditions import MaxMessageTermination
-from autogen_agentchat.messages import BaseChatMessage, TextMessage
+from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import DiGraph, DiGraphBuilder
-from autogen_core import CancellationToken
 
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agents import Scripted
 
 AGENT_CALLS = 0
 KILL_AGENT_CALL: int | None = None
@@ -37,60 +37,24 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Scripted(BaseChatAgent):
-    """Answers with its name, its turn number and a digest of everything it was given.
-
-    The digest makes any difference in input (a lost or duplicated message) visible in the
-    transcript; the turn number lives in the agent's saved state, so a wrongly restored state is
-    visible too. ``says`` scripts what it adds on each turn (e.g. "again", "done").
-    """
-
-    def __init__(self, name: str, says: Sequence[str] = ()) -> None:
-        super().__init__(name, f"scripted agent {name}")
-        self.turn = 0
-        self.says = list(says)
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
-
-    async def on_messages(
-        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
-    ) -> Response:
-        global AGENT_CALLS
-        AGENT_CALLS += 1
-        self.turn += 1
-        log = os.environ.get("GFD_EXEC_LOG")
-        if log:
-            with open(log, "a") as f:
-                f.write(f"{os.getpid()} {self.name} {self.turn}\n")
-                f.flush()
-                os.fsync(f.fileno())
-        if KILL_AGENT_CALL is not None and AGENT_CALLS == KILL_AGENT_CALL:
-            die()
-        await asyncio.sleep(0)
-        seen = hashlib.sha256("|".join(m.to_text() for m in messages).encode()).hexdigest()[:8]
-        extra = self.says[self.turn - 1] if self.turn <= len(self.says) else ""
-        return Response(
-            chat_message=TextMessage(
-                content=f"{self.name}#{self.turn} saw {len(messages)}:{seen} {extra}", source=self.name
-            )
-        )
-
-    async def on_reset(self, cancellation_token: CancellationToken) -> None:
-        self.turn = 0
-
-    async def save_state(self) -> Mapping[str, Any]:
-        return {"turn": self.turn}
-
-    async def load_state(self, state: Mapping[str, Any]) -> None:
-        self.turn = int(state["turn"])
+async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+    """Log every agent turn to $GFD_EXEC_LOG (durably), and die during the KILL_AGENT_CALL-th one."""
+    global AGENT_CALLS
+    AGENT_CALLS += 1
+    log = os.environ.get("GFD_EXEC_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {agent.name} {agent.turn}\n")
+            f.flush()
+            os.fsync(f.fileno())
+    if KILL_AGENT_CALL is not None and AGENT_CALLS == KILL_AGENT_CALL:
+        die()
 
 
 def crash_team(url: str, run_id: str) -> DurableGraphFlow:
     """Fan-out S->(P1,P2), join ->J, loop J->R->J ("any", while R says "again"), exit R->E."""
-    s, p1, p2, j, e = (Scripted(n) for n in ("S", "P1", "P2", "J", "E"))
-    r = Scripted("R", says=["again", "again", "done"])
+    s, p1, p2, j, e = (Scripted(n, before=record_turn) for n in ("S", "P1", "P2", "J", "E"))
+    r = Scripted("R", says=["again", "again", "done"], before=record_turn)
     b = DiGraphBuilder()
     for agent in (s, p1, p2, j, r, e):
         b.add_node(agent)

@@ -232,10 +232,11 @@ def _worker(args: argparse.Namespace, url: str) -> int:
     else:
         factories = {key: _load_factory(spec) for key, spec in keyed.items()}
         worker = Worker(url, factories, **_worker_options(args))
-    _out(json.dumps({"worker": worker.owner, "teams": worker.teams, "store": worker.store.url}))
 
     async def go() -> None:
         worker.install_signal_handlers()
+        # The first line on stdout says the worker is up and handles SIGTERM gracefully.
+        _out(json.dumps({"worker": worker.owner, "teams": worker.teams, "store": worker.store.url}))
         if args.until_idle:
             await worker.run_until_idle()
         else:

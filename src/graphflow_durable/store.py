@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -94,6 +95,8 @@ class Store:
         dialect = self._e.engine.dialect
         self._driver_error: type[Any] = dialect.loaded_dbapi.Error
         self._hot = HotPath.for_dialect(dialect)
+        self._writer: Any = None  # SQLite: the connection kept between commits
+        self._writer_lock = threading.Lock()
         # sqlite3 runs with isolation_level=None (see _engine): the commit path must BEGIN itself.
         self._begin = "BEGIN IMMEDIATE" if self._e.dialect == "sqlite" else None
         try:
@@ -115,6 +118,10 @@ class Store:
 
     def close(self) -> None:
         """Close every pooled connection. The store must not be used afterwards."""
+        with self._writer_lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
         self._e.engine.dispose()
 
     def __enter__(self) -> Store:
@@ -211,9 +218,11 @@ class Store:
         )
         hot = self._hot
         with self._guard(f"committing step {expected_head + 1} of run {run_id}"):
-            # The hot path runs the precompiled statements on the pooled DBAPI connection: one
-            # checkout, one transaction, no per-statement SQLAlchemy execution overhead.
-            dbapi = self._e.engine.raw_connection()
+            # The hot path runs the precompiled statements on a pooled DBAPI connection: one
+            # transaction, no per-statement SQLAlchemy execution overhead. On SQLite the connection
+            # of the last successful commit is kept for the next one (no pool round trip).
+            dbapi = self._take_writer()
+            committed = False
             try:
                 cursor = dbapi.cursor()
                 if self._begin is not None:
@@ -234,13 +243,29 @@ class Store:
                     insert = hot.insert_state
                     cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
                 dbapi.commit()
+                committed = True
             except self._driver_error as exc:
                 if self._e.engine.dialect.is_disconnect(exc, dbapi.dbapi_connection, None):
                     dbapi.invalidate(exc)  # never hand this connection out again
                 raise
             finally:
-                dbapi.close()  # back to the pool, which rolls back anything uncommitted
+                self._return_writer(dbapi, committed)
         return expected_head + 1
+
+    def _take_writer(self) -> Any:
+        with self._writer_lock:
+            dbapi, self._writer = self._writer, None
+        return dbapi if dbapi is not None else self._e.engine.raw_connection()
+
+    def _return_writer(self, dbapi: Any, committed: bool) -> None:
+        """Keep a SQLite connection that just committed; anything else goes back to the pool
+        (which rolls back whatever is uncommitted)."""
+        if committed and self._e.dialect == "sqlite":
+            with self._writer_lock:
+                if self._writer is None:
+                    self._writer = dbapi
+                    return
+        dbapi.close()
 
     def load(self, run_id: str) -> RunLog:
         """Everything needed to resume ``run_id``, read in one consistent transaction.

@@ -1,0 +1,85 @@
+"""A worker whose middle node runs a nested DurableGraphFlow, for the nested-resume crash test.
+
+Usage: ``python tests/crash/nested_worker.py STORE_URL [kill]``. Outer graph: ``A -> T -> Z``;
+``T`` runs an inner durable team ``I1 -> I2 -> I3`` whose run id is T's idempotency key, so a
+re-run of T after a crash resumes the inner run instead of starting it again. With ``kill`` the
+process SIGKILLs itself during I2's turn. Agent turns are logged to ``$GFD_EXEC_LOG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from autogen_agentchat.agents import BaseChatAgent
+from autogen_agentchat.base import Response
+from autogen_agentchat.messages import BaseChatMessage, TextMessage
+from autogen_core import CancellationToken
+
+from graphflow_durable import DurableGraphFlow, current_execution
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agents import Scripted, chain  # tests/agents.py
+
+KILL = False
+
+
+async def record(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+    log = os.environ.get("GFD_EXEC_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {agent.name} {agent.turn}\n")
+            f.flush()
+            os.fsync(f.fileno())
+    if KILL and agent.name == "I2":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class TeamAgent(BaseChatAgent):
+    """An agent whose turn is a whole inner durable team, resumable through the execution context."""
+
+    def __init__(self, name: str, url: str) -> None:
+        super().__init__(name, "runs an inner team")
+        self._url = url
+
+    @property
+    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
+        return (TextMessage,)
+
+    async def on_messages(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> Response:
+        ctx = current_execution()
+        assert ctx is not None, "a durable node runs inside an execution context"
+        inner_agents = [Scripted(n, before=record) for n in ("I1", "I2", "I3")]
+        inner = DurableGraphFlow(
+            inner_agents, chain(*inner_agents), store=self._url, run_id=f"inner:{ctx.idempotency_key}"
+        )
+        result = await inner.run(task=list(messages))
+        last = result.messages[-1]
+        return Response(chat_message=TextMessage(content=f"T got: {last.to_text()}", source=self.name))
+
+    async def on_reset(self, cancellation_token: CancellationToken) -> None:
+        pass
+
+
+async def main(argv: list[str]) -> int:
+    global KILL
+    url = argv[0]
+    KILL = len(argv) > 1 and argv[1] == "kill"
+    a, z = Scripted("A", before=record), Scripted("Z", before=record)
+    t = TeamAgent("T", url)
+    team = DurableGraphFlow([a, t, z], chain(a, t, z), store=url, run_id="outer")  # type: ignore[list-item]
+    info = team.run_info()
+    result = await team.run(task=None if info is not None and info.status == "finished" else "go")
+    sys.stdout.write(json.dumps([[m.source, m.to_text()] for m in result.messages]) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))

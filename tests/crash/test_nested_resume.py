@@ -1,0 +1,61 @@
+"""A nested durable team resumes inside: killed during its second agent, the re-run of the outer
+node continues the inner run (same run id, from the execution context's idempotency key) instead
+of starting it again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphflow_durable import Store
+
+WORKER = Path(__file__).with_name("nested_worker.py")
+
+pytestmark = [pytest.mark.crash]
+
+
+def run(url: str, log: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(WORKER), url, *extra],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GFD_EXEC_LOG": str(log)},
+        timeout=120,
+        check=False,
+    )
+
+
+def transcripts(url: str) -> dict[str, list[tuple[str, str]]]:
+    with Store(url) as store:
+        return {
+            r.run_id.split(":")[0]: [
+                (m.body["source"], str(m.body.get("content"))) for m in store.load(r.run_id).messages
+            ]
+            for r in store.list_runs()
+        }
+
+
+def turns(log: Path) -> list[str]:
+    return [line.split()[1] for line in log.read_text().splitlines()]
+
+
+def test_a_nested_durable_team_killed_mid_run_resumes_inside_without_rerunning_its_finished_agents(
+    tmp_path: Path,
+) -> None:
+    ref_url, url = f"sqlite:///{tmp_path / 'ref.db'}", f"sqlite:///{tmp_path / 'run.db'}"
+    assert run(ref_url, tmp_path / "ref.log").returncode == 0
+
+    killed = run(url, tmp_path / "run.log", "kill")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert turns(tmp_path / "run.log") == ["A", "I1", "I2"]
+    resumed = run(url, tmp_path / "run.log")
+    assert resumed.returncode == 0, resumed.stderr
+
+    assert transcripts(url) == transcripts(ref_url)
+    # I1 answered before the kill and never ran again; I2 was in flight and ran again.
+    assert turns(tmp_path / "run.log") == ["A", "I1", "I2", "I2", "I3", "Z"]

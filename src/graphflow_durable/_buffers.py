@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Buffers", "LogEntry", "participant_buffers"]
+__all__ = ["Buffers", "LogEntry", "buffer_indexes", "participant_buffers"]
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,13 @@ class Buffers:
     deferred: tuple[Mapping[str, Any], ...] = ()
 
 
-def participant_buffers(
+def buffer_indexes(
     entries: Sequence[LogEntry],
     participants: Sequence[str],
     dispatches: Mapping[str, Sequence[int]],
     in_flight: Collection[str],
-) -> dict[str, Buffers]:
-    """Rebuild every participant's buffer from the thread.
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Per participant, the thread indexes of its buffer and of its deferred messages.
 
     ``dispatches[p]`` lists the thread lengths at which ``p`` was asked to speak, oldest first.
     A participant hears every published message except its own; its buffer empties when its turn
@@ -53,7 +53,7 @@ def participant_buffers(
     what came at ``>= d`` is deferred until after the turn.
     """
     published = [i for i, entry in enumerate(entries) if entry.published]
-    result: dict[str, Buffers] = {}
+    result: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for name in participants:
         points = dispatches.get(name, ())
         if name in in_flight and points:
@@ -64,10 +64,20 @@ def participant_buffers(
             since = points[-1] if points else 0
         tail = [i for i in published[bisect_left(published, since) :] if entries[i].completes != name]
         if cut is None:
-            result[name] = Buffers(tuple(entries[i].body for i in tail))
+            result[name] = (tuple(tail), ())
         else:
-            result[name] = Buffers(
-                tuple(entries[i].body for i in tail if i < cut),
-                tuple(entries[i].body for i in tail if i >= cut),
-            )
+            result[name] = (tuple(i for i in tail if i < cut), tuple(i for i in tail if i >= cut))
     return result
+
+
+def participant_buffers(
+    entries: Sequence[LogEntry],
+    participants: Sequence[str],
+    dispatches: Mapping[str, Sequence[int]],
+    in_flight: Collection[str],
+) -> dict[str, Buffers]:
+    """Rebuild every participant's buffer from the thread (see :func:`buffer_indexes`)."""
+    return {
+        name: Buffers(tuple(entries[i].body for i in buffer), tuple(entries[i].body for i in deferred))
+        for name, (buffer, deferred) in buffer_indexes(entries, participants, dispatches, in_flight).items()
+    }

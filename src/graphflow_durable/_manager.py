@@ -379,10 +379,15 @@ class DurableGraphFlowManager(GraphFlowManager):
                 "the manager state has no 'graphflow_durable' section; "
                 "load it through DurableGraphFlow.load_state(), which repairs legacy states"
             )
-        self._message_thread = [self._message_factory.create(m) for m in state["message_thread"]]
-        self._cursor = Cursor.from_extension(ext)
-        self._current_turn = self._cursor.sched.turn
-        self._batch_delta = list(self._message_thread[self._cursor.batch_start :])
+        thread = [self._message_factory.create(m) for m in state["message_thread"]]
+        await self.restore(thread, Cursor.from_extension(ext))
+
+    async def restore(self, thread: list[BaseAgentEvent | BaseChatMessage], cursor: Cursor) -> None:
+        """Put the manager at ``cursor`` with ``thread`` (the objects are kept, not copied)."""
+        self._message_thread = thread
+        self._cursor = cursor
+        self._current_turn = cursor.sched.turn
+        self._batch_delta = list(thread[cursor.batch_start :])
         await self._replay_termination()
 
     async def _replay_termination(self) -> None:
@@ -438,6 +443,21 @@ class DurableChatAgentContainer(ChatAgentContainer):
     async def load_state(self, state: Mapping[str, Any]) -> None:
         await super().load_state(state)
         deferred = [self._message_factory.create(m) for m in state.get("deferred_buffer", [])]
+        self._set_deferred(deferred)
+
+    async def restore(
+        self,
+        buffer: Sequence[BaseAgentEvent | BaseChatMessage],
+        deferred: Sequence[BaseAgentEvent | BaseChatMessage],
+        agent_state: Mapping[str, Any] | None,
+    ) -> None:
+        """Set the buffers from message objects (shared, not copied) and load the agent's state."""
+        self._message_buffer = [m for m in buffer if isinstance(m, BaseChatMessage)]
+        self._set_deferred(deferred)
+        if agent_state is not None:
+            await self._agent.load_state(agent_state)
+
+    def _set_deferred(self, deferred: Sequence[BaseAgentEvent | BaseChatMessage]) -> None:
         chat = [m for m in deferred if isinstance(m, BaseChatMessage)]
         if chat:
             self._journal.deferred[self._agent.name] = chat

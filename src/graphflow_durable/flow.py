@@ -15,15 +15,14 @@ from typing import Any
 
 from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondition
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, TextMessage
-from autogen_agentchat.state import TeamState
 from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
-from autogen_core import AgentRuntime, CancellationToken
+from autogen_core import AgentId, AgentRuntime, CancellationToken, SingleThreadedAgentRuntime
 
 from . import _graphid
-from ._buffers import LogEntry, participant_buffers
 from ._cursor import Cursor
 from ._manager import DurableChatAgentContainer, DurableGraphFlowManager, Journal, task_key
+from ._restore import Plan, cursor_from_log, plan
 from ._snapshots import StateLog
 from .errors import GraphMismatchError, LeaseLostError, NotSerializableError, StateFormatError
 from .scheduler import GraphSpec, initial
@@ -407,7 +406,7 @@ class DurableGraphFlow(GraphFlow):
 
     async def _stored_result(self, run: RunRecord) -> TaskResult:
         log = self.store.load(self._run_id)
-        cursor = self._cursor_from(log)
+        cursor = cursor_from_log(log, self._spec)
         thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
         factory = self._message_factory
         messages = [factory.create(m.body) for m in thread]
@@ -416,65 +415,39 @@ class DurableGraphFlow(GraphFlow):
 
     # -- restoring from the store ----------------------------------------------------------------
 
-    def _cursor_from(self, log: RunLog) -> Cursor:
-        dispatches: dict[str, tuple[int, ...]] = {}
-        for step in log.steps:
-            if step.kind == "reset":
-                dispatches = {}
-            if step.kind == "import":
-                dispatches = {n: tuple(v) for n, v in step.data.get("dispatches", {}).items()}
-            at = step.data.get("at")
-            for name in step.data.get("dispatched", ()):
-                dispatches[name] = (*dispatches.get(name, ())[-1:], int(at or 0))
-        if log.scheduler is None:
-            return Cursor.fresh(initial(self._spec))
-        return Cursor.from_json(log.scheduler, self._spec, dispatches)
-
     async def _restore(self, log: RunLog) -> None:
-        await GraphFlow.load_state(self, await self._state_from_log(log))
+        """Put the team at the store's head. On the embedded runtime every message is created once
+        and shared by the thread and the buffers; elsewhere the state goes through load_state."""
+        at = plan(log, self._spec, self._participant_names)
+        runtime = self._runtime
+        if not isinstance(runtime, SingleThreadedAgentRuntime):
+            await GraphFlow.load_state(self, await self._state_at(log, at))
+        else:
+            if not self._initialized:
+                await self._init(runtime)
+            thread = [self._message_factory.create(e.body) for e in at.entries]
+            manager = await runtime.try_get_underlying_agent_instance(
+                AgentId(self._group_chat_manager_topic_type, self._team_id), DurableGraphFlowManager
+            )
+            await manager.restore(thread, at.cursor)
+            for name, topic in zip(self._participant_names, self._participant_topic_types, strict=True):
+                container = await runtime.try_get_underlying_agent_instance(
+                    AgentId(topic, self._team_id), DurableChatAgentContainer
+                )
+                buffer, deferred = at.buffers[name]
+                await container.restore(
+                    [thread[i] for i in buffer], [thread[i] for i in deferred], log.agent_states.get(name)
+                )
         self._states.prime(log.agent_states, log.agent_state_steps)
 
-    async def _state_from_log(self, log: RunLog) -> dict[str, Any]:
+    async def _state_at(self, log: RunLog, at: Plan | None = None) -> dict[str, Any]:
         """The team state (TeamState dump, durable format) at the store's head."""
-        cursor = self._cursor_from(log)
-        completes = {s.seq: s.node for s in log.steps if s.kind == "complete"}
-        imported = {s.seq for s in log.steps if s.kind == "import"}
-        thread = [m for m in log.messages if m.seq >= cursor.origin]
-        entries = [
-            LogEntry(
-                m.body,
-                m.published,
-                str(m.body.get("source"))
-                if m.step_seq in imported and m.published
-                else completes.get(m.step_seq),
-            )
-            for m in thread
-        ]
-        buffers = participant_buffers(
-            entries, self._participant_names, cursor.dispatches, cursor.sched.in_flight
-        )
-        agent_states: dict[str, Mapping[str, Any]] = {}
-        for participant in self._participants:
-            name = participant.name
-            saved = log.agent_states.get(name)
-            agent_states[name] = {
-                "type": "ChatAgentContainerState",
-                "version": "1.0.0",
-                "agent_state": saved if saved is not None else await participant.save_state(),
-                "message_buffer": list(buffers[name].buffer),
-                "deferred_buffer": list(buffers[name].deferred),
-            }
-        full = cursor.sched.to_json()
-        extension = cursor.extension(self._run_id)
-        agent_states[self._group_chat_manager_name] = {
-            "message_thread": [e.body for e in entries],
-            "current_turn": cursor.sched.turn,
-            "remaining": full["remaining"],
-            "enqueued_any": full["enqueued_any"],
-            "ready": [*cursor.sched.in_flight, *cursor.sched.ready],
-            "graphflow_durable": extension,
+        at = at or plan(log, self._spec, self._participant_names)
+        states = {
+            p.name: log.agent_states[p.name] if p.name in log.agent_states else await p.save_state()
+            for p in self._participants
         }
-        return TeamState(agent_states=agent_states).model_dump()
+        return at.team_state(self._run_id, self._group_chat_manager_name, states)
 
     async def _import_state(self, state: Mapping[str, Any]) -> None:
         """Seed the new run with a loaded state: its thread, agent states and cursor in one commit."""
@@ -585,7 +558,7 @@ class DurableGraphFlow(GraphFlow):
             # mid-turn (its state already holding this turn's input, its buffer already cleared),
             # an answer may have reached some participants' buffers before the manager committed
             # it, and the manager extends its thread before its commit: none of that is a cut.
-            return await self._state_from_log(self.store.load(self._run_id))
+            return await self._state_at(self.store.load(self._run_id))
         return copy.deepcopy(dict(await super().save_state()))
 
     def _to_config(self) -> DurableGraphFlowConfig:

@@ -25,6 +25,7 @@ from .errors import (
 from .flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
 from .integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
 from .store import RunRecord, Store
+from .worker import Worker
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "StoreError",
     "UnrepairableStateError",
     "ValidationReport",
+    "Worker",
     "__version__",
     "current_execution",
     "default_store_url",

@@ -42,7 +42,17 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, owned by another user
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited but not been reaped by its parent (Linux ``/proc``; else False)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # "pid (comm) state ...": comm may hold spaces or parentheses, the state follows the last ")".
+            return stat.read().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def takeover_reason(row: LeaseRow, owner: str, now: float) -> str | None:

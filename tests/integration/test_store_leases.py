@@ -129,3 +129,21 @@ def test_release_frees_the_run_and_is_silent_when_the_lease_was_taken(store: Sto
     run = store.get_run("run-1")
     assert run is not None and run.lease_owner == "worker-2"
     assert store.release_lease("nope", 1) is False
+
+
+def test_a_dead_but_unreaped_process_on_this_host_counts_as_dead() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from graphflow_durable._lease import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while pid_alive(child.pid) and time.monotonic() < deadline:  # exited, not yet waited for
+            time.sleep(0.02)
+        assert not pid_alive(child.pid)
+        assert child.poll() is not None  # it was a zombie until now: reaping it only now
+    finally:
+        child.wait()

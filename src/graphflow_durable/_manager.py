@@ -190,7 +190,8 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._signal_termination(stop)
             return
 
-        if cursor.sched.in_flight:
+        resumed = bool(cursor.sched.in_flight)
+        if resumed:
             # Resumed inside a batch: the nodes that had not answered run again, before anything
             # that became ready meanwhile.
             speakers = cursor.sched.in_flight
@@ -206,13 +207,15 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._signal_termination(stop)
             return
         self._cursor = cursor
+        # A re-dispatch keeps the nodes' original dispatch point (their input); only a selection
+        # records a new one.
+        data = (
+            {"redispatched": list(speakers)}
+            if resumed
+            else {"dispatched": list(speakers), "at": first + len(task)}
+        )
         head = self._commit(
-            Step(
-                kind,
-                None,
-                cursor.to_json(self._spec),
-                {"dispatched": list(speakers), "at": first + len(task)},
-            ),
+            Step(kind, None, cursor.to_json(self._spec), data),
             records,
             (),
             None,

@@ -11,6 +11,7 @@ from autogen_agentchat.messages import BaseChatMessage
 from agents import (
     Boom,
     CommitSpy,
+    Hook,
     Scripted,
     chain,
     close_stores,
@@ -24,6 +25,7 @@ from agents import (
     text,
     wait_for,
 )
+from graphflow_durable import DurableGraphFlow
 from graphflow_durable.context import ExecutionContext, current_execution
 
 
@@ -174,3 +176,54 @@ async def test_retried_turn_after_failure_has_attempt_2_and_the_same_idempotency
 
 def test_boom_is_what_agents_raise() -> None:
     assert issubclass(Boom, RuntimeError)
+
+
+def _looping_fan(agents: dict[str, Scripted]):  # type: ignore[no-untyped-def]
+    """S -> (B, C) -> J; J -> S while J says "again", J -> E when it says "done"."""
+    from autogen_agentchat.teams import DiGraphBuilder
+
+    s, b, c, j, e = (agents[n] for n in "SBCJE")
+    g = DiGraphBuilder()
+    for agent in (s, b, c, j, e):
+        g.add_node(agent)
+    g.add_edge(s, b).add_edge(s, c).add_edge(b, j).add_edge(c, j)
+    g.add_edge(j, s, condition="again").add_edge(j, e, condition="done")
+    g.set_entry_point(s)
+    return g.build()
+
+
+async def test_two_interruptions_in_a_row_keep_what_a_sibling_heard_during_a_retried_turn(
+    store_url: str,
+) -> None:
+    """B fails while its sibling C has already answered; the resumed B runs again; the run then
+    fails later, after the loop came back round. The second resume rebuilds B's buffer from the
+    log: C's first answer (published during B's first turn) must still be in B's next input."""
+    says = {"J": ["again", "done"]}
+    teams: dict[str, DurableGraphFlow] = {}
+
+    def team(run_id: str, hooks: dict[str, Hook]) -> DurableGraphFlow:
+        agents = {n: Scripted(n, says.get(n, ()), before=hooks.get(n)) for n in "SBCJE"}
+        teams[run_id] = durable(agents, _looping_fan(agents), store_url, run_id, MaxMessageTermination(50))
+        return teams[run_id]
+
+    def after_c(run_id: str) -> Hook:
+        """B's first turn ends only once C's first answer is committed (in both runs alike)."""
+
+        async def hook(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+            if agent.turn == 1:
+                await wait_for(
+                    lambda: any(
+                        s.node == "C" for s in teams[run_id].store.load(run_id).steps if s.kind == "complete"
+                    )
+                )
+
+        return hook
+
+    reference = await team("reference", {"B": after_c("reference")}).run(task="go")
+    with pytest.raises(RuntimeError, match="B crashed"):
+        await team("run", {"B": fail_once(after_c("run"))}).run(task="go")
+    with pytest.raises(RuntimeError, match="S crashed"):
+        await team("run", {"S": fail_on_turn(2)}).run(task="go")
+    third = team("run", {})
+    await third.run(task="go")
+    assert stored_transcript(third) == text(reference.messages)

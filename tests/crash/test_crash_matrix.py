@@ -112,6 +112,41 @@ def _run_exists(url: str) -> bool:
         return store.get_run(RUN) is not None
 
 
+def crash_twice_and_resume(url: str, tmp: Path, kills: tuple[str, str], reference: dict[str, Any]) -> None:
+    """Two processes killed in a row (the second one while resuming the first), then a third resumes."""
+    exec_log = tmp / "exec.log"
+    for kill in kills:
+        done = run_worker(url, exec_log, kill)
+        assert done.returncode == -signal.SIGKILL, (
+            f"{kills}: {kill} did not fire ({done.returncode})\n{done.stderr}"
+        )
+    resumed = run_worker(url, exec_log)
+    assert resumed.returncode == 0, f"{kills}: resume failed\n{resumed.stderr}"
+    out = json.loads(resumed.stdout)
+    assert out["transcript"] == reference["transcript"], f"{kills}: transcript differs"
+    assert completions(url) == reference["completions"], f"{kills}: a node was recorded twice or not at all"
+
+
+# A first kill while one fan-out sibling has answered and the other is in flight (or at any early
+# commit), a second kill after the fan-out came round again: the second resume rebuilds every
+# buffer from a log that already holds one resume.
+DOUBLE_KILLS = [
+    (first, second)
+    for first in [f"commit:{k}:after" for k in range(2, 7)] + [f"agent:{j}" for j in range(2, 6)]
+    for second in ("commit:3:after", "commit:5:after", "agent:3")
+]
+
+
+@pytest.mark.slow
+def test_two_sigkills_in_a_row_resume_to_the_uninterrupted_transcript_sqlite(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    for i, kills in enumerate(DOUBLE_KILLS):
+        case = tmp_path / f"double{i}"
+        case.mkdir()
+        crash_twice_and_resume(f"sqlite:///{case / 'run.db'}", case, kills, reference)
+
+
 def test_uninterrupted_durable_run_matches_plain_graphflow(reference: dict[str, Any]) -> None:
     import asyncio
 

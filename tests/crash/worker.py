@@ -52,9 +52,10 @@ async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> N
 
 
 def crash_team(url: str, run_id: str) -> DurableGraphFlow:
-    """Fan-out S->(P1,P2), join ->J, loop J->R->J ("any", while R says "again"), exit R->E."""
+    """Fan-out S->(P1,P2), join ->J, inner loop J->R->J ("any", when R says "again"), outer loop
+    R->S (when R says "restart": the fan-out runs again), exit R->E (when R says "done")."""
     s, p1, p2, j, e = (Scripted(n, before=record_turn) for n in ("S", "P1", "P2", "J", "E"))
-    r = Scripted("R", says=["again", "again", "done"], before=record_turn)
+    r = Scripted("R", says=["again", "restart", "again", "done"], before=record_turn)
     b = DiGraphBuilder()
     for agent in (s, p1, p2, j, r, e):
         b.add_node(agent)
@@ -62,6 +63,7 @@ def crash_team(url: str, run_id: str) -> DurableGraphFlow:
     b.add_edge(p1, j, activation_group="join").add_edge(p2, j, activation_group="join")
     b.add_edge(j, r)
     b.add_edge(r, j, condition="again", activation_group="loop", activation_condition="any")
+    b.add_edge(r, s, condition="restart", activation_group="outer", activation_condition="any")
     b.add_edge(r, e, condition="done")
     b.set_entry_point(s)
     graph: DiGraph = b.build()

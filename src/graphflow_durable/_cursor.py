@@ -130,9 +130,21 @@ class Cursor:
         except (KeyError, TypeError, ValueError) as exc:
             raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
 
-    def extension(self, run_id: str | None) -> dict[str, Any]:
-        """The ``graphflow_durable`` section of ``save_state()`` (see docs/state-format.md)."""
-        return {
+    def extension(
+        self,
+        run_id: str | None,
+        *,
+        status: str | None = None,
+        graph_fingerprint: str | None = None,
+    ) -> dict[str, Any]:
+        """The ``graphflow_durable`` section of a saved state (see docs/state-format.md).
+
+        ``status`` defaults to what the cursor says (finished, or interrupted with nodes in
+        flight, else running); ``graph_fingerprint`` is written when given.
+        """
+        if status is None:
+            status = "finished" if self.finished else ("interrupted" if self.sched.in_flight else "running")
+        out: dict[str, Any] = {
             "format": FORMAT,
             "scheduler": self.sched.to_json(),
             "dispatches": {n: list(v) for n, v in sorted(self.dispatches.items())},
@@ -141,9 +153,12 @@ class Cursor:
             "batch_start": self.batch_start,
             "round_start": self.round_start,
             "origin": self.origin,
-            "status": "finished" if self.finished else ("interrupted" if self.sched.in_flight else "running"),
+            "status": status,
             "run_id": run_id,
         }
+        if graph_fingerprint is not None:
+            out["graph_fingerprint"] = graph_fingerprint
+        return out
 
     @classmethod
     def from_extension(cls, ext: Mapping[str, Any]) -> Cursor:

@@ -16,6 +16,7 @@ from typing import Any
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 
 from ._buffers import Buffers, LogEntry, participant_buffers
+from ._cursor import Cursor
 from ._integrity_read import Parsed
 from .scheduler import GraphSpec, SchedulerState, initial, replay, select
 
@@ -154,25 +155,22 @@ def extension(p: Parsed, d: Derived, graph_fingerprint: str | None) -> dict[str,
         attempts = dict.fromkeys(flying, 1)
     steps = old.get("dispatch_step")
     steps = {n: s for n, s in steps.items() if n in flying} if isinstance(steps, Mapping) else {}
-    out: dict[str, Any] = {
-        "format": 1,
-        "scheduler": d.sched.to_json(),
-        "dispatches": {n: list(v[-2:]) for n, v in d.dispatches.items()},
-        "attempts": dict(attempts),
-        "dispatch_step": steps,
-        "batch_start": d.batch_start,
-        "round_start": _kept_index(old.get("round_start"), d.round_start, len(p.thread_dumps)),
-        "origin": _kept_index(old.get("origin"), 0, None),
-        "status": status,
-        "run_id": old.get("run_id") if isinstance(old.get("run_id"), str) else None,
-    }
-    if graph_fingerprint is not None:
-        out["graph_fingerprint"] = graph_fingerprint
-    elif isinstance(old.get("graph_fingerprint"), str):
-        out["graph_fingerprint"] = old["graph_fingerprint"]
-    elif p.legacy:
-        out["graph_fingerprint"] = ""
-    return out
+    if graph_fingerprint is None and isinstance(old.get("graph_fingerprint"), str):
+        graph_fingerprint = old["graph_fingerprint"]
+    elif graph_fingerprint is None and p.legacy:
+        graph_fingerprint = ""
+    cursor = Cursor(
+        sched=d.sched,
+        origin=_kept_index(old.get("origin"), 0, None),
+        round_start=_kept_index(old.get("round_start"), d.round_start, len(p.thread_dumps)),
+        batch_start=d.batch_start,
+        finished=status == "finished",
+        dispatches={n: tuple(v[-2:]) for n, v in d.dispatches.items()},
+        attempts=dict(attempts),
+        dispatch_step=steps,
+    )
+    run_id = old.get("run_id") if isinstance(old.get("run_id"), str) else None
+    return cursor.extension(run_id, status=status, graph_fingerprint=graph_fingerprint)
 
 
 def _positive(values: Mapping[str, Any]) -> bool:

@@ -57,6 +57,7 @@ class Journal:
     participants: Mapping[str, ChatAgent | Team]
     write: Callable[[Step, Sequence[MessageRecord], Sequence[AgentStateRecord], RunUpdate | None], int]
     head: int = 0
+    fingerprint: str | None = None
     halted: bool = False
     fatal: BaseException | None = None
     contexts: dict[str, _context.ExecutionContext] = field(default_factory=dict)
@@ -371,7 +372,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             "remaining": full["remaining"],
             "enqueued_any": full["enqueued_any"],
             "ready": [*sched.in_flight, *sched.ready],
-            "graphflow_durable": self._cursor.extension(self._journal.run_id),
+            "graphflow_durable": self._cursor.extension(
+                self._journal.run_id, graph_fingerprint=self._journal.fingerprint
+            ),
         }
 
     async def load_state(self, state: Mapping[str, Any]) -> None:

@@ -54,6 +54,7 @@ class Plan:
         run_id: str,
         manager_name: str,
         agent_states: Mapping[str, Mapping[str, Any]],
+        graph_fingerprint: str | None = None,
     ) -> dict[str, Any]:
         """The state as ``save_state()`` returns it (JSON; see docs/state-format.md)."""
         states: dict[str, Any] = {}
@@ -73,7 +74,7 @@ class Plan:
             "remaining": full["remaining"],
             "enqueued_any": full["enqueued_any"],
             "ready": [*sched.in_flight, *sched.ready],
-            "graphflow_durable": self.cursor.extension(run_id),
+            "graphflow_durable": self.cursor.extension(run_id, graph_fingerprint=graph_fingerprint),
         }
         return {"type": "TeamState", "version": "1.0.0", "agent_states": states}
 

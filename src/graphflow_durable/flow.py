@@ -128,6 +128,7 @@ class DurableGraphFlow(GraphFlow):
             spec=self._spec,
             participants={p.name: p for p in participants},
             write=self._write,
+            fingerprint=self._fingerprint,
         )
 
     # -- public surface --------------------------------------------------------------------------
@@ -447,7 +448,7 @@ class DurableGraphFlow(GraphFlow):
             p.name: log.agent_states[p.name] if p.name in log.agent_states else await p.save_state()
             for p in self._participants
         }
-        return at.team_state(self._run_id, self._group_chat_manager_name, states)
+        return at.team_state(self._run_id, self._group_chat_manager_name, states, self._fingerprint)
 
     async def _import_state(self, state: Mapping[str, Any]) -> None:
         """Seed the new run with a loaded state: its thread, agent states and cursor in one commit."""

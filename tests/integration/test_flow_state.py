@@ -75,3 +75,20 @@ async def test_load_state_deep_copies_its_argument(store_url: str) -> None:
             entry["agent_state"]["turn"] = 99
     await team.run()
     assert stored_transcript(team) == reference
+
+
+async def test_a_saved_state_carries_the_graph_fingerprint_and_validates_clean_only_against_it(
+    sqlite_url: str,
+) -> None:
+    from graphflow_durable import validate_state
+
+    agents = [Scripted(n) for n in "ABC"]
+    graph = chain(*agents)
+    team = durable(agents, graph, sqlite_url, "fp")
+    await team.run(task="go")
+    state = await team.save_state()
+    ext = manager_state(state)["graphflow_durable"]
+    assert ext["graph_fingerprint"] == team._fingerprint
+    assert validate_state(state, graph, graph_fingerprint=team._fingerprint).findings == ()
+    other = validate_state(state, graph, graph_fingerprint="0" * 64)
+    assert "GFD010-different-graph" in other.codes

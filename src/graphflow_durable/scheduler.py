@@ -223,6 +223,17 @@ def select(spec: GraphSpec, state: SchedulerState) -> tuple[SchedulerState, tupl
                 enqueued[speaker] = {**enqueued[speaker], group: False}
             elif speaker in remaining and group in remaining[speaker]:
                 remaining[speaker] = {**remaining[speaker], group: spec.origin_remaining[speaker][group]}
+    touched = state.touched
+    if touched is not None:
+        # A speaker re-armed back to the graph's armed state leaves the frontier, so the frontier
+        # follows what is active now, not every node that ever ran.
+        rearmed = {
+            s
+            for s in speakers
+            if remaining.get(s, {}) == spec.origin_remaining.get(s, {})
+            and not any(enqueued.get(s, {}).values())
+        }
+        touched = (touched | set(speakers)) - rearmed
     new = SchedulerState(
         remaining=remaining,
         enqueued_any=enqueued,
@@ -230,7 +241,7 @@ def select(spec: GraphSpec, state: SchedulerState) -> tuple[SchedulerState, tupl
         ready=(),
         in_flight=state.in_flight + speakers,
         turn=state.turn,
-        touched=None if state.touched is None else state.touched | set(speakers),
+        touched=touched,
     )
     return new, speakers
 

@@ -403,6 +403,34 @@ def test_sparse_json_does_not_grow_with_untouched_nodes(
         assert SchedulerState.from_sparse_json(big_state.to_sparse_json(bigger), bigger) == big_state
 
 
+def test_the_tracked_frontier_follows_the_active_nodes_not_the_history() -> None:
+    """In a 200-node chain, and a loop run for 200 turns, the frontier stays a node or two wide."""
+    chain = [f"a{i}" for i in range(200)]
+    nodes = {
+        name: DiGraphNode(name=name, edges=[DiGraphEdge(target=chain[i + 1])] if i + 1 < len(chain) else [])
+        for i, name in enumerate(chain)
+    }
+    loop = {
+        "A": DiGraphNode(name="A", edges=[DiGraphEdge(target="B")]),
+        "B": DiGraphNode(name="B", edges=[DiGraphEdge(target="A", condition="again")]),
+    }
+    for graph, script in (
+        (DiGraph(nodes=nodes), chain),
+        (DiGraph(nodes=loop, default_start_node="A"), ["A", "B"] * 100),
+    ):
+        spec = GraphSpec.from_digraph(graph)
+        state = initial(spec)
+        widths = []
+        for node in script:
+            state, speakers = select(spec, state)
+            assert speakers == (node,)
+            state = complete(spec, state, node, TextMessage(source=node, content="again"))
+            assert state.touched is not None
+            widths.append(len(state.touched))
+        assert max(widths) <= 2, widths
+        assert state.to_sparse_json(spec) == replace(state, touched=None).to_sparse_json(spec)
+
+
 def test_the_strategies_cover_every_shape_and_feature() -> None:
     """A guard on the generator itself: the features the properties rely on do occur."""
     seen: Counter[str] = Counter()

@@ -16,6 +16,9 @@ from .errors import NotSerializableError
 
 __all__ = ["digest", "dumps", "loads"]
 
+# One encoder for every call: json.dumps() with options builds a new JSONEncoder each time.
+_encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
 
 def dumps(value: Any, *, where: str = "value") -> str:
     """Encode ``value`` as canonical JSON text.
@@ -25,7 +28,7 @@ def dumps(value: Any, *, where: str = "value") -> str:
             JSON cannot hold, e.g. ``agent_state/model_context/messages/3/content: bytes``.
     """
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _encode(value)
     except (TypeError, ValueError) as exc:
         path, bad = _find_unserialisable(value, where)
         raise NotSerializableError(

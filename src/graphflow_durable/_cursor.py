@@ -63,13 +63,15 @@ class Cursor:
         dispatches = dict(self.dispatches)
         for name in speakers:
             dispatches[name] = (*dispatches.get(name, ())[-1:], at)
-        return replace(
-            self,
-            sched=sched,
-            batch_start=at,
-            dispatches=dispatches,
-            attempts=dict.fromkeys(sched.in_flight, 1),
-            dispatch_step=dict.fromkeys(sched.in_flight, step),
+        return Cursor(
+            sched,
+            self.origin,
+            self.round_start,
+            at,
+            self.finished,
+            dispatches,
+            dict.fromkeys(sched.in_flight, 1),
+            dict.fromkeys(sched.in_flight, step),
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
@@ -77,12 +79,17 @@ class Cursor:
         return replace(self, attempts=attempts)
 
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
-        still = set(sched.in_flight)
-        return replace(
-            self,
-            sched=sched,
-            attempts={n: a for n, a in self.attempts.items() if n in still},
-            dispatch_step={n: s for n, s in self.dispatch_step.items() if n in still},
+        # Constructed directly, not with dataclasses.replace: this runs on every completion.
+        still = sched.in_flight
+        return Cursor(
+            sched,
+            self.origin,
+            self.round_start,
+            self.batch_start,
+            self.finished,
+            self.dispatches,
+            {n: a for n, a in self.attempts.items() if n in still},
+            {n: s for n, s in self.dispatch_step.items() if n in still},
         )
 
     def stopped(self, sched: SchedulerState) -> Cursor:

@@ -303,15 +303,15 @@ class DurableGraphFlowManager(GraphFlowManager):
         # Every message of the batch reaches the condition, not only the last answer's.
         stop = await self._condition_stop(self._batch_delta)
         if stop is not None:
-            return stop, replace(sched, turn=0)
-        sched = replace(sched, turn=sched.turn + 1)
+            return stop, sched.with_turn(0)
+        sched = sched.with_turn(sched.turn + 1)
         if self._max_turns is not None and sched.turn >= self._max_turns:
             if self._termination_condition is not None:
                 await self._termination_condition.reset()
             stop = StopMessage(
                 content=f"Maximum number of turns {self._max_turns} reached.", source=self._name
             )
-            return stop, replace(sched, turn=0)
+            return stop, sched.with_turn(0)
         return None, sched
 
     # -- commit and dispatch ------------------------------------------------------------------

@@ -27,6 +27,7 @@ __all__ = ["StateLog"]
 @dataclass(frozen=True)
 class _Last:
     step: int
+    text: str
     body: Any
     snapshot_size: int
     delta_bytes: int
@@ -45,7 +46,9 @@ class StateLog:
     def prime(self, states: Mapping[str, Mapping[str, Any]], steps: Mapping[str, int]) -> None:
         """Remember the states a run was loaded with (the store's current ones)."""
         self._last = {
-            node: _Last(steps[node], loads(text := dumps(body, where=f"agent_states/{node}")), len(text), 0)
+            node: _Last(
+                steps[node], text := dumps(body, where=f"agent_states/{node}"), loads(text), len(text), 0
+            )
             for node, body in states.items()
             if node in steps
         }
@@ -58,17 +61,21 @@ class StateLog:
         pending: dict[str, _Last] = {}
         for record in records:
             text = dumps(record.body, where=f"agent_states/{record.node}")
-            body = loads(text)  # a private copy: the agent may mutate what it returned
             last = self._last.get(record.node)
+            if last is not None and text == last.text:
+                continue  # unchanged: the node's latest row still holds it
+            body = loads(text)  # a private copy: the agent may mutate what it returned
             if last is not None:
                 patch = _jsondelta.diff(last.body, body)
                 size = len(dumps(patch))
                 if last.delta_bytes + size < last.snapshot_size:
                     stored.append(AgentStateRecord(record.node, patch, base_step=last.step))
-                    pending[record.node] = _Last(step, body, last.snapshot_size, last.delta_bytes + size)
+                    pending[record.node] = _Last(
+                        step, text, body, last.snapshot_size, last.delta_bytes + size
+                    )
                     continue
             stored.append(AgentStateRecord(record.node, body))
-            pending[record.node] = _Last(step, body, len(text), 0)
+            pending[record.node] = _Last(step, text, body, len(text), 0)
         return stored, pending
 
     def accept(self, pending: Mapping[str, _Last]) -> None:

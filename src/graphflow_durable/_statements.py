@@ -38,8 +38,6 @@ __all__ = [
     "SELECT_RUN",
     "SELECT_SCHEDULER",
     "SELECT_STEPS",
-    "UPDATE_HEAD",
-    "UPDATE_HEAD_MSGS",
     "UPDATE_LEASE",
 ]
 
@@ -57,23 +55,32 @@ _head_guard = (
     _R.head_seq == sa.bindparam("p_expected", type_=sa.Integer),
     _R.fencing_token == sa.bindparam("p_token", type_=sa.Integer),
 )
-_head_values = {
+_move_values = {
     "head_seq": sa.bindparam("p_new_head", type_=sa.Integer),
     "updated_at": sa.bindparam("p_now", type_=sa.Double),
+}
+#: What a commit that changes the run's lifecycle sets too. Kept out of the plain moves: setting
+#: ``status`` at all (even to itself) costs SQLite an index update on every commit.
+_lifecycle_values = {
     "status": _keep_unless_given("p_status", _R.status),
     "task": _keep_unless_given("p_task", _R.task),
     "result": _keep_unless_given("p_result", _R.result),
 }
 
-#: Move the head of a run (commit without messages).
-UPDATE_HEAD = sa.update(runs).where(*_head_guard).values(**_head_values)
 
-#: Move the head of a run and append messages (their first seq must be the message count).
-UPDATE_HEAD_MSGS = (
-    sa.update(runs)
-    .where(*_head_guard, _R.message_count == sa.bindparam("p_first_seq", type_=sa.Integer))
-    .values(**_head_values, message_count=sa.bindparam("p_message_count", type_=sa.Integer))
-)
+def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:
+    """Move a run's head (guarded by head and token); with messages, also guard and move the
+    message count (the new messages' first seq must be the count); with the lifecycle, also set
+    status, task and result where given."""
+    values: dict[str, Any] = dict(_move_values)
+    guard = list(_head_guard)
+    if with_lifecycle:
+        values.update(_lifecycle_values)
+    if with_messages:
+        guard.append(_R.message_count == sa.bindparam("p_first_seq", type_=sa.Integer))
+        values["message_count"] = sa.bindparam("p_message_count", type_=sa.Integer)
+    return sa.update(runs).where(*guard).values(**values)
+
 
 INSERT_RUN = sa.insert(runs)
 INSERT_STEP = sa.insert(steps)
@@ -185,8 +192,7 @@ LeaseTuple = namedtuple("LeaseTuple", list(SELECT_LEASE.selected_columns.keys())
 class HotPath:
     """The commit path's statements, compiled once for one dialect."""
 
-    update_head: Prepared
-    update_head_msgs: Prepared
+    update_head: Mapping[tuple[bool, bool], Prepared]  # by (with messages, with lifecycle)
     insert_step: Prepared
     insert_message: Prepared
     insert_state: Prepared
@@ -196,8 +202,11 @@ class HotPath:
     def for_dialect(cls, dialect: Dialect) -> HotPath:
         """Compile every statement of the commit path for ``dialect``."""
         return cls(
-            update_head=Prepared.compile(UPDATE_HEAD, dialect),
-            update_head_msgs=Prepared.compile(UPDATE_HEAD_MSGS, dialect),
+            update_head={
+                (m, life): Prepared.compile(_update_head(m, life), dialect)
+                for m in (False, True)
+                for life in (False, True)
+            },
             insert_step=Prepared.compile(INSERT_STEP, dialect),
             insert_message=Prepared.compile(INSERT_MESSAGE, dialect),
             insert_state=Prepared.compile(INSERT_STATE, dialect),

@@ -227,7 +227,7 @@ class Store:
                 cursor = dbapi.cursor()
                 if self._begin is not None:
                     cursor.execute(self._begin)
-                update_head = hot.update_head_msgs if messages else hot.update_head
+                update_head = hot.update_head[bool(messages), update is not None]
                 cursor.execute(update_head.sql, update_head.bind(params.run))
                 if cursor.rowcount != 1:
                     cursor.execute(hot.select_lease.sql, hot.select_lease.bind(params.run))

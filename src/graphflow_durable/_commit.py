@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import _jsondelta as jsondelta
+from . import _textdelta as textdelta
 from ._codec import dumps, loads
 from ._lease import lease_lost
 from ._records import AgentStateRecord, MessageRecord, RunUpdate, Step
+from ._textdelta import Rope
 from .errors import ConflictError, RunNotFoundError, StoreError
 
 __all__ = [
@@ -186,26 +188,56 @@ def not_found(run_id: str) -> RunNotFoundError:
     return RunNotFoundError(f"run {run_id} does not exist; create it with Store.create_run() first")
 
 
-def fold_states(run_id: str, rows: Iterable[Any]) -> tuple[dict[str, Any], dict[str, int]]:
+def fold_states(
+    run_id: str, rows: Iterable[Any], message_text: Callable[[int], str]
+) -> tuple[dict[str, Any], dict[str, int]]:
     """Each node's current state from its latest whole row and the delta rows after it.
 
-    ``rows`` are (node, step_seq, base_step, body) ordered by node and step. Returns the states
-    and the step of each node's latest row. A delta whose base is not the row before it means the
-    log is corrupt: :class:`StoreError`, naming the run, node and steps.
+    ``rows`` are (node, step_seq, base_step, body) ordered by node and step; ``message_text(seq)``
+    is the text a message reference of a splice stands for. Returns the states and the step of
+    each node's latest row. A delta whose base is not the row before it, or a splice that does not
+    fit, means the log is corrupt: :class:`StoreError`, naming the run, node and steps.
     """
-    states: dict[str, Any] = {}
+    current: dict[str, Any | Rope] = {}
     steps: dict[str, int] = {}
     for node, step_seq, base_step, body in rows:
         value = loads(body)
-        if base_step is None:
-            states[node] = value
-        elif steps.get(node) != base_step:
+        where = f"run {run_id}: the state of node {node!r} saved at step {step_seq}"
+        try:
+            if base_step is None:
+                current[node] = value
+            elif base_step == 0:
+                current[node] = Rope.of(value["put"], message_text)
+            elif steps.get(node) != base_step:
+                raise StoreError(
+                    f"{where} is a delta against step {base_step}, but the row before it is at step "
+                    f"{steps.get(node)}; the agent-state log is corrupt (was the database edited by hand?)"
+                )
+            elif textdelta.is_splice(value):
+                rope = current[node]
+                if not isinstance(rope, Rope):
+                    rope = Rope.of([dumps(rope)], message_text)
+                rope.splice(value["at"], value["cut"], value["put"], message_text)
+                current[node] = rope
+            else:
+                old = current[node]
+                current[node] = jsondelta.apply(loads(old.text()) if isinstance(old, Rope) else old, value)
+        except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(
-                f"run {run_id}: the state of node {node!r} saved at step {step_seq} is a delta against "
-                f"step {base_step}, but the row before it is at step {steps.get(node)}; the agent-state log "
-                "is corrupt (was the database edited by hand?)"
-            )
-        else:
-            states[node] = jsondelta.apply(states[node], value)
+                f"{where} cannot be applied ({exc!r}); the agent-state log is corrupt "
+                "(was the database edited by hand?)"
+            ) from exc
         steps[node] = step_seq
+    states = {}
+    for node, state in current.items():
+        if isinstance(state, Rope):
+            try:
+                states[node] = loads(state.text())
+            except ValueError as exc:
+                raise StoreError(
+                    f"run {run_id}: the state of node {node!r} rebuilt from its rows up to step "
+                    f"{steps[node]} is not JSON ({exc}); the agent-state log is corrupt"
+                ) from exc
+        else:
+            states[node] = state
     return states, steps

@@ -148,11 +148,18 @@ def _m0003_create_queue(conn: Connection) -> None:
     md.create_all(conn)
 
 
+def _m0004_state_splices(conn: Connection) -> None:
+    """Version 4: agent-state deltas may be splices of the state's JSON text whose pieces reference
+    messages of the run, and ``base_step`` 0 marks a whole state written that way. No DDL: the
+    version tells older releases, which cannot read such rows, to refuse the database."""
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
     (2, "agent states stored as deltas against the previous row (base_step)", _m0002_agent_state_deltas),
     (3, "create the worker-pool queue (submissions, claims, retry back-off)", _m0003_create_queue),
+    (4, "agent states as text splices that reference messages (base_step 0: whole)", _m0004_state_splices),
 )
 
 #: The schema version this package writes.

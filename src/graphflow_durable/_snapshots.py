@@ -1,83 +1,142 @@
-"""Agent states written as deltas, with whole snapshots often enough to keep reads bounded.
+"""Agent states written as splices of their JSON text, with whole snapshots often enough to keep
+reads bounded.
 
 An agent whose saved state grows every turn (a model context) would otherwise cost O(history)
-bytes per commit. :class:`StateLog` remembers, per node, the last state this writer committed,
-and sends the next one as a delta against it -- until the deltas written since the last whole
-snapshot add up to that snapshot's size, when it writes a whole snapshot again. So the bytes
-written per turn stay within about twice the size of what changed, and resuming a node reads at
-most about two snapshots' worth of rows.
+bytes per commit. :class:`StateLog` remembers, per node, the canonical JSON text of the last state
+this writer committed, and stores the next one as a splice of that text (``_textdelta``): the
+region that changed, in which every message of the run that the state repeats (the context keeps
+what the agent heard and said) is a reference to the message log. Once the splices written since
+the last whole snapshot add up to that snapshot's stored size (or number ``MAX_DELTAS``), it writes
+a whole snapshot again: a splice of the empty text (``base_step`` 0), its message references kept.
+So the bytes written per turn stay within about twice what changed, net of the messages, and
+resuming a node reads at most about two snapshots' worth of rows. A state equal to the last one
+committed writes no row at all: a node's state is its latest row.
+
+States without references are written as plain JSON values (``base_step`` NULL), readable by eye.
 
 The remembered states are only valid while this process's view equals the store's head: the flow
-clears or primes the log whenever it (re)loads a run.
+primes the log when it (re)loads a run, and clears it after a failed commit.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _jsondelta
-from ._codec import dumps, loads
-from .store import AgentStateRecord
+from ._codec import dumps
+from ._textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
+from .store import AgentStateRecord, MessageRecord
 
-__all__ = ["StateLog"]
+__all__ = ["MAX_DELTAS", "StateLog"]
+
+#: Splices after which a whole snapshot is written even if they are small (bounds resume work).
+MAX_DELTAS = 256
+#: How many of the run's latest long messages a state may reference without a snapshot scan.
+_WINDOW = 256
+#: How many of them one state write searches for.
+_CANDIDATES = 64
 
 
-@dataclass(frozen=True)
-class _Last:
-    step: int
-    text: str
-    body: Any
-    snapshot_size: int
-    delta_bytes: int
+@dataclass
+class _Node:
+    step: int  # the step of the node's latest row
+    text: str  # the canonical JSON text of the state in that row
+    rope: Rope  # the same text as pieces, message references kept
+    seen: int  # the run's message count then: newer messages are the candidates for references
+    snapshot_size: int  # stored characters of the last whole snapshot
+    delta_size: int = 0  # stored characters of the splices since
+    deltas: int = 0
 
 
 class StateLog:
-    """Per node, the last committed state, to write the next one as a delta."""
+    """Per node, the last committed state, to write the next one as a splice."""
 
     def __init__(self) -> None:
-        self._last: dict[str, _Last] = {}
+        self._nodes: dict[str, _Node] = {}
+        self._recent: deque[tuple[int, str]] = deque(maxlen=_WINDOW)  # (seq, content encoding)
+        self._by_seq: dict[int, str] = {}
+        self._count = 0
 
     def clear(self) -> None:
         """Forget everything: the next state of every node is written whole."""
-        self._last.clear()
+        self._nodes.clear()
+        self._recent.clear()
+        self._by_seq.clear()
+        self._count = 0
 
-    def prime(self, states: Mapping[str, Mapping[str, Any]], steps: Mapping[str, int]) -> None:
+    def prime(
+        self, states: Mapping[str, Mapping[str, Any]], steps: Mapping[str, int], message_count: int
+    ) -> None:
         """Remember the states a run was loaded with (the store's current ones)."""
-        self._last = {
-            node: _Last(
-                steps[node], text := dumps(body, where=f"agent_states/{node}"), loads(text), len(text), 0
-            )
-            for node, body in states.items()
-            if node in steps
-        }
+        self.clear()
+        self._count = message_count
+        for node, body in states.items():
+            if node in steps:
+                text = dumps(body, where=f"agent_states/{node}")
+                rope = Rope.of([text], self._resolve)
+                self._nodes[node] = _Node(steps[node], text, rope, message_count, len(text))
 
     def encode(
-        self, records: Sequence[AgentStateRecord], step: int
-    ) -> tuple[list[AgentStateRecord], dict[str, _Last]]:
-        """The records to store for a commit at ``step``, and what to remember once it succeeded."""
+        self, records: Sequence[AgentStateRecord], messages: Sequence[MessageRecord], step: int
+    ) -> list[AgentStateRecord]:
+        """The records to store for a commit at ``step`` that also appends ``messages``.
+
+        It updates what is remembered as if the commit succeeds; call :meth:`clear` if it fails.
+        """
+        self._note(messages)
         stored: list[AgentStateRecord] = []
-        pending: dict[str, _Last] = {}
         for record in records:
             text = dumps(record.body, where=f"agent_states/{record.node}")
-            last = self._last.get(record.node)
+            last = self._nodes.get(record.node)
             if last is not None and text == last.text:
                 continue  # unchanged: the node's latest row still holds it
-            body = loads(text)  # a private copy: the agent may mutate what it returned
-            if last is not None:
-                patch = _jsondelta.diff(last.body, body)
-                size = len(dumps(patch))
-                if last.delta_bytes + size < last.snapshot_size:
-                    stored.append(AgentStateRecord(record.node, patch, base_step=last.step))
-                    pending[record.node] = _Last(
-                        step, text, body, last.snapshot_size, last.delta_bytes + size
-                    )
-                    continue
-            stored.append(AgentStateRecord(record.node, body))
-            pending[record.node] = _Last(step, text, body, len(text), 0)
-        return stored, pending
+            stored.append(self._encode_one(record.node, record.body, text, last, step))
+        return stored
 
-    def accept(self, pending: Mapping[str, _Last]) -> None:
-        """The commit holding ``pending``'s states succeeded: remember them."""
-        self._last.update(pending)
+    def _encode_one(
+        self, node: str, value: Any, text: str, last: _Node | None, step: int
+    ) -> AgentStateRecord:
+        candidates = [c for c in self._recent if last is None or c[0] >= last.seen][-_CANDIDATES:]
+        if last is None:
+            rope = Rope.of(with_references(text, candidates), self._resolve)
+            return self._snapshot(node, value, text, rope, step)
+        at, keep = common_ends(last.text, text)
+        cut = len(last.text) - at - keep
+        pieces = with_references(text[at : len(text) - keep], candidates)
+        last.rope.splice(at, cut, pieces, self._resolve)
+        patch = splice(at, cut, pieces)
+        size = len(dumps(patch))
+        if last.deltas >= MAX_DELTAS or last.delta_size + size >= last.snapshot_size:
+            return self._snapshot(node, value, text, last.rope, step)
+        record = AgentStateRecord(node, patch, base_step=last.step)
+        last.step, last.text, last.seen = step, text, self._count
+        last.delta_size += size
+        last.deltas += 1
+        return record
+
+    def _snapshot(self, node: str, value: Any, text: str, rope: Rope, step: int) -> AgentStateRecord:
+        if rope.has_references():
+            body = splice(0, 0, rope.pieces())
+            size = len(dumps(body))
+            record = AgentStateRecord(node, body, base_step=0)
+        else:
+            size = len(text)
+            record = AgentStateRecord(node, value)
+        self._nodes[node] = _Node(step, text, rope, self._count, size)
+        return record
+
+    def _note(self, messages: Sequence[MessageRecord]) -> None:
+        for message in messages:
+            content = message.body.get("content") if isinstance(message.body, Mapping) else None
+            if isinstance(content, str) and len(content) >= MIN_REFERENCE:
+                if len(self._recent) == self._recent.maxlen:
+                    self._by_seq.pop(self._recent[0][0], None)
+                encoding = dumps(content)
+                self._recent.append((message.seq, encoding))
+                self._by_seq[message.seq] = encoding
+            self._count = max(self._count, message.seq + 1)
+
+    def _resolve(self, seq: int) -> str:
+        return self._by_seq[seq]

@@ -115,7 +115,10 @@ SELECT_MESSAGES = (
 
 _latest = (
     sa.select(agent_states.c.node, sa.func.max(agent_states.c.step_seq).label("step_seq"))
-    .where(agent_states.c.run_id == _run_id, agent_states.c.base_step.is_(None))
+    .where(
+        agent_states.c.run_id == _run_id,
+        sa.or_(agent_states.c.base_step.is_(None), agent_states.c.base_step == 0),
+    )
     .group_by(agent_states.c.node)
     .subquery("latest")
 )

@@ -206,17 +206,19 @@ class DurableGraphFlow(GraphFlow):
         states: Sequence[AgentStateRecord],
         update: RunUpdate | None,
     ) -> int:
-        stored, pending = self._states.encode(states, self._journal.head + 1)
-        head = self.store.commit(
-            self._run_id,
-            expected_head=self._journal.head,
-            fencing_token=self._token,
-            step=step,
-            messages=messages,
-            agent_states=stored,
-            update=update,
-        )
-        self._states.accept(pending)
+        try:
+            head = self.store.commit(
+                self._run_id,
+                expected_head=self._journal.head,
+                fencing_token=self._token,
+                step=step,
+                messages=messages,
+                agent_states=self._states.encode(states, messages, self._journal.head + 1),
+                update=update,
+            )
+        except BaseException:
+            self._states.clear()  # it remembered this commit's states: write the next ones whole
+            raise
         self._journal.head = head
         return head
 
@@ -439,7 +441,7 @@ class DurableGraphFlow(GraphFlow):
                 await container.restore(
                     [thread[i] for i in buffer], [thread[i] for i in deferred], log.agent_states.get(name)
                 )
-        self._states.prime(log.agent_states, log.agent_state_steps)
+        self._states.prime(log.agent_states, log.agent_state_steps, log.run.message_count)
 
     async def _state_at(self, log: RunLog, at: Plan | None = None) -> dict[str, Any]:
         """The team state (TeamState dump, durable format) at the store's head."""

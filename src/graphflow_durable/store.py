@@ -288,7 +288,16 @@ class Store:
                 StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
                 for m in conn.execute(S.SELECT_MESSAGES, p)
             ]
-            states, state_steps = fold_states(run_id, conn.execute(S.SELECT_LATEST_STATES, p))
+            by_seq = {m.seq: m for m in thread}
+
+            def message_text(seq: int) -> str:
+                """What a state's reference to message ``seq`` stands for: its content, encoded."""
+                content = by_seq[seq].body["content"]
+                if not isinstance(content, str):
+                    raise TypeError(f"message {seq} referenced by an agent state has no text content")
+                return dumps(content)
+
+            states, state_steps = fold_states(run_id, conn.execute(S.SELECT_LATEST_STATES, p), message_text)
         return RunLog(
             run=run,
             steps=steps,

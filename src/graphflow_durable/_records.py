@@ -53,7 +53,7 @@ class AgentStateRecord:
     With ``base_step`` set, ``body`` is a delta against the node's state saved at step
     ``base_step``, which must be the node's previous row: a splice of its canonical JSON text
     (``{"at", "cut", "put"}``, see ``_textdelta``; pieces may reference messages of the run) or,
-    in rows written by 0.1 releases, a ``_jsondelta`` patch. ``base_step`` 0 means a splice of the
+    in rows written before schema version 4, a ``_jsondelta`` patch. ``base_step`` 0 means a splice of the
     empty text: a whole state that references messages. ``load`` applies them.
     """
 

@@ -84,7 +84,8 @@ messages = sa.Table(
     ),
 )
 
-#: Agent states as saved after each turn; every row is kept, the latest per node is current.
+#: Agent states as saved after a turn that changed them; every row is kept. A node's current
+#: state is its latest whole row folded with the delta rows after it (see docs/state-format.md).
 agent_states = sa.Table(
     "graphflow_agent_states",
     metadata,
@@ -92,7 +93,8 @@ agent_states = sa.Table(
     sa.Column("node", sa.String, primary_key=True),
     sa.Column("step_seq", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("body", sa.Text, nullable=False),
-    # NULL: body is the whole state. Otherwise body is a delta against the row at this step.
+    # NULL: body is the whole state. 0: body is a splice of the empty text (a whole state whose
+    # pieces may reference messages). Otherwise body is a delta against the row at this step.
     sa.Column("base_step", sa.Integer, nullable=True),
     sa.ForeignKeyConstraint(
         ["run_id", "step_seq"],

@@ -101,7 +101,7 @@ def rows(node: str, *items: tuple[int, int | None, Any]) -> list[tuple[str, int,
     return [(node, step, base, dumps(body)) for step, base, body in items]
 
 
-def test_fold_reads_structural_deltas_of_older_releases_then_splices_on_their_canonical_text() -> None:
+def test_fold_reads_structural_deltas_written_before_schema_4_then_splices_on_their_canonical_text() -> None:
     v1: dict[str, Any] = {"context": ["hello"], "turns": 1}
     three, five = json.loads(MESSAGES[3]), json.loads(MESSAGES[5])
     v2 = {"context": ["hello", three], "turns": 2}

@@ -2,20 +2,20 @@
 reads bounded.
 
 An agent whose saved state grows every turn (a model context) would otherwise cost O(history)
-bytes per commit. :class:`StateLog` remembers, per node, the canonical JSON text of the last state
-this writer committed, and stores the next one as a splice of that text (``_textdelta``): the
-region that changed, in which every message of the run that the state repeats (the context keeps
-what the agent heard and said) is a reference to the message log. Once the splices written since
-the last whole snapshot add up to that snapshot's stored size (or number ``MAX_DELTAS``), it writes
-a whole snapshot again: a splice of the empty text (``base_step`` 0), its message references kept.
-So the bytes written per turn stay within about twice what changed, net of the messages, and
-resuming a node reads at most about two snapshots' worth of rows. A state equal to the last one
-committed writes no row at all: a node's state is its latest row.
+bytes per commit. :class:`StateLog` remembers, per node, the JSON text of the last state this
+writer committed (``_codec.state_text``), and stores the next one as a splice of that text
+(``_textdelta``): the region that changed, in which every message of the run that the state
+repeats (the context keeps what the agent heard and said) is a reference to the message log. Once
+the splices written since the last whole snapshot add up to that snapshot's stored size (or number
+``MAX_DELTAS``), it writes a whole snapshot again: a splice of the empty text (``base_step`` 0),
+its message references kept. So the bytes written per turn stay within about twice what changed,
+net of the messages, and resuming a node reads at most about two snapshots' worth of rows. A state
+equal to the last one committed writes no row at all: a node's state is its latest row.
 
-States without references are written as plain JSON values (``base_step`` NULL), readable by eye.
-
-The remembered states are only valid while this process's view equals the store's head: the flow
-primes the log when it (re)loads a run, and clears it after a failed commit.
+The texts are not canonical JSON (``state_text`` keeps the value's key order, and is much faster
+than the canonical encoder on large states), so a splice is only ever written against a text this
+writer wrote itself: after a (re)load the log forgets every node, and each node's next state is a
+whole snapshot. The flow also clears the log after a failed commit.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._codec import dumps
+from ._codec import dumps, state_text
 from ._textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
 from .store import AgentStateRecord, MessageRecord
 
@@ -42,7 +42,7 @@ _CANDIDATES = 64
 @dataclass
 class _Node:
     step: int  # the step of the node's latest row
-    text: str  # the canonical JSON text of the state in that row
+    text: str  # the state's text (``state_text``) in that row
     rope: Rope  # the same text as pieces, message references kept
     seen: int  # the run's message count then: newer messages are the candidates for references
     snapshot_size: int  # stored characters of the last whole snapshot
@@ -66,17 +66,11 @@ class StateLog:
         self._by_seq.clear()
         self._count = 0
 
-    def prime(
-        self, states: Mapping[str, Mapping[str, Any]], steps: Mapping[str, int], message_count: int
-    ) -> None:
-        """Remember the states a run was loaded with (the store's current ones)."""
+    def prime(self, states: Mapping[str, Any], steps: Mapping[str, int], message_count: int) -> None:
+        """Start over at a run loaded from the store, which holds ``message_count`` messages: the
+        next state of every node is written whole (``states`` and ``steps`` are not needed)."""
         self.clear()
         self._count = message_count
-        for node, body in states.items():
-            if node in steps:
-                text = dumps(body, where=f"agent_states/{node}")
-                rope = Rope.of([text], self._resolve)
-                self._nodes[node] = _Node(steps[node], text, rope, message_count, len(text))
 
     def encode(
         self, records: Sequence[AgentStateRecord], messages: Sequence[MessageRecord], step: int
@@ -88,20 +82,18 @@ class StateLog:
         self._note(messages)
         stored: list[AgentStateRecord] = []
         for record in records:
-            text = dumps(record.body, where=f"agent_states/{record.node}")
+            text = state_text(record.body, where=f"agent_states/{record.node}")
             last = self._nodes.get(record.node)
             if last is not None and text == last.text:
                 continue  # unchanged: the node's latest row still holds it
-            stored.append(self._encode_one(record.node, record.body, text, last, step))
+            stored.append(self._encode_one(record.node, text, last, step))
         return stored
 
-    def _encode_one(
-        self, node: str, value: Any, text: str, last: _Node | None, step: int
-    ) -> AgentStateRecord:
+    def _encode_one(self, node: str, text: str, last: _Node | None, step: int) -> AgentStateRecord:
         candidates = [c for c in self._recent if last is None or c[0] >= last.seen][-_CANDIDATES:]
         if last is None:
             rope = Rope.of(with_references(text, candidates), self._resolve)
-            return self._snapshot(node, value, text, rope, step)
+            return self._snapshot(node, text, rope, step)
         at, keep = common_ends(last.text, text)
         cut = len(last.text) - at - keep
         pieces = with_references(text[at : len(text) - keep], candidates)
@@ -109,23 +101,17 @@ class StateLog:
         patch = splice(at, cut, pieces)
         size = len(dumps(patch))
         if last.deltas >= MAX_DELTAS or last.delta_size + size >= last.snapshot_size:
-            return self._snapshot(node, value, text, last.rope, step)
+            return self._snapshot(node, text, last.rope, step)
         record = AgentStateRecord(node, patch, base_step=last.step)
         last.step, last.text, last.seen = step, text, self._count
         last.delta_size += size
         last.deltas += 1
         return record
 
-    def _snapshot(self, node: str, value: Any, text: str, rope: Rope, step: int) -> AgentStateRecord:
-        if rope.has_references():
-            body = splice(0, 0, rope.pieces())
-            size = len(dumps(body))
-            record = AgentStateRecord(node, body, base_step=0)
-        else:
-            size = len(text)
-            record = AgentStateRecord(node, value)
-        self._nodes[node] = _Node(step, text, rope, self._count, size)
-        return record
+    def _snapshot(self, node: str, text: str, rope: Rope, step: int) -> AgentStateRecord:
+        body = splice(0, 0, rope.pieces())
+        self._nodes[node] = _Node(step, text, rope, self._count, len(dumps(body)))
+        return AgentStateRecord(node, body, base_step=0)
 
     def _note(self, messages: Sequence[MessageRecord]) -> None:
         for message in messages:

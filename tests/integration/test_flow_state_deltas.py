@@ -68,7 +68,7 @@ def state_bytes(url: str) -> list[tuple[int, int, bool]]:
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT step_seq, length(body), base_step IS NULL FROM graphflow_agent_states ORDER BY step_seq"
+                "SELECT step_seq, length(body), coalesce(base_step, 0) = 0 FROM graphflow_agent_states ORDER BY step_seq"
             )
         ).all()
     engine.dispose()

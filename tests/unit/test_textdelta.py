@@ -3,6 +3,7 @@ older structural deltas."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -11,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphflow_durable import _jsondelta
-from graphflow_durable._codec import dumps
+from graphflow_durable._codec import dumps, state_text
 from graphflow_durable._commit import fold_states
 from graphflow_durable._textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
-from graphflow_durable.errors import StoreError
+from graphflow_durable.errors import NotSerializableError, StoreError
 
 # Texts over a small alphabet, so prefixes, suffixes and repeats are common; long enough to cross
 # the 4096-character blocks of the end search.
@@ -131,3 +132,31 @@ def test_a_splice_that_does_not_fit_its_base_is_corruption_naming_node_and_step(
     broken = rows("A", (1, None, {"x": 1}), (3, 1, splice(1, 0, ["}"])))
     with pytest.raises(StoreError, match=r"node 'A' rebuilt from its rows up to step 3 is not JSON"):
         fold_states("r", broken, resolve)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_state_text_is_json_of_the_same_value_and_stable(value: Any) -> None:
+    text = state_text(value)
+    assert json.loads(text) == value
+    assert state_text(value) == text
+
+
+def test_state_text_takes_the_canonical_path_for_what_is_not_plain_json_and_refuses_what_json_cannot_hold() -> (
+    None
+):
+    assert state_text({"pair": (1, 2)}) == dumps({"pair": [1, 2]})
+    assert state_text({1: "one"}) == dumps({"1": "one"})
+    with pytest.raises(NotSerializableError, match=r"agent_states/A/when: datetime"):
+        state_text({"when": datetime.datetime(2026, 1, 1)}, where="agent_states/A")
+    with pytest.raises(NotSerializableError, match=r"agent_states/A/x: float nan"):
+        state_text({"x": float("nan")}, where="agent_states/A")

@@ -13,7 +13,7 @@ Runs with a queue row carry the team key and the retry back-off (``not_before``)
 PostgreSQL the candidate row is locked with ``FOR UPDATE SKIP LOCKED`` so many workers poll at once
 without blocking or double-claiming; on SQLite ``BEGIN IMMEDIATE`` serialises the claimers.
 
-Only ``store.py`` executes these statements.
+Only the store (``_store_queue``, the queue methods of ``Store``) executes these statements.
 """
 
 from __future__ import annotations

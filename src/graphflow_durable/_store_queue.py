@@ -1,0 +1,288 @@
+"""The worker-pool queue methods of :class:`~graphflow_durable.store.Store` (schema version 3).
+
+Part of the store: :class:`QueueMethods` is a base class of ``Store``, split out of ``store.py`` for
+size only. Its methods run SQL on the store's engines inside the store's ``_guard``, like every
+other store method; the statements and value objects they use are in ``_queue``. Nothing outside
+the store layer imports this module: use ``Store``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from . import _statements as S
+from ._codec import dumps, loads
+from ._lease import pid_alive, takeover_reason
+from ._queue import Claim, Submission, claimable_runs, claimable_submissions, local_lease_pids, submission
+from ._schema import queue, runs
+from .errors import ConflictError, StoreError
+
+if TYPE_CHECKING:
+    from ._engine import Engines
+
+__all__ = ["QueueMethods"]
+
+#: These methods are Store's: they log as the store does.
+_log = logging.getLogger("graphflow_durable.store")
+
+#: Queue columns a new submission leaves NULL.
+_QUEUE_NULLS = ("not_before", "last_error", "claimed_by", "claim_host", "claim_pid", "claim_expires_at")
+
+
+class QueueMethods:
+    """Submit, claim, release and fail runs of a worker pool: the queue half of ``Store``."""
+
+    if TYPE_CHECKING:  # provided by Store
+        _e: Engines
+
+        def _guard(self, action: str) -> AbstractContextManager[None]: ...
+
+        def release_lease(self, run_id: str, fencing_token: int) -> bool: ...
+
+    def submit(self, run_id: str, *, task: Any, team: str | None) -> Submission:
+        """Queue a new run for a worker pool: a worker whose teams include ``team`` will create the
+        run and drive it with ``task`` (JSON, usually a string). Idempotent per ``run_id``: the same
+        task and team again is a no-op that returns the existing submission.
+
+        Raises:
+            ConflictError: ``run_id`` was submitted with another task or team, or a run with this id
+                exists already without having been submitted.
+            NotSerializableError: ``task`` is not JSON.
+        """
+        text = dumps(task, where=f"the task of run {run_id}")
+        now = time.time()
+        for _attempt in range(2):
+            try:
+                with self._guard(f"submitting run {run_id}"), self._e.write.begin() as conn:
+                    row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
+                    if row is not None:
+                        if row["task"] == text and row["team"] == team:
+                            return submission(row)
+                        raise ConflictError(
+                            f"run {run_id} was already submitted with team {row['team']!r} and task "
+                            f"{row['task'][:200]}, not team {team!r} and task {text[:200]}; submit the new "
+                            "task under a new run_id"
+                        )
+                    exists = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
+                    if exists is not None:
+                        raise ConflictError(
+                            f"run {run_id} already exists in {self._e.url} and was not submitted; choose a "
+                            "new run_id, or let a worker with teams=None resume the existing run"
+                        )
+                    values = {
+                        "run_id": run_id,
+                        "team": team,
+                        "task": text,
+                        "status": "pending",
+                        "attempts": 0,
+                        "claim_token": 0,
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                    conn.execute(sa.insert(queue).values(values))
+                    return submission({**values, **dict.fromkeys(_QUEUE_NULLS)})
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                    raise
+                # submitted concurrently by another process: read its row and compare
+        raise StoreError(f"submitting run {run_id} to {self._e.url} kept conflicting; retry")
+
+    def get_submission(self, run_id: str) -> Submission | None:
+        """The run's queue row (its submission, attempts and back-off), or ``None``."""
+        with self._guard(f"reading the submission of run {run_id}"), self._e.read.begin() as conn:
+            row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
+        return None if row is None else submission(row)
+
+    def list_submissions(self, *, waiting: bool = False) -> list[Submission]:
+        """Queue rows in submission order; ``waiting=True``: only those whose run does not exist yet."""
+        query = sa.select(queue).order_by(queue.c.created_at, queue.c.run_id)
+        if waiting:
+            query = query.where(~sa.exists().where(runs.c.run_id == queue.c.run_id))
+        with self._guard("listing submissions"), self._e.read.begin() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [submission(row) for row in rows]
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        lease_seconds: float,
+        teams: Sequence[str] | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> Claim | None:
+        """Atomically take ONE claimable item for ``owner``, or return ``None`` when there is none.
+
+        Claimable, in this order: an unfinished run (running, interrupted or failed) whose lease is
+        free, expired, or held by a process on this host that no longer exists, and whose retry
+        back-off has passed -- its lease is taken with a new fencing token; then a submission whose
+        run does not exist yet and whose claim is free, expired or dead. Finished runs never are.
+        ``teams`` limits both to queue rows with those team keys (``None``: any, including runs
+        that were never submitted). Runs already leased by ``owner`` are skipped.
+
+        PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED``: concurrent claimers never
+        block each other and never get the same item. SQLite serialises them (``BEGIN IMMEDIATE``).
+        """
+        host = socket.gethostname() if host is None else host
+        pid = os.getpid() if pid is None else pid
+        here = socket.gethostname()
+        with self._guard("claiming work"):
+            now = time.time()
+            with self._e.read.begin() as conn:
+                local = conn.execute(local_lease_pids(here, now)).scalars().all()
+            dead = [int(p) for p in local if not pid_alive(int(p))]
+            with self._e.write.begin() as conn:
+                found = self._claim_run(conn, owner, lease_seconds, teams, host, pid, dead, now)
+                if found is None:
+                    found = self._claim_submission(conn, owner, lease_seconds, teams, host, pid, dead, now)
+        if found is not None and found.reason not in ("free", "submitted"):
+            _log.info(
+                "run %s: %s claimed it (%s); token %d", found.run_id, owner, found.reason, found.fencing_token
+            )
+        return found
+
+    def _claim_run(
+        self,
+        conn: sa.Connection,
+        owner: str,
+        lease_seconds: float,
+        teams: Sequence[str] | None,
+        host: str,
+        pid: int,
+        dead: Sequence[int],
+        now: float,
+    ) -> Claim | None:
+        here = socket.gethostname()
+        query = claimable_runs(owner=owner, teams=teams, host=here, dead_pids=dead, now=now)
+        row = conn.execute(query).first()
+        if row is None:
+            return None
+        reason = takeover_reason(row, owner, now) or "expired"
+        token = int(row.fencing_token) + 1
+        expires = now + lease_seconds
+        params = {"p_run_id": row.run_id, "p_old_token": row.fencing_token, "p_token": token}
+        lease = {"p_owner": owner, "p_host": host, "p_pid": pid, "p_expires": expires}
+        if conn.execute(S.UPDATE_LEASE, {**params, **lease}).rowcount != 1:
+            return None  # changed under us (SQLite cannot lock it); the next poll tries again
+        conn.execute(
+            sa.update(queue)
+            .where(queue.c.run_id == row.run_id)
+            .values(
+                status="claimed",
+                claimed_by=owner,
+                claim_host=host,
+                claim_pid=pid,
+                claim_expires_at=expires,
+                updated_at=now,
+            )
+        )
+        return Claim(
+            run_id=row.run_id,
+            kind="run",
+            owner=owner,
+            fencing_token=token,
+            expires_at=expires,
+            team=row.team,
+            task=None if row.task is None else loads(row.task),
+            status=row.status,
+            reason="free" if row.lease_owner is None else reason,
+            attempts=int(row.attempts),
+        )
+
+    def _claim_submission(
+        self,
+        conn: sa.Connection,
+        owner: str,
+        lease_seconds: float,
+        teams: Sequence[str] | None,
+        host: str,
+        pid: int,
+        dead: Sequence[int],
+        now: float,
+    ) -> Claim | None:
+        here = socket.gethostname()
+        query = claimable_submissions(teams=teams, host=here, dead_pids=dead, now=now)
+        row = conn.execute(query).mappings().first()
+        if row is None:
+            return None
+        token = int(row["claim_token"]) + 1
+        expires = now + lease_seconds
+        changed = conn.execute(
+            sa.update(queue)
+            .where(queue.c.run_id == row["run_id"], queue.c.claim_token == row["claim_token"])
+            .values(
+                status="claimed",
+                claimed_by=owner,
+                claim_host=host,
+                claim_pid=pid,
+                claim_expires_at=expires,
+                claim_token=token,
+                updated_at=now,
+            )
+        ).rowcount
+        if changed != 1:
+            return None
+        return Claim(
+            run_id=row["run_id"],
+            kind="submission",
+            owner=owner,
+            fencing_token=token,
+            expires_at=expires,
+            team=row["team"],
+            task=None if row["task"] is None else loads(row["task"]),
+            status=None,
+            reason="submitted" if row["claimed_by"] is None else "the previous claim expired or died",
+            attempts=int(row["attempts"]),
+        )
+
+    def release_claim(self, claim: Claim) -> bool:
+        """Give back what :meth:`claim` took, if it is still held with the claim's token.
+
+        A ``"run"`` claim releases the run's lease (a no-op once the worker's team re-acquired it);
+        a ``"submission"`` claim frees the submission for another worker.
+        """
+        if claim.kind == "run":
+            return self.release_lease(claim.run_id, claim.fencing_token)
+        with self._guard(f"releasing the claim on run {claim.run_id}"), self._e.write.begin() as conn:
+            released = conn.execute(
+                sa.update(queue)
+                .where(queue.c.run_id == claim.run_id, queue.c.claim_token == claim.fencing_token)
+                .values(claimed_by=None, claim_host=None, claim_pid=None, claim_expires_at=None)
+            ).rowcount
+        return bool(released)
+
+    def record_failure(self, run_id: str, *, error: str, retry_at: float) -> int:
+        """Count a failed attempt at ``run_id`` and keep workers off it until ``retry_at``; return the
+        number of failed attempts so far. Works for runs that were never submitted, too."""
+        now = time.time()
+        values = {"not_before": retry_at, "last_error": error[:4000], "updated_at": now}
+        with self._guard(f"recording a failure of run {run_id}"), self._e.write.begin() as conn:
+            changed = conn.execute(
+                sa.update(queue)
+                .where(queue.c.run_id == run_id)
+                .values(attempts=queue.c.attempts + 1, **values)
+                .returning(queue.c.attempts)
+            ).scalar()
+            if changed is not None:
+                return int(changed)
+            conn.execute(
+                sa.insert(queue).values(
+                    run_id=run_id,
+                    team=None,
+                    task=None,
+                    status="claimed",
+                    attempts=1,
+                    claim_token=0,
+                    created_at=now,
+                    **values,
+                )
+            )
+        return 1

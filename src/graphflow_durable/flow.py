@@ -1,4 +1,9 @@
-"""DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes."""
+"""DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes.
+
+This module is the AutoGen-facing wiring. What a run does with the store (attach, detach, lease
+renewal, restore, the single write) is in ``_session``, on ``RunSession``, the base class of
+:class:`DurableGraphFlow`.
+"""
 
 from __future__ import annotations
 
@@ -17,16 +22,15 @@ from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondi
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, TextMessage
 from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
-from autogen_core import AgentId, AgentRuntime, CancellationToken, SingleThreadedAgentRuntime
+from autogen_core import AgentRuntime, CancellationToken
 
 from . import _graphid
-from ._cursor import Cursor
 from ._manager import DurableChatAgentContainer, DurableGraphFlowManager, Journal, task_key
-from ._restore import Plan, cursor_from_log, plan
+from ._session import RunSession
 from ._snapshots import StateLog
-from .errors import GraphMismatchError, LeaseLostError, NotSerializableError, StateFormatError
-from .scheduler import GraphSpec, initial
-from .store import AgentStateRecord, MessageRecord, RunLog, RunRecord, RunStatus, RunUpdate, Step, Store
+from .errors import NotSerializableError, StateFormatError
+from .scheduler import GraphSpec
+from .store import RunRecord, Store
 
 __all__ = ["DEFAULT_STORE_ENV", "DurableGraphFlow", "DurableGraphFlowConfig", "default_store_url"]
 
@@ -53,7 +57,7 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     run_id: str | None = None
 
 
-class DurableGraphFlow(GraphFlow):
+class DurableGraphFlow(RunSession):
     """A :class:`~autogen_agentchat.teams.GraphFlow` whose every transition is committed to a database.
 
     Swap the class name and add ``store=`` and ``run_id=``: every agent completion, the
@@ -197,31 +201,6 @@ class DurableGraphFlow(GraphFlow):
 
         return _factory
 
-    # -- the single crossing into the store during a run ----------------------------------------
-
-    def _write(
-        self,
-        step: Step,
-        messages: Sequence[MessageRecord],
-        states: Sequence[AgentStateRecord],
-        update: RunUpdate | None,
-    ) -> int:
-        try:
-            head = self.store.commit(
-                self._run_id,
-                expected_head=self._journal.head,
-                fencing_token=self._token,
-                step=step,
-                messages=messages,
-                agent_states=self._states.encode(states, messages, self._journal.head + 1),
-                update=update,
-            )
-        except BaseException:
-            self._states.clear()  # it remembered this commit's states: write the next ones whole
-            raise
-        self._journal.head = head
-        return head
-
     # -- running -------------------------------------------------------------------------------
 
     async def run_stream(
@@ -302,177 +281,6 @@ class DurableGraphFlow(GraphFlow):
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
         self._journal.halted = True
 
-    async def _renew_lease(self) -> None:
-        """Keep the lease alive while running; on losing it, stop dispatching."""
-        interval = max(self._lease_seconds / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.store.renew_lease(
-                    self._run_id, self._owner, self._token, lease_seconds=self._lease_seconds
-                )
-            except LeaseLostError as exc:
-                logger.error("run %s: %s; this worker stops dispatching", self._run_id, exc)
-                self._journal.halted = True
-                self._journal.fatal = exc
-                return
-
-    async def _attach(self) -> RunRecord | None:
-        """Claim the run and make the in-memory team equal to the store's head.
-
-        Returns the run's record, or ``None`` when this call created the run.
-        """
-        store = self.store
-        run = store.get_run(self._run_id)
-        if run is None:
-            run = store.create_run(
-                self._run_id,
-                graph_fingerprint=self._fingerprint,
-                graph=self._graph_description,
-                owner=self._owner,
-                lease_seconds=self._lease_seconds,
-            )
-            self._token = run.fencing_token
-            self._journal.head = run.head_seq
-            self._synced = True
-            self._states.clear()
-            if self._pending_import is not None:
-                # A loaded state: the run's status is the state's (a finished one runs nothing).
-                await self._import_state(self._pending_import)
-                self._pending_import = None
-                return store.get_run(self._run_id)
-            if self._initialized:
-                await GraphFlow.reset(self)
-            await self._snapshot_all()
-            return None
-        self._check_graph(run)
-        self._token = store.acquire_lease(
-            self._run_id,
-            self._owner,
-            lease_seconds=self._lease_seconds,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
-        run = store.get_run(self._run_id) or run  # what committed before the lease was ours
-        stale = not self._synced or self._journal.head != run.head_seq
-        self._journal.head = run.head_seq
-        if self._pending_import is not None:
-            if run.message_count:
-                store.release_lease(self._run_id, self._token)
-                raise StateFormatError(
-                    f"run {self._run_id!r} already has {run.message_count} messages in the store; load_state() "
-                    "seeds a new run only: construct the team with a new run_id to continue the loaded state"
-                )
-            await self._import_state(self._pending_import)
-            self._pending_import = None
-        elif stale:
-            await self._restore(store.load(self._run_id))
-        self._synced = True
-        return store.get_run(self._run_id)
-
-    def _detach(self, clean: bool, failed: bool) -> None:
-        """Record how the run ended if the manager did not (interrupted or failed); free the lease."""
-        store = self.store
-        if not clean:
-            self._synced = False
-        run = store.get_run(self._run_id)
-        if run is not None and run.status == "running" and run.fencing_token == self._token:
-            self._journal.head = store.commit(
-                self._run_id,
-                expected_head=run.head_seq,
-                fencing_token=self._token,
-                step=Step("interrupt", None, store.head_scheduler(self._run_id) or {}),
-                update=RunUpdate(status="failed" if failed else "interrupted"),
-            )
-        store.release_lease(self._run_id, self._token)
-
-    def _check_graph(self, run: RunRecord) -> None:
-        if run.graph_fingerprint == self._fingerprint:
-            return
-        diff = _graphid.describe_difference(run.graph, self._graph_description)
-        if self._allow_graph_change:
-            logger.warning(
-                "run %s: resuming with a changed graph (allowed): %s", self._run_id, "; ".join(diff)
-            )
-            return
-        raise GraphMismatchError(
-            f"run {self._run_id!r} was started with a different graph:\n  "
-            + "\n  ".join(diff or ["(fingerprints differ)"])
-            + "\nresume it with the original graph, use a new run_id, or pass allow_graph_change=True"
-        )
-
-    async def _snapshot_all(self) -> None:
-        """Record every participant's starting state, so an interrupted turn can be undone in-process."""
-        states = [AgentStateRecord(p.name, await p.save_state()) for p in self._participants]
-        cursor = Cursor.fresh(initial(self._spec))
-        self._write(Step("created", None, cursor.to_json(self._spec)), (), states, None)
-
-    async def _stored_result(self, run: RunRecord) -> TaskResult:
-        log = self.store.load(self._run_id)
-        cursor = cursor_from_log(log, self._spec)
-        thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
-        factory = self._message_factory
-        messages = [factory.create(m.body) for m in thread]
-        result = run.result if isinstance(run.result, Mapping) else {}
-        return TaskResult(messages=messages, stop_reason=result.get("stop_reason"))
-
-    # -- restoring from the store ----------------------------------------------------------------
-
-    async def _restore(self, log: RunLog) -> None:
-        """Put the team at the store's head. On the embedded runtime every message is created once
-        and shared by the thread and the buffers; elsewhere the state goes through load_state."""
-        at = plan(log, self._spec, self._participant_names)
-        runtime = self._runtime
-        if not isinstance(runtime, SingleThreadedAgentRuntime):
-            await GraphFlow.load_state(self, await self._state_at(log, at))
-        else:
-            if not self._initialized:
-                await self._init(runtime)
-            thread = [self._message_factory.create(e.body) for e in at.entries]
-            manager = await runtime.try_get_underlying_agent_instance(
-                AgentId(self._group_chat_manager_topic_type, self._team_id), DurableGraphFlowManager
-            )
-            await manager.restore(thread, at.cursor)
-            for name, topic in zip(self._participant_names, self._participant_topic_types, strict=True):
-                container = await runtime.try_get_underlying_agent_instance(
-                    AgentId(topic, self._team_id), DurableChatAgentContainer
-                )
-                buffer, deferred = at.buffers[name]
-                await container.restore(
-                    [thread[i] for i in buffer], [thread[i] for i in deferred], log.agent_states.get(name)
-                )
-        self._states.prime(log.agent_states, log.agent_state_steps, log.run.message_count)
-
-    async def _state_at(self, log: RunLog, at: Plan | None = None) -> dict[str, Any]:
-        """The team state (TeamState dump, durable format) at the store's head."""
-        at = at or plan(log, self._spec, self._participant_names)
-        states = {
-            p.name: log.agent_states[p.name] if p.name in log.agent_states else await p.save_state()
-            for p in self._participants
-        }
-        return at.team_state(self._run_id, self._group_chat_manager_name, states, self._fingerprint)
-
-    async def _import_state(self, state: Mapping[str, Any]) -> None:
-        """Seed the new run with a loaded state: its thread, agent states and cursor in one commit."""
-        agent_states = state["agent_states"]
-        manager = agent_states[self._group_chat_manager_name]
-        ext = manager["graphflow_durable"]
-        thread = [self._message_factory.create(m) for m in manager["message_thread"]]
-        records = [MessageRecord(i, m.dump(), isinstance(m, BaseChatMessage)) for i, m in enumerate(thread)]
-        states = [
-            AgentStateRecord(name, agent_states[name]["agent_state"])
-            for name in self._participant_names
-            if name in agent_states
-        ]
-        cursor = Cursor.from_extension(ext)
-        status: RunStatus = "finished" if cursor.finished else "interrupted"
-        self._write(
-            Step("import", None, cursor.to_json(self._spec), {"dispatches": ext.get("dispatches", {})}),
-            records,
-            states,
-            RunUpdate(status=status),
-        )
-
     # -- state, reset, component ----------------------------------------------------------------
 
     async def load_state(self, state: Mapping[str, Any]) -> None:
@@ -522,33 +330,7 @@ class DurableGraphFlow(GraphFlow):
         self._journal.contexts.clear()
         self._pending_import = None
         self._states.clear()
-        store = self.store
-        run = store.get_run(self._run_id)
-        if run is None:
-            return
-        token = store.acquire_lease(
-            self._run_id,
-            self._owner,
-            lease_seconds=self._lease_seconds,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
-        try:
-            cursor = Cursor.fresh(initial(self._spec), origin=run.message_count)
-            states = [AgentStateRecord(p.name, await p.save_state()) for p in self._participants]
-            self._journal.head = store.commit(
-                self._run_id,
-                expected_head=run.head_seq,
-                fencing_token=token,
-                step=Step("reset", None, cursor.to_json(self._spec)),
-                agent_states=states,
-                update=RunUpdate(status="interrupted", task=[]),
-            )
-        finally:
-            store.release_lease(self._run_id, token)
-        # GraphFlow.reset() left the manager's cursor at origin 0, but the stored thread continues at
-        # run.message_count: the next run must restore the cursor (new origin) from the store.
-        self._synced = False
+        await self._restart_run()
 
     async def save_state(self) -> Mapping[str, Any]:
         """A JSON-serialisable deep copy of the team's state, in the durable format.

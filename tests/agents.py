@@ -247,7 +247,8 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 class CommitSpy:
-    """Records every commit a team makes: ``(kind, node, message sources, state nodes, scheduler)``."""
+    """Records every commit a team makes: kind, node, message sources, the states it wrote (as the
+    store holds them after it), scheduler and data."""
 
     def __init__(self, team: DurableGraphFlow) -> None:
         self.commits: list[dict[str, Any]] = []
@@ -257,12 +258,15 @@ class CommitSpy:
         def commit(*args: Any, **kwargs: Any) -> int:
             head = original(*args, **kwargs)
             step = kwargs["step"]
+            written = [s.node for s in kwargs.get("agent_states", ())]
+            # The states as the store holds them after this commit (rows may be splices).
+            held = store.load(args[0]).agent_states if written else {}
             self.commits.append(
                 {
                     "kind": step.kind,
                     "node": step.node,
                     "sources": [m.body["source"] for m in kwargs.get("messages", ())],
-                    "states": {s.node: dict(s.body) for s in kwargs.get("agent_states", ())},
+                    "states": {node: dict(held[node]) for node in written},
                     "scheduler": dict(step.scheduler),
                     "data": dict(step.data),
                     "head": head,

@@ -255,7 +255,7 @@ class RunSession(GraphFlow):
                 await container.restore(
                     [thread[i] for i in buffer], [thread[i] for i in deferred], log.agent_states.get(name)
                 )
-        self._states.prime(log.agent_states, log.agent_state_steps, log.run.message_count)
+        self._states.prime(log.run.message_count)
 
     async def _state_at(self, log: RunLog, at: Plan | None = None) -> dict[str, Any]:
         """The team state (TeamState dump, durable format) at the store's head."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ._codec import dumps, state_text
 from ._textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
@@ -66,9 +65,9 @@ class StateLog:
         self._by_seq.clear()
         self._count = 0
 
-    def prime(self, states: Mapping[str, Any], steps: Mapping[str, int], message_count: int) -> None:
+    def prime(self, message_count: int) -> None:
         """Start over at a run loaded from the store, which holds ``message_count`` messages: the
-        next state of every node is written whole (``states`` and ``steps`` are not needed)."""
+        next state of every node is written whole."""
         self.clear()
         self._count = message_count
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -118,7 +119,7 @@ def _sqlite(url: URL, synchronous: str) -> Engines:
         cursor = dbapi_connection.cursor()
         try:
             if not in_memory:
-                mode_row = cursor.execute("PRAGMA journal_mode=WAL").fetchone()
+                mode_row = _enter_wal(cursor)
                 if mode_row is None or str(mode_row[0]).lower() != "wal":
                     _log.warning("SQLite refused WAL mode for %s (journal_mode=%s)", url.database, mode_row)
             cursor.execute(f"PRAGMA synchronous={mode}")
@@ -140,6 +141,27 @@ def _sqlite(url: URL, synchronous: str) -> Engines:
         url=safe_url(url),
         serial=threading.RLock() if in_memory else nullcontext(),
     )
+
+
+def _enter_wal(cursor: sqlite3.Cursor) -> Any:
+    """Switch a new connection's database to WAL; return the resulting ``journal_mode`` row.
+
+    Several processes opening a new database at once race to switch it, and SQLite answers the
+    losers "database is locked" at once, without waiting on the busy timeout: retry until then.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    delay = 0.001
+    while True:
+        try:
+            row = cursor.execute("PRAGMA journal_mode").fetchone()
+            if row is not None and str(row[0]).lower() == "wal":
+                return row  # already WAL: the mode is persistent, nothing to switch
+            return cursor.execute("PRAGMA journal_mode=WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
 
 def _postgresql(url: URL, pool_pre_ping: bool) -> Engines:

@@ -6,6 +6,7 @@ import ast
 import inspect
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -136,6 +137,31 @@ def test_stores_opened_at_once_on_an_empty_database_migrate_it_once(store_url: s
             conn.execute(sa.text("SELECT COUNT(*) FROM graphflow_schema_version")).scalar_one()
             == _migrations.HEAD
         )
+
+
+def test_threads_racing_to_open_new_sqlite_files_all_get_a_wal_store(tmp_path: Path) -> None:
+    """SQLite answers "database is locked" at once (no busy wait) to the losers of the race to
+    switch a new file to WAL; opening retries instead of failing."""
+    for round_ in range(25):
+        url = f"sqlite:///{tmp_path / f'race{round_}.db'}"
+        errors: list[BaseException] = []
+
+        def open_one(url: str = url, errors: list[BaseException] = errors) -> None:
+            try:
+                Store(url).close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == [], f"round {round_}: {errors[0]!r}"
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
+        engine.dispose()
 
 
 def test_migrations_are_numbered_one_to_head_in_order_and_described() -> None:

@@ -10,8 +10,8 @@ the next selection, and the agent's state after its turn.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from autogen_agentchat.base import ChatAgent, Team, TerminationCondition
@@ -33,42 +33,16 @@ from autogen_core import CancellationToken, DefaultTopicId, MessageContext, even
 
 from . import context as _context
 from ._cursor import Cursor, without_one
+from ._journal import Journal, task_key
 from .errors import StateFormatError
-from .scheduler import GraphSpec, SchedulerState, complete, finish, initial, select
+from .scheduler import SchedulerState, complete, finish, initial, select
 from .store import AgentStateRecord, MessageRecord, RunUpdate, Step
 
-__all__ = ["DurableChatAgentContainer", "DurableGraphFlowManager", "Journal", "task_key"]
+__all__ = ["DurableChatAgentContainer", "DurableGraphFlowManager"]
 
 logger = logging.getLogger(__name__)
 
 OutputQueue = Any  # asyncio.Queue[BaseAgentEvent | BaseChatMessage | GroupChatTermination]
-
-
-@dataclass
-class Journal:
-    """The manager's link to its run: where commits go, and what the flow tells the manager.
-
-    ``write`` is the flow's single crossing into the store (it returns the new head and keeps
-    ``head`` up to date); the manager calls nothing else.
-    """
-
-    run_id: str
-    spec: GraphSpec
-    participants: Mapping[str, ChatAgent | Team]
-    write: Callable[[Step, Sequence[MessageRecord], Sequence[AgentStateRecord], RunUpdate | None], int]
-    head: int = 0
-    fingerprint: str | None = None
-    halted: bool = False
-    fatal: BaseException | None = None
-    contexts: dict[str, _context.ExecutionContext] = field(default_factory=dict)
-    deferred: dict[str, list[BaseChatMessage]] = field(default_factory=dict)
-    stop_reason: str | None = None
-
-
-def task_key(task: Sequence[BaseChatMessage]) -> list[dict[str, Any]]:
-    """What identifies a task: its messages without their ids and timestamps."""
-    volatile = {"id", "created_at"}
-    return [{k: v for k, v in m.dump().items() if k not in volatile} for m in task]
 
 
 def _published(delta: Sequence[BaseAgentEvent | BaseChatMessage], team: bool) -> list[bool]:

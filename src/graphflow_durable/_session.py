@@ -25,7 +25,8 @@ from autogen_core import AgentId, SingleThreadedAgentRuntime
 
 from . import _graphid
 from ._cursor import Cursor
-from ._manager import DurableChatAgentContainer, DurableGraphFlowManager, Journal
+from ._journal import Journal
+from ._manager import DurableChatAgentContainer, DurableGraphFlowManager
 from ._restore import Plan, cursor_from_log, plan
 from ._snapshots import StateLog
 from .errors import GraphMismatchError, LeaseLostError, StateFormatError

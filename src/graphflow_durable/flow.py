@@ -25,7 +25,8 @@ from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import Graph
 from autogen_core import AgentRuntime, CancellationToken
 
 from . import _graphid
-from ._manager import DurableChatAgentContainer, DurableGraphFlowManager, Journal, task_key
+from ._journal import Journal, task_key
+from ._manager import DurableChatAgentContainer, DurableGraphFlowManager
 from ._session import RunSession
 from ._snapshots import StateLog
 from .errors import NotSerializableError, StateFormatError

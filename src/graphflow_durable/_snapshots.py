@@ -54,15 +54,15 @@ class StateLog:
 
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
-        self._recent: deque[tuple[int, str]] = deque(maxlen=_WINDOW)  # (seq, content encoding)
-        self._by_seq: dict[int, str] = {}
+        self._recent: deque[tuple[int, str]] = deque(maxlen=_WINDOW)  # (seq, content)
+        self._encoded: dict[int, str] = {}  # seq -> JSON encoding of the content, made on demand
         self._count = 0
 
     def clear(self) -> None:
         """Forget everything: the next state of every node is written whole."""
         self._nodes.clear()
         self._recent.clear()
-        self._by_seq.clear()
+        self._encoded.clear()
         self._count = 0
 
     def prime(self, message_count: int) -> None:
@@ -89,7 +89,9 @@ class StateLog:
         return stored
 
     def _encode_one(self, node: str, text: str, last: _Node | None, step: int) -> AgentStateRecord:
-        candidates = [c for c in self._recent if last is None or c[0] >= last.seen][-_CANDIDATES:]
+        since = -1 if last is None else last.seen
+        candidates = [(seq, self._encoding(seq, content)) for seq, content in self._recent if seq >= since]
+        candidates = candidates[-_CANDIDATES:]
         if last is None:
             rope = Rope.of(with_references(text, candidates), self._resolve)
             return self._snapshot(node, text, rope, step)
@@ -117,11 +119,16 @@ class StateLog:
             content = message.body.get("content") if isinstance(message.body, Mapping) else None
             if isinstance(content, str) and len(content) >= MIN_REFERENCE:
                 if len(self._recent) == self._recent.maxlen:
-                    self._by_seq.pop(self._recent[0][0], None)
-                encoding = dumps(content)
-                self._recent.append((message.seq, encoding))
-                self._by_seq[message.seq] = encoding
+                    self._encoded.pop(self._recent[0][0], None)
+                self._recent.append((message.seq, content))
             self._count = max(self._count, message.seq + 1)
 
+    def _encoding(self, seq: int, content: str) -> str:
+        """The JSON encoding of a message's content (what a reference stands for), made once."""
+        encoding = self._encoded.get(seq)
+        if encoding is None:
+            encoding = self._encoded[seq] = dumps(content)
+        return encoding
+
     def _resolve(self, seq: int) -> str:
-        return self._by_seq[seq]
+        return self._encoded[seq]

@@ -48,8 +48,11 @@ class Remembering(BaseChatAgent):
         self.heard = list(state["heard"])
 
 
-def team(url: str, turns: int) -> tuple[DurableGraphFlow, Remembering, Remembering]:
-    a, b, c = Remembering("A"), Remembering("B"), Remembering("C")
+def team(
+    url: str, turns: int, kind: type[Remembering] = Remembering, run_id: str = "grow"
+) -> tuple[DurableGraphFlow, Remembering, Remembering]:
+    """A loop A <-> B (exit to C on "done"), stopped after ``turns`` messages."""
+    a, b, c = kind("A"), kind("B"), kind("C")
     builder = DiGraphBuilder().add_node(a).add_node(b).add_node(c)
     builder.add_edge(a, b).add_edge(b, a, condition="again").add_edge(b, c, condition="done")
     builder.set_entry_point(a)
@@ -58,7 +61,7 @@ def team(url: str, turns: int) -> tuple[DurableGraphFlow, Remembering, Rememberi
         builder.build(),
         termination_condition=MaxMessageTermination(turns),
         store=url,
-        run_id="grow",
+        run_id=run_id,
     )
     return flow, a, b
 
@@ -101,48 +104,26 @@ async def test_a_resumed_run_sees_the_exact_state_rebuilt_from_deltas(sqlite_url
     assert state["agent_states"]["A"]["agent_state"] == {"heard": a.heard}
 
 
-class Chatting(BaseChatAgent):
+class Chatting(Remembering):
     """Keeps what it heard and what it said verbatim, like a model context; long, unique replies."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name, "keeps a context")
-        self.context: list[dict[str, str]] = []
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
 
     async def on_messages(
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
     ) -> Response:
-        self.context.extend({"role": "user", "content": m.to_text()} for m in messages)
-        reply = f"{self.name} turn {len(self.context)}: " + os.urandom(600).hex() + " again"
-        self.context.append({"role": "assistant", "content": reply})
+        self.heard.extend({"role": "user", "content": m.to_text()} for m in messages)
+        reply = f"{self.name} turn {len(self.heard)}: " + os.urandom(600).hex() + " again"
+        self.heard.append({"role": "assistant", "content": reply})
         return Response(chat_message=TextMessage(content=reply, source=self.name))
 
-    async def on_reset(self, cancellation_token: CancellationToken) -> None:
-        self.context = []
-
     async def save_state(self) -> Mapping[str, Any]:
-        return {"context": [dict(m) for m in self.context], "turns": len(self.context)}
+        return {"context": [dict(m) for m in self.heard], "turns": len(self.heard)}
 
     async def load_state(self, state: Mapping[str, Any]) -> None:
-        self.context = [dict(m) for m in state["context"]]
+        self.heard = [dict(m) for m in state["context"]]
 
 
-def chatting_team(url: str, turns: int) -> tuple[DurableGraphFlow, Chatting, Chatting]:
-    a, b, c = Chatting("A"), Chatting("B"), Chatting("C")
-    builder = DiGraphBuilder().add_node(a).add_node(b).add_node(c)
-    builder.add_edge(a, b).add_edge(b, a, condition="again").add_edge(b, c, condition="done")
-    builder.set_entry_point(a)
-    flow = DurableGraphFlow(
-        [a, b, c],
-        builder.build(),
-        termination_condition=MaxMessageTermination(turns),
-        store=url,
-        run_id="chat",
-    )
-    return flow, a, b
+def chatting_team(url: str, turns: int) -> tuple[DurableGraphFlow, Remembering, Remembering]:
+    return team(url, turns, Chatting, "chat")
 
 
 async def test_an_agent_state_repeating_the_messages_references_them_instead_of_storing_them_twice(
@@ -181,7 +162,7 @@ async def test_a_run_resumed_from_splices_goes_on_writing_them_and_resumes_exact
     await flow.run(task="start")
     second, a, b = chatting_team(sqlite_url, 30)
     await second.run(task="go on")  # a new round: restored from the log, then more splices
-    assert len(a.context) > 30
+    assert len(a.heard) > 30
     with Store(sqlite_url) as store:
         log = store.load("chat")
     assert log.agent_states["A"] == await a.save_state()

@@ -117,21 +117,26 @@ def test_a_failing_migration_rolls_back_together_with_its_version_bump(
     assert versions == [1]
 
 
-def test_stores_opened_at_once_on_an_empty_database_migrate_it_once(store_url: str, raw: sa.Engine) -> None:
+def open_at_once(url: str, count: int) -> list[BaseException]:
+    """Open ``count`` stores on ``url`` from as many threads at once; what they raised."""
     errors: list[BaseException] = []
 
     def open_one() -> None:
         try:
-            Store(store_url).close()
+            Store(url).close()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    threads = [threading.Thread(target=open_one) for _ in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert errors == []
+    return errors
+
+
+def test_stores_opened_at_once_on_an_empty_database_migrate_it_once(store_url: str, raw: sa.Engine) -> None:
+    assert open_at_once(store_url, 4) == []
     with raw.connect() as conn:
         assert (
             conn.execute(sa.text("SELECT COUNT(*) FROM graphflow_schema_version")).scalar_one()
@@ -144,19 +149,7 @@ def test_threads_racing_to_open_new_sqlite_files_all_get_a_wal_store(tmp_path: P
     switch a new file to WAL; opening retries instead of failing."""
     for round_ in range(25):
         url = f"sqlite:///{tmp_path / f'race{round_}.db'}"
-        errors: list[BaseException] = []
-
-        def open_one(url: str = url, errors: list[BaseException] = errors) -> None:
-            try:
-                Store(url).close()
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_one) for _ in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        errors = open_at_once(url, 6)
         assert errors == [], f"round {round_}: {errors[0]!r}"
         engine = sa.create_engine(url)
         with engine.connect() as conn:

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from . import _statements as S
 from ._codec import dumps, loads
-from ._commit import encode_commit, encode_run, fold_states, not_found, refusal
+from ._commit import CommitParams, encode_commit, encode_run, fold_states, not_found, refusal
 from ._engine import open_engines
 from ._lease import lease_lost, locked, takeover_reason
 from ._migrations import current_version, migrate
@@ -45,7 +45,7 @@ from ._records import (
     run_record,
 )
 from ._schema import runs
-from ._statements import HotPath, LeaseTuple
+from ._statements import HotPath, LeaseTuple, Prepared
 from ._store_queue import QueueMethods
 from .errors import ConflictError, StoreError
 
@@ -99,6 +99,9 @@ class Store(QueueMethods):
         self._writer_lock = threading.Lock()
         # sqlite3 runs with isolation_level=None (see _engine): the commit path must BEGIN itself.
         self._begin = "BEGIN IMMEDIATE" if self._e.dialect == "sqlite" else None
+        self._integrity_error: type[Any] = dialect.loaded_dbapi.IntegrityError
+        # psycopg's pipeline mode (libpq >= 14): one round trip for the statements of a commit.
+        self._pipeline = self._e.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
         try:
             with self._guard("opening the store"):
                 self._version = migrate(self._e.write, read=self._e.read, url=self._e.url)
@@ -223,25 +226,25 @@ class Store(QueueMethods):
             # of the last successful commit is kept for the next one (no pool round trip).
             dbapi = self._take_writer()
             committed = False
+            update_head = hot.update_head[bool(messages), update is not None]
             try:
                 cursor = dbapi.cursor()
-                if self._begin is not None:
-                    cursor.execute(self._begin)
-                update_head = hot.update_head[bool(messages), update is not None]
-                cursor.execute(update_head.sql, update_head.bind(params.run))
-                if cursor.rowcount != 1:
+                if self._pipeline:
+                    moved = self._write_pipelined(dbapi, cursor, update_head, params)
+                else:
+                    if self._begin is not None:
+                        cursor.execute(self._begin)
+                    cursor.execute(update_head.sql, update_head.bind(params.run))
+                    moved = cursor.rowcount == 1
+                    if moved:
+                        self._insert_rows(cursor, params)
+                if not moved:
+                    dbapi.rollback()
                     cursor.execute(hot.select_lease.sql, hot.select_lease.bind(params.run))
                     found = cursor.fetchone()
                     row = None if found is None else LeaseTuple(*found)
                     first = messages[0].seq if messages else None
                     raise refusal(run_id, row, expected_head, fencing_token, first)
-                cursor.execute(hot.insert_step.sql, hot.insert_step.bind(params.step))
-                if params.messages:
-                    insert = hot.insert_message
-                    cursor.executemany(insert.sql, [insert.bind(row) for row in params.messages])
-                if params.states:
-                    insert = hot.insert_state
-                    cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
                 dbapi.commit()
                 committed = True
             except self._driver_error as exc:
@@ -251,6 +254,32 @@ class Store(QueueMethods):
             finally:
                 self._return_writer(dbapi, committed)
         return expected_head + 1
+
+    def _insert_rows(self, cursor: Any, params: CommitParams) -> None:
+        hot = self._hot
+        cursor.execute(hot.insert_step.sql, hot.insert_step.bind(params.step))
+        if params.messages:
+            insert = hot.insert_message
+            cursor.executemany(insert.sql, [insert.bind(row) for row in params.messages])
+        if params.states:
+            insert = hot.insert_state
+            cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
+
+    def _write_pipelined(self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams) -> bool:
+        """PostgreSQL: send the head move and the inserts in one round trip (psycopg's pipeline
+        mode); whether the head moved. If it did not, the inserts ran for nothing (or failed on a
+        key that the winner already wrote) and the caller rolls them back."""
+        connection = dbapi.dbapi_connection
+        head = connection.cursor()
+        try:
+            with connection.pipeline():
+                head.execute(update_head.sql, update_head.bind(params.run))
+                self._insert_rows(cursor, params)
+        except self._integrity_error:
+            if head.rowcount == 1:
+                raise  # the head moved, so the rows themselves are wrong: not a refusal
+            return False
+        return bool(head.rowcount == 1)
 
     def _take_writer(self) -> Any:
         with self._writer_lock:
@@ -406,6 +435,11 @@ class Store(QueueMethods):
                 yield
             except (sa.exc.SQLAlchemyError, self._driver_error) as exc:
                 raise StoreError(f"{action} failed on {self._e.url}: {_describe(exc)}") from exc
+
+
+def _pipeline_supported(driver: Any) -> bool:
+    pipeline = getattr(driver, "Pipeline", None)
+    return pipeline is not None and bool(pipeline.is_supported())
 
 
 def _describe(exc: BaseException) -> str:

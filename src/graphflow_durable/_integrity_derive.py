@@ -18,7 +18,7 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from ._buffers import Buffers, LogEntry, participant_buffers
 from ._cursor import Cursor
 from ._integrity_read import Parsed
-from .scheduler import GraphSpec, SchedulerState, initial, replay, select
+from .scheduler import GraphSpec, SchedulerState, replay, select
 
 __all__ = ["Derived", "derive"]
 
@@ -50,7 +50,7 @@ def derive(spec: GraphSpec, p: Parsed) -> Derived:
     """Derive the state ``p``'s thread explains. Raises ``ReplayError`` if it explains nothing."""
     thread = p.thread or []
     result = replay(spec, thread)
-    points = _dispatch_points(spec, thread)
+    points = {name: list(at) for name, at in result.dispatches.items()}
     sched = result.state
     if not sched.in_flight and sched.ready and _saved_while_dispatched(p):
         # GraphFlow drains ready into its (unsaved) active speakers right after the last answer:
@@ -79,31 +79,6 @@ def derive(spec: GraphSpec, p: Parsed) -> Derived:
         entries, p.participants, {n: v[-2:] for n, v in dispatches.items()}, sched.in_flight
     )
     return Derived(sched, result.state, dispatches, finished, round_start, batch_start, buffers)
-
-
-def _dispatch_points(
-    spec: GraphSpec, thread: Sequence[BaseAgentEvent | BaseChatMessage]
-) -> dict[str, list[int]]:
-    """Every node's dispatch points, by replaying the thread one answer at a time.
-
-    A batch is dispatched just after the last chat message before its first answer (an answer's
-    inner events come before its chat message, in the same delta).
-    """
-    state = initial(spec)
-    points: dict[str, list[int]] = {}
-    delta_start = 0
-    for index, message in enumerate(thread):
-        if not isinstance(message, BaseChatMessage):
-            continue
-        if message.source not in spec.edges:
-            delta_start = index + 1
-            continue
-        if not state.in_flight:
-            for name in state.ready:
-                points.setdefault(name, []).append(delta_start)
-        state = replay(spec, [message], start=state).state
-        delta_start = index + 1
-    return points
 
 
 def _saved_while_dispatched(p: Parsed) -> bool:

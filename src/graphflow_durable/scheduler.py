@@ -335,12 +335,14 @@ class ReplayResult:
             selected (the messages it had seen as input). Read from the thread: the index just
             after the last chat message before the batch's first answer, so that answer's inner
             events are not counted and a task message appended before the batch is.
+        dispatches: for every node, the same point at each of its selections, in order.
     """
 
     state: SchedulerState
     completions: tuple[int, ...]
     finished_at: tuple[int, ...]
     dispatched_at: Mapping[str, int]
+    dispatches: Mapping[str, tuple[int, ...]]
 
 
 def replay(
@@ -366,7 +368,7 @@ def replay(
     state = start if start is not None else initial(spec)
     completions: list[int] = []
     finished: list[int] = []
-    dispatched: dict[str, int] = {}
+    dispatched: dict[str, list[int]] = {}
     # Where the delta of the next answer begins: just after the last chat message. An answer's
     # inner events (tool calls, thoughts) come before its chat message in the same delta, and
     # GraphFlow selected the batch before that delta was appended.
@@ -380,7 +382,7 @@ def replay(
         if not state.in_flight:
             state, speakers = select(spec, state)
             for speaker in speakers:
-                dispatched[speaker] = delta_start
+                dispatched.setdefault(speaker, []).append(delta_start)
         if message.source not in state.in_flight:
             raise ReplayError(
                 f"message {index} from {message.source!r} does not fit the graph: "
@@ -397,5 +399,6 @@ def replay(
         state=state,
         completions=tuple(completions),
         finished_at=tuple(finished),
-        dispatched_at={n: dispatched[n] for n in state.in_flight if n in dispatched},
+        dispatched_at={n: dispatched[n][-1] for n in state.in_flight if n in dispatched},
+        dispatches={n: tuple(points) for n, points in dispatched.items()},
     )

@@ -195,8 +195,8 @@ def fold_states(
 
     ``rows`` are (node, step_seq, base_step, body) ordered by node and step; ``message_text(seq)``
     is the text a message reference of a splice stands for. Returns the states and the step of
-    each node's latest row. A delta whose base is not the row before it, or a splice that does not
-    fit, means the log is corrupt: :class:`StoreError`, naming the run, node and steps.
+    each node's latest row. A delta whose base is not the row before it or of the other kind, or a
+    splice that does not fit, means the log is corrupt: :class:`StoreError`, naming the run, node and steps.
     """
     current: dict[str, Any | Rope] = {}
     steps: dict[str, int] = {}
@@ -213,15 +213,18 @@ def fold_states(
                     f"{where} is a delta against step {base_step}, but the row before it is at step "
                     f"{steps.get(node)}; the agent-state log is corrupt (was the database edited by hand?)"
                 )
-            elif textdelta.is_splice(value):
-                rope = current[node]
-                if not isinstance(rope, Rope):
-                    rope = Rope.of([dumps(rope)], message_text)
+            elif textdelta.is_splice(value) != isinstance(current[node], Rope):
+                # Splices (schema 4) follow a splice of the empty text; structural deltas (before
+                # schema 4) follow a whole value. A writer never mixes the two in one chain.
+                raise StoreError(
+                    f"{where} is a {'splice' if textdelta.is_splice(value) else 'structural delta'} "
+                    f"against a row of the other kind; the agent-state log is corrupt "
+                    "(was the database edited by hand?)"
+                )
+            elif isinstance(rope := current[node], Rope):
                 rope.splice(value["at"], value["cut"], value["put"], message_text)
-                current[node] = rope
             else:
-                old = current[node]
-                current[node] = jsondelta.apply(loads(old.text()) if isinstance(old, Rope) else old, value)
+                current[node] = jsondelta.apply(current[node], value)
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(
                 f"{where} cannot be applied ({exc!r}); the agent-state log is corrupt "

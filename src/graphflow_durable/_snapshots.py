@@ -90,8 +90,8 @@ class StateLog:
 
     def _encode_one(self, node: str, text: str, last: _Node | None, step: int) -> AgentStateRecord:
         since = -1 if last is None else last.seen
-        candidates = [(seq, self._encoding(seq, content)) for seq, content in self._recent if seq >= since]
-        candidates = candidates[-_CANDIDATES:]
+        newer = [(seq, content) for seq, content in self._recent if seq >= since][-_CANDIDATES:]
+        candidates = [(seq, self._encoding(seq, content)) for seq, content in newer]
         if last is None:
             rope = Rope.of(with_references(text, candidates), self._resolve)
             return self._snapshot(node, text, rope, step)

@@ -142,9 +142,6 @@ class Rope:
                 out.append(text)
         return out
 
-    def has_references(self) -> bool:
-        return any(ref is not None for ref in self._refs)
-
     def splice(self, at: int, cut: int, pieces: Sequence[Piece], resolve: Callable[[int], str]) -> None:
         """Replace ``cut`` characters at ``at`` by ``pieces``.
 

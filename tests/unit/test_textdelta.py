@@ -102,18 +102,29 @@ def rows(node: str, *items: tuple[int, int | None, Any]) -> list[tuple[str, int,
     return [(node, step, base, dumps(body)) for step, base, body in items]
 
 
-def test_fold_reads_structural_deltas_written_before_schema_4_then_splices_on_their_canonical_text() -> None:
+def test_fold_reads_both_chains_and_refuses_one_that_mixes_them() -> None:
     v1: dict[str, Any] = {"context": ["hello"], "turns": 1}
     three, five = json.loads(MESSAGES[3]), json.loads(MESSAGES[5])
     v2 = {"context": ["hello", three], "turns": 2}
     v3 = {"context": ["hello", three, five], "turns": 3}
+    # before schema 4: a whole value, then structural deltas
+    legacy = rows("A", (1, None, v1), (4, 1, _jsondelta.diff(v1, v2)))
+    assert fold_states("r", legacy, resolve) == ({"A": v2}, {"A": 4})
+    # schema 4: a splice of the empty text, then splices, with message references
     p, s = common_ends(dumps(v2), dumps(v3))
     middle = dumps(v3)[p : len(dumps(v3)) - s]
     splice3 = splice(p, len(dumps(v2)) - p - s, with_references(middle, [(5, MESSAGES[5])]))
     assert any(isinstance(x, int) for x in splice3["put"])
-    log = rows("A", (1, None, v1), (4, 1, _jsondelta.diff(v1, v2)), (7, 4, splice3))
-    states, steps = fold_states("r", log, resolve)
-    assert states == {"A": v3} and steps == {"A": 7}
+    whole2 = splice(0, 0, with_references(dumps(v2), [(3, MESSAGES[3])]))
+    current = rows("A", (4, 0, whole2), (7, 4, splice3))
+    assert fold_states("r", current, resolve) == ({"A": v3}, {"A": 7})
+    # a writer never continues one kind of chain with the other
+    with pytest.raises(
+        StoreError, match=r"node 'A' saved at step 7 is a splice against a row of the other kind"
+    ):
+        fold_states("r", [*legacy, *rows("A", (7, 4, splice3))], resolve)
+    with pytest.raises(StoreError, match=r"step 9 is a structural delta against a row of the other kind"):
+        fold_states("r", [*current, *rows("A", (9, 7, _jsondelta.diff(v3, v1)))], resolve)
 
 
 def test_a_whole_state_written_with_references_starts_a_new_chain() -> None:
@@ -126,10 +137,11 @@ def test_a_whole_state_written_with_references_starts_a_new_chain() -> None:
 
 
 def test_a_splice_that_does_not_fit_its_base_is_corruption_naming_node_and_step() -> None:
-    log = rows("A", (1, None, {"x": 1}), (3, 1, splice(5, 99, ["y"])))
+    whole = splice(0, 0, [dumps({"x": 1})])
+    log = rows("A", (1, 0, whole), (3, 1, splice(5, 99, ["y"])))
     with pytest.raises(StoreError, match=r"node 'A' saved at step 3 cannot be applied.*corrupt"):
         fold_states("r", log, resolve)
-    broken = rows("A", (1, None, {"x": 1}), (3, 1, splice(1, 0, ["}"])))
+    broken = rows("A", (1, 0, whole), (3, 1, splice(1, 0, ["}"])))
     with pytest.raises(StoreError, match=r"node 'A' rebuilt from its rows up to step 3 is not JSON"):
         fold_states("r", broken, resolve)
 

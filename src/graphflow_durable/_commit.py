@@ -16,7 +16,7 @@ from . import _jsondelta as jsondelta
 from . import _textdelta as textdelta
 from ._codec import dumps, loads
 from ._lease import lease_lost
-from ._records import AgentStateRecord, MessageRecord, RunUpdate, Step
+from ._records import RUN_STATUSES, AgentStateRecord, MessageRecord, RunUpdate, Step
 from ._textdelta import Rope
 from .errors import ConflictError, RunNotFoundError, StoreError
 
@@ -30,7 +30,7 @@ __all__ = [
     "refusal",
 ]
 
-VALID_STATUS = frozenset(("running", "interrupted", "failed", "finished"))
+VALID_STATUS = frozenset(RUN_STATUSES)
 
 
 def encode_run(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from .errors import StateFormatError
 from .scheduler import GraphSpec, SchedulerState
@@ -34,10 +34,15 @@ class Cursor:
         origin: absolute message sequence number where the current thread begins (moves on reset).
         round_start: thread index of the first message of the current round.
         batch_start: thread index of the first answer of the current batch.
-        finished: whether the current round has stopped (the next task starts a new round).
+        finished: whether the current round has ended (the next start begins a new round).
         dispatches: per node, the thread lengths at its last two dispatches.
         attempts: per in-flight node, how many times this turn has been dispatched.
         dispatch_step: per in-flight node, the head sequence number that first dispatched this turn.
+        stopped: the round was ended by a stop (termination condition, max turns, external
+            termination) rather than by the graph's natural end: the scheduler state is kept and
+            the next round continues it, as GraphFlow does.
+        keys: per in-flight node whose turn began in another run (a state moved by
+            ``save_state()``/``load_state()``), the idempotency key it had there.
     """
 
     sched: SchedulerState
@@ -48,6 +53,8 @@ class Cursor:
     dispatches: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     attempts: Mapping[str, int] = field(default_factory=dict)
     dispatch_step: Mapping[str, int] = field(default_factory=dict)
+    stopped: bool = False
+    keys: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, sched: SchedulerState, origin: int = 0) -> Cursor:
@@ -57,7 +64,7 @@ class Cursor:
     # -- transitions ---------------------------------------------------------------------------
 
     def new_round(self, at: int) -> Cursor:
-        return replace(self, round_start=at, batch_start=at, finished=False)
+        return replace(self, round_start=at, batch_start=at, finished=False, stopped=False)
 
     def dispatched(self, sched: SchedulerState, speakers: Sequence[str], at: int, step: int) -> Cursor:
         dispatches = dict(self.dispatches)
@@ -72,6 +79,7 @@ class Cursor:
             dispatches,
             dict.fromkeys(sched.in_flight, 1),
             dict.fromkeys(sched.in_flight, step),
+            self.stopped,
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
@@ -90,10 +98,24 @@ class Cursor:
             self.dispatches,
             {n: a for n, a in self.attempts.items() if n in still},
             {n: s for n, s in self.dispatch_step.items() if n in still},
+            self.stopped,
+            {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
         )
 
-    def stopped(self, sched: SchedulerState) -> Cursor:
-        return replace(self, sched=sched, finished=True)
+    def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
+        """The round ends: by a stop (``stopped``, scheduler kept) or by the graph's natural end."""
+        return replace(self, sched=sched, finished=True, stopped=stopped)
+
+    def key(self, run_id: str, node: str) -> str:
+        """The idempotency key of ``node``'s in-flight turn (see :class:`~graphflow_durable.ExecutionContext`)."""
+        return self.keys.get(node) or f"{run_id}/{node}/{self.dispatch_step.get(node, 0)}"
+
+    @property
+    def status(self) -> Literal["running", "interrupted", "stopped", "finished"]:
+        """The run status this cursor implies: finished, stopped, interrupted (nodes in flight) or running."""
+        if self.finished:
+            return "stopped" if self.stopped else "finished"
+        return "interrupted" if self.sched.in_flight else "running"
 
     # -- JSON ----------------------------------------------------------------------------------
 
@@ -103,6 +125,7 @@ class Cursor:
             "dispatches": {n: list(self.dispatches[n]) for n in sorted(flying) if n in self.dispatches},
             "attempts": {n: self.attempts[n] for n in sorted(flying) if n in self.attempts},
             "dispatch_step": {n: self.dispatch_step[n] for n in sorted(flying) if n in self.dispatch_step},
+            **({"keys": {n: self.keys[n] for n in sorted(flying) if n in self.keys}} if self.keys else {}),
         }
 
     def to_json(self, spec: GraphSpec) -> dict[str, Any]:
@@ -113,6 +136,7 @@ class Cursor:
             "round_start": self.round_start,
             "batch_start": self.batch_start,
             "finished": self.finished,
+            **({"stopped": True} if self.stopped else {}),
             **self._in_flight_json(),
         }
 
@@ -133,6 +157,8 @@ class Cursor:
                 dispatches=merged,
                 attempts={n: int(a) for n, a in data.get("attempts", {}).items()},
                 dispatch_step={n: int(s) for n, s in data.get("dispatch_step", {}).items()},
+                stopped=bool(data.get("stopped", False)),
+                keys={n: str(k) for n, k in data.get("keys", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
@@ -146,17 +172,23 @@ class Cursor:
     ) -> dict[str, Any]:
         """The ``graphflow_durable`` section of a saved state (see docs/state-format.md).
 
-        ``status`` defaults to what the cursor says (finished, or interrupted with nodes in
-        flight, else running); ``graph_fingerprint`` is written when given.
+        ``status`` defaults to what the cursor says (:attr:`status`); ``graph_fingerprint`` is
+        written when given. ``keys`` holds every in-flight node's idempotency key, so a turn moved to
+        another run keeps its key.
         """
         if status is None:
-            status = "finished" if self.finished else ("interrupted" if self.sched.in_flight else "running")
+            status = self.status
         out: dict[str, Any] = {
             "format": FORMAT,
             "scheduler": self.sched.to_json(),
             "dispatches": {n: list(v) for n, v in sorted(self.dispatches.items())},
             "attempts": dict(self.attempts),
             "dispatch_step": dict(self.dispatch_step),
+            "keys": {
+                n: self.key(run_id or "", n)
+                for n in sorted(set(self.sched.in_flight))
+                if run_id or n in self.keys
+            },
             "batch_start": self.batch_start,
             "round_start": self.round_start,
             "origin": self.origin,
@@ -180,10 +212,12 @@ class Cursor:
                 origin=int(ext.get("origin", 0)),
                 round_start=int(ext.get("round_start", 0)),
                 batch_start=int(ext.get("batch_start", 0)),
-                finished=ext.get("status") == "finished",
+                finished=ext.get("status") in ("finished", "stopped"),
+                stopped=ext.get("status") == "stopped",
                 dispatches={n: tuple(int(i) for i in v) for n, v in ext.get("dispatches", {}).items()},
                 attempts={n: int(a) for n, a in ext.get("attempts", {}).items()},
                 dispatch_step={n: int(s) for n, s in ext.get("dispatch_step", {}).items()},
+                keys={n: str(k) for n, k in ext.get("keys", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

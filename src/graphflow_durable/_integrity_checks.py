@@ -249,8 +249,8 @@ def _check_durable(p: Parsed, spec: GraphSpec, d: Derived) -> None:
                 f"dispatches is {dict(stored)} but the thread says {expected}; repair recomputes it",
             )
     status = ext.get("status")
-    if (status == "finished" and s.in_flight) or (
-        status in ("running", "interrupted", "failed") and d.finished
+    if (status in ("finished", "stopped") and s.in_flight) or (
+        status in ("running", "interrupted", "stopped", "failed") and d.finished
     ):
         p.add(
             "GFD402-status-mismatch",

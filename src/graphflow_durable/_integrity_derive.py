@@ -123,6 +123,11 @@ def extension(p: Parsed, d: Derived, graph_fingerprint: str | None) -> dict[str,
     status = old.get("status")
     if d.finished or (status == "finished" and not flying):
         status = "finished"
+    elif not flying and (status == "stopped" or (p.legacy and p.thread_dumps)):
+        # At rest with work left: a plain GraphFlow state saved between runs was saved after a stop
+        # (termination condition, max turns); GraphFlow reset the condition then, and run() with no
+        # task continues the graph. A stopped round does exactly that.
+        status = "stopped"
     elif status not in ("running", "interrupted", "failed"):
         status = "interrupted"
     attempts = old.get("attempts")
@@ -130,6 +135,12 @@ def extension(p: Parsed, d: Derived, graph_fingerprint: str | None) -> dict[str,
         attempts = dict.fromkeys(flying, 1)
     steps = old.get("dispatch_step")
     steps = {n: s for n, s in steps.items() if n in flying} if isinstance(steps, Mapping) else {}
+    keys = old.get("keys")
+    keys = (
+        {n: k for n, k in keys.items() if n in flying and isinstance(k, str)}
+        if isinstance(keys, Mapping)
+        else {}
+    )
     if graph_fingerprint is None and isinstance(old.get("graph_fingerprint"), str):
         graph_fingerprint = old["graph_fingerprint"]
     elif graph_fingerprint is None and p.legacy:
@@ -139,7 +150,9 @@ def extension(p: Parsed, d: Derived, graph_fingerprint: str | None) -> dict[str,
         origin=_kept_index(old.get("origin"), 0, None),
         round_start=_kept_index(old.get("round_start"), d.round_start, len(p.thread_dumps)),
         batch_start=d.batch_start,
-        finished=status == "finished",
+        finished=status in ("finished", "stopped"),
+        stopped=status == "stopped",
+        keys=keys,
         dispatches={n: tuple(v[-2:]) for n, v in d.dispatches.items()},
         attempts=dict(attempts),
         dispatch_step=steps,

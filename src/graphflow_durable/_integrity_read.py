@@ -286,11 +286,11 @@ def _check_ranges(p: Parsed, ext: Mapping[str, Any], where: str) -> None:
                 f"{key} is {value!r}, not a thread index in 0..{size}; repair recomputes it",
             )
     status = ext.get("status")
-    if status not in ("running", "interrupted", "failed", "finished"):
+    if status not in ("running", "interrupted", "stopped", "failed", "finished"):
         p.add(
             "GFD402-status-mismatch",
             f"{where}/status",
-            f"status {status!r} is not running/interrupted/failed/finished; repair recomputes it",
+            f"status {status!r} is not running/interrupted/stopped/failed/finished; repair recomputes it",
         )
     dispatches = ext.get("dispatches", {})
     if not isinstance(dispatches, Mapping) or not all(

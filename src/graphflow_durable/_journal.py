@@ -7,7 +7,9 @@ fatal error, execution contexts, deferred input). No AutoGen internals here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +18,11 @@ from autogen_agentchat.messages import BaseChatMessage
 
 from . import context as _context
 from .scheduler import GraphSpec
-from .store import AgentStateRecord, MessageRecord, RunUpdate, Step
+from .store import AgentStateRecord, MessageRecord, RunUpdate, Step, Store
 
-__all__ = ["Journal", "task_key"]
+__all__ = ["Journal", "outer_run_store", "task_key"]
+
+_outer_store: ContextVar[Store | None] = ContextVar("graphflow_durable_outer_store", default=None)
 
 
 @dataclass
@@ -40,6 +44,23 @@ class Journal:
     contexts: dict[str, _context.ExecutionContext] = field(default_factory=dict)
     deferred: dict[str, list[BaseChatMessage]] = field(default_factory=dict)
     stop_reason: str | None = None
+    store: Callable[[], Store] | None = None
+
+    @contextmanager
+    def agent_turn(self, name: str) -> Iterator[None]:
+        """While ``name``'s turn runs: its execution context, and this run's store for nested teams."""
+        context = _context._current.set(self.contexts.get(name))
+        store = _outer_store.set(self.store() if self.store is not None else None)
+        try:
+            yield
+        finally:
+            _outer_store.reset(store)
+            _context._current.reset(context)
+
+
+def outer_run_store() -> Store | None:
+    """The store of the durable run whose agent turn is running in this task, if any."""
+    return _outer_store.get()
 
 
 def task_key(task: Sequence[BaseChatMessage]) -> list[dict[str, Any]]:

@@ -160,7 +160,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         update = RunUpdate(status="running", task=task_key(task) if kind == "start" else None)
         stop = await self._condition_stop(task) if task else None
         if stop is not None:
-            self._cursor = cursor.stopped(cursor.sched)
+            self._cursor = cursor.ended(cursor.sched, stopped=True)
             self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
             await self._signal_termination(stop)
             return
@@ -177,7 +177,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             self._batch_delta = []
         else:
             stop = StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name)
-            self._cursor = cursor.stopped(finish(self._spec, cursor.sched))
+            self._cursor = cursor.ended(finish(self._spec, cursor.sched), stopped=False)
             self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
             await self._signal_termination(stop)
             return
@@ -236,9 +236,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             return
 
         # The batch is complete: decide the stop, or select the next batch, in this same commit.
-        stop, sched = await self._batch_stop(sched)
+        stop, sched, natural = await self._batch_stop(sched)
         if stop is not None:
-            self._cursor = self._cursor.answered(name, sched).stopped(sched)
+            self._cursor = self._cursor.answered(name, sched).ended(sched, stopped=not natural)
             self._commit(Step("complete", name, self._cursor.to_json(self._spec)), records, states, stop)
             await self._signal_termination(stop)
             return
@@ -268,16 +268,21 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._termination_condition.reset()
         return stop
 
-    async def _batch_stop(self, sched: SchedulerState) -> tuple[StopMessage | None, SchedulerState]:
-        """GraphFlow's end-of-batch checks, in its order: natural end, condition, max turns."""
+    async def _batch_stop(self, sched: SchedulerState) -> tuple[StopMessage | None, SchedulerState, bool]:
+        """GraphFlow's end-of-batch checks, in its order: natural end, condition, max turns.
+
+        Returns the stop (if any), the scheduler state after it, and whether it is the graph's
+        natural end (otherwise a stop: the scheduler keeps its ready nodes for the next round).
+        """
         if not sched.ready:
             if self._termination_condition is not None:
                 await self._termination_condition.reset()
-            return StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name), finish(self._spec, sched)
+            end = StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name)
+            return end, finish(self._spec, sched), True
         # Every message of the batch reaches the condition, not only the last answer's.
         stop = await self._condition_stop(self._batch_delta)
         if stop is not None:
-            return stop, sched.with_turn(0)
+            return stop, sched.with_turn(0), False
         sched = sched.with_turn(sched.turn + 1)
         if self._max_turns is not None and sched.turn >= self._max_turns:
             if self._termination_condition is not None:
@@ -285,8 +290,8 @@ class DurableGraphFlowManager(GraphFlowManager):
             stop = StopMessage(
                 content=f"Maximum number of turns {self._max_turns} reached.", source=self._name
             )
-            return stop, sched.with_turn(0)
-        return None, sched
+            return stop, sched.with_turn(0), False
+        return None, sched, False
 
     # -- commit and dispatch ------------------------------------------------------------------
 
@@ -300,7 +305,11 @@ class DurableGraphFlowManager(GraphFlowManager):
     ) -> int:
         if stop is not None:
             task = update.task if update is not None else None
-            update = RunUpdate(status="finished", task=task, result={"stop_reason": stop.content})
+            update = RunUpdate(
+                status="stopped" if self._cursor.stopped else "finished",
+                task=task,
+                result={"stop_reason": stop.content},
+            )
             self._journal.stop_reason = stop.content
         self._current_turn = self._cursor.sched.turn
         return self._journal.write(step, messages, states, update)
@@ -316,6 +325,7 @@ class DurableGraphFlowManager(GraphFlowManager):
                 node=speaker,
                 step=self._cursor.dispatch_step.get(speaker, head),
                 attempt=self._cursor.attempts.get(speaker, 1),
+                origin_key=self._cursor.keys.get(speaker),
             )
             await self.publish_message(
                 GroupChatRequestPublish(),
@@ -405,11 +415,8 @@ class DurableChatAgentContainer(ChatAgentContainer):
     async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:  # type: ignore[override]
         """Run the agent's turn with its execution context set; then hear what was deferred."""
         name = self._agent.name
-        token = _context._current.set(self._journal.contexts.get(name))
-        try:
+        with self._journal.agent_turn(name):
             await ChatAgentContainer.handle_request(self, message, ctx)
-        finally:
-            _context._current.reset(token)
         deferred = self._journal.deferred.pop(name, [])
         self._message_buffer[:0] = deferred
 

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import RowMapping
 
 from ._codec import loads
+from ._records import ENDED_STATUSES
 from ._schema import queue, runs
 
 __all__ = [
@@ -111,7 +112,10 @@ def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
 def local_lease_pids(host: str, now: float) -> sa.Select[Any]:
     """Pids of this host's processes holding unexpired leases or claims (to test for liveness)."""
     held_runs = sa.select(_R.lease_pid.label("pid")).where(
-        _R.lease_host == host, _R.lease_pid.is_not(None), _R.lease_expires_at >= now, _R.status != "finished"
+        _R.lease_host == host,
+        _R.lease_pid.is_not(None),
+        _R.lease_expires_at >= now,
+        _R.status.not_in(ENDED_STATUSES),
     )
     held_claims = sa.select(_Q.claim_pid.label("pid")).where(
         _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= now
@@ -153,7 +157,7 @@ def claimable_runs(
         )
         .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
         .where(
-            _R.status != "finished",
+            _R.status.not_in(ENDED_STATUSES),
             takeable,
             sa.or_(_R.lease_owner.is_(None), _R.lease_owner != owner),
             _due(now),

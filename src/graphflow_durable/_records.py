@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sqlalchemy.engine import RowMapping
 
@@ -18,6 +18,8 @@ __all__ = [
     "MessageRecord",
     "RunLog",
     "RunRecord",
+    "ENDED_STATUSES",
+    "RUN_STATUSES",
     "RunStatus",
     "RunUpdate",
     "Step",
@@ -26,7 +28,15 @@ __all__ = [
     "run_record",
 ]
 
-RunStatus = Literal["running", "interrupted", "failed", "finished"]
+RunStatus = Literal["running", "interrupted", "stopped", "failed", "finished"]
+"""A run's status. ``stopped``: its round was ended by the termination condition, ``max_turns`` or an
+external termination (``run()`` with no task continues it, as GraphFlow does); ``finished``: the graph
+completed (nothing left to run; ``run()`` with no task returns the stored result)."""
+
+RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
+
+#: Statuses whose last round has ended: the run is at rest until a caller continues it.
+ENDED_STATUSES: tuple[RunStatus, ...] = ("stopped", "finished")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autogen_agentchat.base import TaskResult
@@ -55,6 +57,7 @@ class RunSession(GraphFlow):
         _pending_import: Mapping[str, Any] | None
         _states: StateLog
         _journal: Journal
+        _resumed_round: list[tuple[Mapping[str, Any], bool]] | None
 
         @property
         def store(self) -> Store: ...
@@ -97,8 +100,9 @@ class RunSession(GraphFlow):
             self._states.clear()
             if self._pending_import is not None:
                 # A loaded state: the run's status is the state's (a finished one runs nothing).
-                await self._import_state(self._pending_import)
+                await self._import_state(self._pending_import, origin=0)
                 self._pending_import = None
+                await self._restore(store.load(self._run_id))
                 return store.get_run(self._run_id)
             if self._initialized:
                 await GraphFlow.reset(self)
@@ -115,17 +119,18 @@ class RunSession(GraphFlow):
         run = store.get_run(self._run_id) or run  # what committed before the lease was ours
         stale = not self._synced or self._journal.head != run.head_seq
         self._journal.head = run.head_seq
+        self._resumed_round = None
         if self._pending_import is not None:
-            if run.message_count:
-                store.release_lease(self._run_id, self._token)
-                raise StateFormatError(
-                    f"run {self._run_id!r} already has {run.message_count} messages in the store; load_state() "
-                    "seeds a new run only: construct the team with a new run_id to continue the loaded state"
-                )
-            await self._import_state(self._pending_import)
+            # Another process created the run after load_state() found none: the loaded state
+            # becomes the run's new starting point, as load_state() does on an existing run.
+            await self._import_state(self._pending_import, origin=run.message_count)
             self._pending_import = None
-        elif stale:
             await self._restore(store.load(self._run_id))
+        elif stale:
+            at = await self._restore(store.load(self._run_id))
+            if not at.cursor.finished:
+                start = at.cursor.round_start
+                self._resumed_round = [(e.body, e.completes is None) for e in at.entries[start:]]
         self._synced = True
         return store.get_run(self._run_id)
 
@@ -167,6 +172,7 @@ class RunSession(GraphFlow):
         self._write(Step("created", None, cursor.to_json(self._spec)), (), states, None)
 
     async def _stored_result(self, run: RunRecord) -> TaskResult:
+        """The result of the run's last round, as its uninterrupted run returned it."""
         log = self.store.load(self._run_id)
         cursor = cursor_from_log(log, self._spec)
         thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
@@ -179,10 +185,31 @@ class RunSession(GraphFlow):
         """Start the stored run afresh after a reset: commit a ``reset`` step (fresh cursor after the
         run's messages, every participant's state) under a lease held just for it."""
         store = self.store
-        run = store.get_run(self._run_id)
-        if run is None:
+        if store.get_run(self._run_id) is None:
             return
-        token = store.acquire_lease(
+        async with self._briefly_leased() as run:
+            cursor = Cursor.fresh(initial(self._spec), origin=run.message_count)
+            states = [AgentStateRecord(p.name, await p.save_state()) for p in self._participants]
+            self._journal.head = store.commit(
+                self._run_id,
+                expected_head=run.head_seq,
+                fencing_token=self._token,
+                step=Step("reset", None, cursor.to_json(self._spec)),
+                agent_states=states,
+                update=RunUpdate(status="interrupted", task=[]),
+            )
+        # GraphFlow.reset() left the manager's cursor at origin 0, but the stored thread continues at
+        # run.message_count: the next run must restore the cursor (new origin) from the store.
+        self._synced = False
+
+    @asynccontextmanager
+    async def _briefly_leased(self) -> AsyncIterator[RunRecord]:
+        """Hold the run's lease for one write outside a run (reset, load_state); yield its record.
+
+        Raises RunLockedError when another live process drives the run.
+        """
+        store = self.store
+        self._token = store.acquire_lease(
             self._run_id,
             self._owner,
             lease_seconds=self._lease_seconds,
@@ -190,20 +217,23 @@ class RunSession(GraphFlow):
             pid=os.getpid(),
         )
         try:
-            cursor = Cursor.fresh(initial(self._spec), origin=run.message_count)
-            states = [AgentStateRecord(p.name, await p.save_state()) for p in self._participants]
-            self._journal.head = store.commit(
-                self._run_id,
-                expected_head=run.head_seq,
-                fencing_token=token,
-                step=Step("reset", None, cursor.to_json(self._spec)),
-                agent_states=states,
-                update=RunUpdate(status="interrupted", task=[]),
-            )
+            run = store.get_run(self._run_id)
+            if run is None:  # pragma: no cover - a run is never deleted under a held lease
+                raise StateFormatError(f"run {self._run_id!r} disappeared from the store")
+            self._journal.head = run.head_seq
+            yield run
         finally:
-            store.release_lease(self._run_id, token)
-        # GraphFlow.reset() left the manager's cursor at origin 0, but the stored thread continues at
-        # run.message_count: the next run must restore the cursor (new origin) from the store.
+            store.release_lease(self._run_id, self._token)
+
+    async def _import_into_existing(self, state: Mapping[str, Any]) -> None:
+        """``load_state()`` on a stored run: the state becomes its new starting point at once.
+
+        The run's earlier history stays in the store (as after ``reset()``); the next run restores
+        the team from the store.
+        """
+        async with self._briefly_leased() as run:
+            self._check_graph(run)
+            await self._import_state(state, origin=run.message_count)
         self._synced = False
 
     # -- the single crossing into the store during a run ----------------------------------------
@@ -233,7 +263,7 @@ class RunSession(GraphFlow):
 
     # -- restoring from the store ----------------------------------------------------------------
 
-    async def _restore(self, log: RunLog) -> None:
+    async def _restore(self, log: RunLog) -> Plan:
         """Put the team at the store's head. On the embedded runtime every message is created once
         and shared by the thread and the buffers; elsewhere the state goes through load_state."""
         at = plan(log, self._spec, self._participant_names)
@@ -257,6 +287,7 @@ class RunSession(GraphFlow):
                     [thread[i] for i in buffer], [thread[i] for i in deferred], log.agent_states.get(name)
                 )
         self._states.prime(log.run.message_count)
+        return at
 
     async def _state_at(self, log: RunLog, at: Plan | None = None) -> dict[str, Any]:
         """The team state (TeamState dump, durable format) at the store's head."""
@@ -267,20 +298,24 @@ class RunSession(GraphFlow):
         }
         return at.team_state(self._run_id, self._group_chat_manager_name, states, self._fingerprint)
 
-    async def _import_state(self, state: Mapping[str, Any]) -> None:
-        """Seed the new run with a loaded state: its thread, agent states and cursor in one commit."""
+    async def _import_state(self, state: Mapping[str, Any], *, origin: int) -> None:
+        """Seed the run with a loaded state: its thread (from message ``origin`` on), agent states
+        and cursor in one commit."""
         agent_states = state["agent_states"]
         manager = agent_states[self._group_chat_manager_name]
         ext = manager["graphflow_durable"]
         thread = [self._message_factory.create(m) for m in manager["message_thread"]]
-        records = [MessageRecord(i, m.dump(), isinstance(m, BaseChatMessage)) for i, m in enumerate(thread)]
+        records = [
+            MessageRecord(origin + i, m.dump(), isinstance(m, BaseChatMessage)) for i, m in enumerate(thread)
+        ]
         states = [
             AgentStateRecord(name, agent_states[name]["agent_state"])
             for name in self._participant_names
             if name in agent_states
         ]
-        cursor = Cursor.from_extension(ext)
-        status: RunStatus = "finished" if cursor.finished else "interrupted"
+        cursor = replace(Cursor.from_extension(ext), origin=origin)
+        status: RunStatus = "interrupted" if cursor.status == "running" else cursor.status
+        self._states.clear()  # the loaded agent states are written whole
         self._write(
             Step("import", None, cursor.to_json(self._spec), {"dispatches": ext.get("dispatches", {})}),
             records,

@@ -29,17 +29,24 @@ class ExecutionContext:
         step: the head sequence number of the commit that dispatched this turn. It is the same on
             every attempt of the same turn.
         attempt: 1 for the first attempt, 2 after one resume, and so on.
+        origin_key: the idempotency key this turn had when it began in another run, for a state
+            moved with ``save_state()``/``load_state()`` while the node was in flight; else ``None``.
     """
 
     run_id: str
     node: str
     step: int
     attempt: int
+    origin_key: str | None = None
 
     @property
     def idempotency_key(self) -> str:
-        """``run_id/node/step``: equal on every attempt of one turn, different between turns."""
-        return f"{self.run_id}/{self.node}/{self.step}"
+        """``run_id/node/step``: equal on every attempt of one turn, different between turns.
+
+        A turn moved to another run by ``save_state()``/``load_state()`` keeps the key it began with
+        (:attr:`origin_key`), so its side effects (and a nested durable team) are recognised again.
+        """
+        return self.origin_key or f"{self.run_id}/{self.node}/{self.step}"
 
 
 _current: ContextVar[ExecutionContext | None] = ContextVar("graphflow_durable_execution", default=None)

@@ -25,13 +25,14 @@ from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import Graph
 from autogen_core import AgentRuntime, CancellationToken
 
 from . import _graphid
-from ._journal import Journal, task_key
+from ._journal import Journal, outer_run_store, task_key
 from ._manager import DurableChatAgentContainer, DurableGraphFlowManager
 from ._session import RunSession
 from ._snapshots import StateLog
+from .context import current_execution
 from .errors import NotSerializableError, StateFormatError
 from .scheduler import GraphSpec
-from .store import RunRecord, Store
+from .store import ENDED_STATUSES, RunRecord, Store
 
 __all__ = ["DEFAULT_STORE_ENV", "DurableGraphFlow", "DurableGraphFlowConfig", "default_store_url"]
 
@@ -73,7 +74,10 @@ class DurableGraphFlow(RunSession):
             GraphFlow.
         store: a store URL (``sqlite:///runs.db``, ``postgresql://...``) or a :class:`Store`.
             Default: ``$GRAPHFLOW_DURABLE_STORE``, else ``./.graphflow_durable/runs.db``.
-        run_id: the run to create or resume. Default: a new random id (see :attr:`run_id`).
+        run_id: the run to create or resume. Default: a new random id (see :attr:`run_id`); inside
+            an agent's turn of a durable run (a nested team), the outer turn's idempotency key and
+            this team's name, so an interrupted inner team resumes inside when the outer turn runs
+            again. A nested team given no ``store`` stores where the outer run does.
         allow_graph_change: resume a stored run even if its graph differs from ``graph``.
         lease_seconds: how long this process's claim on the run lasts without renewal; a crashed
             process's run can be taken over after this (at once on the same host).
@@ -118,6 +122,8 @@ class DurableGraphFlow(RunSession):
         self._store_arg = store
         self._store: Store | None = store if isinstance(store, Store) else None
         self._run_id = run_id or uuid.uuid4().hex
+        self._run_id_given = run_id is not None
+        self._nested = False  # the run id was derived from an outer durable turn
         self._allow_graph_change = allow_graph_change
         self._lease_seconds = lease_seconds
         self._owner = lease_owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -128,12 +134,15 @@ class DurableGraphFlow(RunSession):
         self._synced = False  # in-memory state equals the store's head
         self._pending_import: Mapping[str, Any] | None = None
         self._states = StateLog()  # what this writer last committed per node, for deltas
+        self._driven = False  # this object has run (or loaded a state into) the run
+        self._resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
         self._journal = Journal(
             run_id=self._run_id,
             spec=self._spec,
             participants={p.name: p for p in participants},
             write=self._write,
             fingerprint=self._fingerprint,
+            store=lambda: self.store,
         )
 
     # -- public surface --------------------------------------------------------------------------
@@ -150,6 +159,22 @@ class DurableGraphFlow(RunSession):
             url = self._store_arg if isinstance(self._store_arg, str) else default_store_url()
             self._store = Store(url)
         return self._store
+
+    def _bind_to_outer_turn(self) -> None:
+        """Inside an agent's turn of a durable run, a team given no run id drives the run of that turn."""
+        outer = current_execution()
+        if self._run_id_given or outer is None:
+            return
+        outer_store = outer_run_store()
+        if self._store_arg is None and outer_store is not None:
+            self._store = outer_store
+        run_id = f"{outer.idempotency_key}/{self.name}"
+        self._nested = True
+        if run_id != self._run_id:
+            self._run_id = self._journal.run_id = run_id
+            self._synced = self._driven = False
+            self._states.clear()
+            self._resumed_round = None
 
     def run_info(self) -> RunRecord | None:
         """The stored run's record (status, head, lease...), or ``None`` before the first run."""
@@ -213,30 +238,47 @@ class DurableGraphFlow(RunSession):
     ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]:
         """Run, or resume, the stored run; see :meth:`GraphFlow.run_stream`.
 
-        With no task: resume an unfinished run, or return a finished run's stored result without
-        running anything. With the task the current unfinished round started with: resume it
-        without adding the task again. With another task: add it as user input (unfinished run)
-        or start a new round (finished run).
+        - No task: resume an interrupted or failed round; continue a round stopped by the
+          termination condition (or ``max_turns``) as a new round, as GraphFlow does; on a finished
+          run (the graph completed), return the stored result without running anything.
+        - The task the current unfinished round began with: resume it without adding the task
+          again. The same on the first call of a new team object on an ended run whose last round
+          began with this task: return the stored result (re-running a script is idempotent).
+        - Another task: add it as user input (unfinished round) or start a new round.
+
+        A round resumed by a new team object (a re-run script after a crash) returns the round's
+        whole result, as the uninterrupted run would have; the stream yields only what is new.
         """
         messages = _task_messages(task)
         if self._is_running:
             raise ValueError("The team is already running, it cannot run again until it is stopped.")
+        self._bind_to_outer_turn()
+        first_call = not self._driven
         run = await self._attach()
+        self._driven = True
         renewer = asyncio.ensure_future(self._renew_lease())
         finished_cleanly = failed = False
         try:
-            if run is not None and run.status == "finished" and messages is None:
-                yield await self._stored_result(run)
-                finished_cleanly = True
-                return
-            if (
-                messages is not None
-                and run is not None
-                and run.status != "finished"
-                and run.task == task_key(messages)
-            ):
+            if run is not None and run.status in ENDED_STATUSES:
+                same_task = messages is not None and first_call and run.task == task_key(messages)
+                if same_task:
+                    logger.info(
+                        "run %s is %s and its last round began with this task: returning the stored "
+                        "result without running anything (give a new task to start another round, or "
+                        "call reset() to start over)",
+                        self._run_id,
+                        run.status,
+                    )
+                if same_task or (messages is None and run.status == "finished"):
+                    yield await self._stored_result(run)
+                    finished_cleanly = True
+                    return
+            elif messages is not None and run is not None and run.task == task_key(messages):
                 logger.info("run %s: same task as the interrupted round; resuming it", self._run_id)
                 messages = None
+            earlier = self._earlier_messages(output_task_messages)
+            if messages is not None or not first_call:
+                earlier = []  # GraphFlow's habit: a call returns what it produced
             inner = super().run_stream(
                 task=messages,
                 cancellation_token=cancellation_token,
@@ -261,6 +303,8 @@ class DurableGraphFlow(RunSession):
                         with contextlib.suppress(BaseException):
                             await advance
                         raise
+                    if earlier and isinstance(item, TaskResult):
+                        item = TaskResult(messages=[*earlier, *item.messages], stop_reason=item.stop_reason)
                     yield item
                 finished_cleanly = True
             finally:
@@ -278,6 +322,14 @@ class DurableGraphFlow(RunSession):
             self._journal.fatal = None
             self._detach(finished_cleanly, failed)
 
+    def _earlier_messages(self, output_task_messages: bool) -> list[BaseAgentEvent | BaseChatMessage]:
+        """What the interrupted round had produced before this team object resumed it."""
+        resumed, self._resumed_round = self._resumed_round, None
+        factory = self._message_factory
+        return [
+            factory.create(body) for body, is_task in resumed or () if output_task_messages or not is_task
+        ]
+
     def _halt(self) -> None:
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
         self._journal.halted = True
@@ -289,12 +341,20 @@ class DurableGraphFlow(RunSession):
 
         The argument is deep-copied. A state saved by plain ``GraphFlow`` (no ``graphflow_durable``
         section) is validated and repaired first -- lost in-flight speakers, an empty ready queue
-        with work left, lost loop bookkeeping -- and what was changed is logged. The run must be
-        new (or empty) in the store.
+        with work left, lost loop bookkeeping -- and one WARNING line summarises what was changed
+        (each change at DEBUG). A state saved after a stop (termination condition, ``max_turns``)
+        is a stopped round: :meth:`run` with no task continues it, as GraphFlow does.
+
+        As with GraphFlow, the state may be loaded into a team that has already run: when the run
+        exists in the store, the loaded state becomes its new starting point at once (its earlier
+        history stays in the store, as after :meth:`reset`).
 
         Raises:
-            StateFormatError: the state has the wrong shape, or the run already has history.
+            StateFormatError: the state has the wrong shape.
             UnrepairableStateError: a legacy state whose thread the graph cannot explain.
+            GraphMismatchError: the stored run was started with a different graph.
+            RunLockedError: another live process drives the stored run.
+            RuntimeError: the team is running.
         """
         copied: dict[str, Any] = copy.deepcopy(dict(state))
         agent_states = copied.get("agent_states")
@@ -310,27 +370,50 @@ class DurableGraphFlow(RunSession):
             from .integrity import repair_state
 
             repaired = repair_state(copied, graph=self._graph, graph_fingerprint=self._fingerprint)
-            for change in repaired.changes:
-                logger.warning("run %s: repaired a legacy GraphFlow state: %s", self._run_id, change)
-            copied = copy.deepcopy(dict(repaired.state))
-        run = self.store.get_run(self._run_id)
-        if run is not None and run.message_count:
-            raise StateFormatError(
-                f"run {self._run_id!r} already has {run.message_count} messages in the store; load_state() "
-                "seeds a new run only: construct the team with a new run_id to continue the loaded state"
+            codes = sorted({f.code for f in repaired.report.findings if f.severity != "info"})
+            status = repaired.state["agent_states"][self._group_chat_manager_name]["graphflow_durable"][
+                "status"
+            ]
+            logger.warning(
+                "run %s: loaded a plain GraphFlow state (%d messages) as %s; %d field(s) repaired%s",
+                self._run_id,
+                len(manager.get("message_thread", ())),
+                status,
+                len(repaired.changes),
+                f" ({', '.join(codes)}; see docs/repair.md)" if codes else "",
             )
+            for change in repaired.changes:
+                logger.debug("run %s: repaired %s", self._run_id, change)
+            copied = copy.deepcopy(dict(repaired.state))
+        if self._is_running:
+            raise RuntimeError("The team cannot be loaded while it is running.")
         self._journal.deferred.clear()
+        self._journal.contexts.clear()
+        self._driven = True  # a run() after a load returns what it produces, as GraphFlow's does
+        self._resumed_round = None
+        if self.store.get_run(self._run_id) is not None:
+            await self._import_into_existing(copied)
+            self._pending_import = None
+            return
         await GraphFlow.load_state(self, copied)
         self._pending_import = copied
         self._synced = True
 
     async def reset(self) -> None:
-        """Reset the team as GraphFlow does, and start the stored run afresh (its history is kept)."""
+        """Reset the team as GraphFlow does, and start the stored run afresh (its history is kept).
+
+        A nested team driving an outer turn's run (see ``run_id``) resets in memory only: its
+        stored run belongs to that turn, and the next outer turn drives a run of its own.
+        """
         await GraphFlow.reset(self)
         self._journal.deferred.clear()
         self._journal.contexts.clear()
         self._pending_import = None
+        self._resumed_round = None
         self._states.clear()
+        if self._nested:
+            self._synced = False
+            return
         await self._restart_run()
 
     async def save_state(self) -> Mapping[str, Any]:

@@ -66,8 +66,9 @@ async def test_new_team_resumes_completed_nodes_never_run_again_failed_node_gets
     team = durable(fresh, chain(*fresh), store_url, "run")
     result = await team.run()
     assert again == ["B", "C"], "A completed before the failure and must not run again"
-    # B's content digests its input and carries its restored turn number: same as uninterrupted
-    assert text(result.messages) == reference[2:]
+    # B's content digests its input and carries its restored turn number: same as uninterrupted;
+    # the resumed round's result is the whole round, as the uninterrupted run returned it
+    assert text(result.messages) == reference
     assert stored_transcript(team) == reference
     assert team.run_info().status == "finished"
 

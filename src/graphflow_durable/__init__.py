@@ -19,6 +19,7 @@ from .errors import (
     RunNotFoundError,
     SchemaVersionError,
     StateFormatError,
+    StoreConfigError,
     StoreError,
     UnrepairableStateError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "SchemaVersionError",
     "StateFormatError",
     "Store",
+    "StoreConfigError",
     "StoreError",
     "UnrepairableStateError",
     "ValidationReport",

@@ -18,10 +18,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from .errors import StoreError
+from ._storeurl import StoreUrl, parse_store_url, safe_url
 
 __all__ = ["Engines", "open_engines", "safe_url"]
 
@@ -29,8 +29,6 @@ _log = logging.getLogger(__name__)
 
 #: Execution option carrying the SQLite BEGIN mode ("IMMEDIATE" for writers).
 _BEGIN_OPTION = "graphflow_sqlite_begin"
-_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-BUSY_TIMEOUT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +43,7 @@ class Engines:
         url: the URL with its password hidden, for messages.
         serial: a lock every operation must hold (a real lock only for in-memory SQLite, where all
             threads share one connection; otherwise a no-op).
+        target: the parsed store URL (options in effect, the config URL).
     """
 
     engine: Engine
@@ -53,63 +52,39 @@ class Engines:
     dialect: str
     url: str
     serial: AbstractContextManager[Any]
+    target: StoreUrl
 
 
-def safe_url(url: str | URL) -> str:
-    """``url`` as text with its password replaced by ``***`` (safe for messages and logs)."""
-    try:
-        parsed = sa.make_url(url) if isinstance(url, str) else url
-    except sa.exc.ArgumentError:
-        return "<unparseable database URL>"
-    return parsed.render_as_string(hide_password=True)
-
-
-def open_engines(url: str, *, synchronous: str = "FULL", pool_pre_ping: bool = True) -> Engines:
+def open_engines(url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None) -> Engines:
     """Create the engine for ``url``.
 
     Args:
         url: ``sqlite:///path``, ``sqlite://`` (in memory), ``postgresql://...`` (rewritten to
-            psycopg 3) or ``postgresql+psycopg://...``.
-        synchronous: SQLite ``PRAGMA synchronous`` (``FULL``, ``NORMAL``, ``OFF`` or ``EXTRA``).
-        pool_pre_ping: PostgreSQL only: test each connection as it leaves the pool.
+            psycopg 3) or ``postgresql+psycopg://...``; its query may carry the options
+            ``_storeurl`` describes (``?synchronous=NORMAL``, ``?connect_timeout=5``...).
+        synchronous: SQLite ``PRAGMA synchronous`` (``FULL``, ``NORMAL``, ``OFF`` or ``EXTRA``);
+            ``None``: the URL's, else ``FULL``.
+        pool_pre_ping: PostgreSQL only: test each connection as it leaves the pool; ``None``: the
+            URL's, else true.
 
     Raises:
-        StoreError: the URL is malformed or names a backend/driver this package does not support.
+        StoreConfigError: the URL is malformed, names a backend/driver this package does not
+            support, or carries an option that is unknown, refused, or disagrees with an argument.
     """
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise StoreError(
-            f"cannot parse database URL {safe_url(url)!r}: {exc}; "
-            "use sqlite:///path/to/file.db or postgresql://user@host/dbname"
-        ) from exc
-    backend = parsed.get_backend_name()
-    driver = parsed.get_driver_name()
-    if backend == "sqlite" and driver in ("pysqlite", ""):
-        return _sqlite(parsed, synchronous)
-    if backend in ("postgresql", "postgres") and (
-        parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
-    ):
-        return _postgresql(parsed.set(drivername="postgresql+psycopg"), pool_pre_ping)
-    raise StoreError(
-        f"unsupported database URL {safe_url(parsed)!r} (backend {backend!r}, driver {driver!r}); "
-        "graphflow-durable supports sqlite:///path (the standard sqlite3 module) and "
-        "postgresql:// or postgresql+psycopg:// (psycopg 3)"
-    )
+    target = parse_store_url(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping)
+    if target.dialect == "sqlite":
+        return _sqlite(target)
+    return _postgresql(target)
 
 
-def _sqlite(url: URL, synchronous: str) -> Engines:
-    mode = synchronous.upper()
-    if mode not in _SYNCHRONOUS:
-        raise StoreError(
-            f"synchronous={synchronous!r} is not a SQLite synchronous mode; use one of {_SYNCHRONOUS}"
-        )
+def _sqlite(target: StoreUrl) -> Engines:
+    url, mode, timeout = target.engine_url, target.synchronous, target.timeout
     in_memory = url.database in (None, "", ":memory:")
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_SECONDS, "check_same_thread": False}}
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": timeout, "check_same_thread": False}}
     if in_memory:
         kwargs["poolclass"] = StaticPool
     engine = sa.create_engine(url, hide_parameters=True, **kwargs)
-    busy_ms = int(BUSY_TIMEOUT_SECONDS * 1000)
+    busy_ms = int(timeout * 1000)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
@@ -119,7 +94,7 @@ def _sqlite(url: URL, synchronous: str) -> Engines:
         cursor = dbapi_connection.cursor()
         try:
             if not in_memory:
-                mode_row = _enter_wal(cursor)
+                mode_row = _enter_wal(cursor, timeout)
                 if mode_row is None or str(mode_row[0]).lower() != "wal":
                     _log.warning("SQLite refused WAL mode for %s (journal_mode=%s)", url.database, mode_row)
             cursor.execute(f"PRAGMA synchronous={mode}")
@@ -140,16 +115,17 @@ def _sqlite(url: URL, synchronous: str) -> Engines:
         dialect="sqlite",
         url=safe_url(url),
         serial=threading.RLock() if in_memory else nullcontext(),
+        target=target,
     )
 
 
-def _enter_wal(cursor: sqlite3.Cursor) -> Any:
+def _enter_wal(cursor: sqlite3.Cursor, timeout: float) -> Any:
     """Switch a new connection's database to WAL; return the resulting ``journal_mode`` row.
 
     Several processes opening a new database at once race to switch it, and SQLite answers the
     losers "database is locked" at once, without waiting on the busy timeout: retry until then.
     """
-    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
         try:
@@ -164,8 +140,9 @@ def _enter_wal(cursor: sqlite3.Cursor) -> Any:
             delay = min(delay * 2, 0.05)
 
 
-def _postgresql(url: URL, pool_pre_ping: bool) -> Engines:
-    engine = sa.create_engine(url, pool_pre_ping=pool_pre_ping, hide_parameters=True)
+def _postgresql(target: StoreUrl) -> Engines:
+    url = target.engine_url
+    engine = sa.create_engine(url, pool_pre_ping=target.pool_pre_ping, hide_parameters=True)
     return Engines(
         engine=engine,
         write=engine,
@@ -173,4 +150,5 @@ def _postgresql(url: URL, pool_pre_ping: bool) -> Engines:
         dialect="postgresql",
         url=safe_url(url),
         serial=nullcontext(),
+        target=target,
     )

@@ -20,6 +20,7 @@ __all__ = [
     "RunNotFoundError",
     "SchemaVersionError",
     "StateFormatError",
+    "StoreConfigError",
     "StoreError",
     "UnrepairableStateError",
 ]
@@ -31,6 +32,15 @@ class GraphflowDurableError(Exception):
 
 class StoreError(GraphflowDurableError, RuntimeError):
     """The database could not do what was asked (the cause is chained with ``raise ... from``)."""
+
+
+class StoreConfigError(StoreError, ValueError):
+    """A store URL or store argument is invalid; nothing was opened.
+
+    An unknown or refused option in the URL's query, a bad value, an unsupported backend, or a
+    keyword argument and the same option in the URL disagreeing. A ``ValueError`` (the caller gave a
+    wrong value) and a :class:`StoreError` (so ``except StoreError`` keeps catching bad URLs).
+    """
 
 
 class SchemaVersionError(StoreError):

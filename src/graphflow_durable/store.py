@@ -33,6 +33,8 @@ from ._lease import lease_lost, locked, takeover_reason
 from ._migrations import current_version, migrate
 from ._queue import Claim, Submission
 from ._records import (
+    ENDED_STATUSES,
+    RUN_STATUSES,
     AgentStateRecord,
     MessageRecord,
     RunLog,
@@ -50,6 +52,8 @@ from ._store_queue import QueueMethods
 from .errors import ConflictError, StoreError
 
 __all__ = [
+    "ENDED_STATUSES",
+    "RUN_STATUSES",
     "AgentStateRecord",
     "Claim",
     "MessageRecord",
@@ -84,13 +88,26 @@ class Store(QueueMethods):
     Args:
         url: a SQLAlchemy URL: ``sqlite:///path.db`` (embedded, the default backend),
             ``sqlite://`` (in memory, shared across threads), or ``postgresql://...``
-            (psycopg 3; ``postgresql+psycopg://`` also accepted).
-        synchronous: SQLite ``PRAGMA synchronous`` (``"FULL"`` default, or ``"NORMAL"``).
+            (psycopg 3; ``postgresql+psycopg://`` also accepted). Its query may carry the options
+            below (``sqlite:///runs.db?synchronous=NORMAL``) and driver options (SQLite
+            ``timeout``, ``cached_statements``; PostgreSQL any libpq connection parameter such
+            as ``connect_timeout`` or ``application_name``); see docs/store-urls.md.
+        synchronous: SQLite ``PRAGMA synchronous`` (``"FULL"`` default, or ``"NORMAL"``, ``"OFF"``,
+            ``"EXTRA"``). ``None``: the URL's ``synchronous``, else ``"FULL"``.
         pool_pre_ping: PostgreSQL: test each pooled connection before use (survives server restarts;
             costs one extra round trip per operation, measured at 0.02-0.08 ms on a local server).
+            ``None``: the URL's ``pool_pre_ping``, else true.
+
+    Raises:
+        StoreConfigError: (a ``ValueError`` and a :class:`StoreError`) the URL is malformed or
+            unsupported, its query has an unknown option or a bad value, or an argument and the
+            same option in the URL disagree. A keyword argument for the other backend is ignored.
+        StoreError: the database could not be opened or migrated.
     """
 
-    def __init__(self, url: str, *, synchronous: str = "FULL", pool_pre_ping: bool = True) -> None:
+    def __init__(
+        self, url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None
+    ) -> None:
         self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping)
         dialect = self._e.engine.dialect
         self._driver_error: type[Any] = dialect.loaded_dbapi.Error
@@ -113,6 +130,25 @@ class Store(QueueMethods):
     def url(self) -> str:
         """The database URL with its password hidden."""
         return self._e.url
+
+    @property
+    def config_url(self) -> str:
+        """The URL to write into a configuration: as given, without the password, with the options.
+
+        The package's options are in the query when they differ from their defaults, whether they
+        were given in the URL or as arguments (``Store("sqlite:///a.db", synchronous="NORMAL")``
+        gives ``"sqlite:///a.db?synchronous=NORMAL"``); driver options are kept; the password, and
+        any secret libpq parameter (``password``, ``sslpassword``...), is left out, the user name
+        kept. ``Store(store.config_url)`` opens the same database with the same options, given the
+        password from elsewhere (PostgreSQL: ``PGPASSWORD`` or ``~/.pgpass``): see
+        :attr:`has_password`. A relative SQLite path stays relative.
+        """
+        return self._e.target.config_url
+
+    @property
+    def has_password(self) -> bool:
+        """Whether the URL carried a password (or secret libpq parameter) that :attr:`config_url` omits."""
+        return self._e.target.has_password
 
     @property
     def dialect(self) -> str:

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._lease import iso
-from ..errors import ConflictError, GraphflowDurableError
+from ..errors import ConflictError, GraphflowDurableError, StoreConfigError
 from ..flow import DEFAULT_STORE_ENV, default_store_url
-from ..store import Store
+from ..store import RUN_STATUSES, Store
 from ..worker import TeamFactory, Worker
 
 __all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
@@ -30,13 +30,13 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 """The store could not be opened or used, or a team factory could not be imported."""
 EXIT_USAGE = 2
-"""Usage error (argparse)."""
+"""Usage error (argparse), or a store URL that is malformed or carries an unknown or bad option."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 
 #: ``runs list --status`` value for submissions whose run does not exist yet.
 SUBMITTED = "submitted"
-_STATUSES = ("running", "interrupted", "failed", "finished", SUBMITTED)
+_STATUSES = (*RUN_STATUSES, SUBMITTED)
 
 EPILOG = f"""\
 commands:
@@ -49,11 +49,13 @@ module:factory alone claims every run (one kind of team per database). The facto
 factory(run_id, store=..., lease_owner=..., lease_seconds=...) and returns a DurableGraphFlow.
 
 the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/runs.db
+  options go in the URL's query: sqlite:///runs.db?synchronous=NORMAL,
+  postgresql://app@db/agents?connect_timeout=5&application_name=worker (see docs/store-urls.md)
 
 exit codes:
   0  done (listed; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
-  2  usage error
+  2  usage error (including a bad store URL or an unknown option in it)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission
 """
 
@@ -128,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Fail as exc:
         sys.stderr.write(f"graphflow-durable: {exc}\n")
         return exc.code
+    except StoreConfigError as exc:
+        sys.stderr.write(f"graphflow-durable: {exc}\n")
+        return EXIT_USAGE
     except GraphflowDurableError as exc:
         sys.stderr.write(f"graphflow-durable: {exc}\n")
         return EXIT_ERROR

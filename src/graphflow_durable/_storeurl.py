@@ -1,0 +1,262 @@
+"""Store URLs: the package's options in the query, the driver's options, and the URL to write back.
+
+A store URL is a SQLAlchemy URL. Its query may hold two kinds of options:
+
+- the package's own (SQLite ``synchronous`` and ``timeout``, PostgreSQL ``pool_pre_ping``): read
+  here and removed from the URL before the engine is made;
+- the driver's: SQLite ``cached_statements`` (the one pysqlite option SQLAlchemy reads from the
+  query that does not fight the engine set-up in ``_engine``), PostgreSQL any libpq connection
+  parameter (``connect_timeout``, ``sslmode``, ``application_name``, ``options``, ``host``...), which
+  SQLAlchemy's psycopg dialect passes to ``psycopg.connect`` as they are.
+
+Anything else is refused with :class:`StoreConfigError`, naming the option and the valid ones.
+:func:`parse_store_url` also builds the *config URL*: the URL to write into a component config,
+with the package options that differ from their defaults and without any password.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from .errors import StoreConfigError
+
+__all__ = ["DEFAULT_TIMEOUT", "SECRET_KEYS", "StoreUrl", "parse_store_url", "safe_url"]
+
+SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF", "EXTRA")
+DEFAULT_SYNCHRONOUS = "FULL"
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_POOL_PRE_PING = True
+
+#: libpq parameters holding secrets: hidden in messages, never written into a config URL.
+SECRET_KEYS = frozenset(
+    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+)
+
+_SQLITE_OWN = ("synchronous", "timeout")
+_SQLITE_DRIVER = ("cached_statements",)
+#: pysqlite options SQLAlchemy would read from the query, refused because they break the engine set-up.
+_SQLITE_REFUSED = {
+    "uri": "SQLite URI filenames are not supported; give a plain path (sqlite:///path/to/runs.db)",
+    "isolation_level": "the store runs SQLite's transactions itself (BEGIN, BEGIN IMMEDIATE for writers)",
+    "check_same_thread": "the store sets it to false itself (a store is shared between threads)",
+    "detect_types": "it would change the values the store reads back",
+}
+_PG_OWN = ("pool_pre_ping",)
+_T = TypeVar("_T")
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+@dataclass(frozen=True)
+class StoreUrl:
+    """A parsed store URL.
+
+    Attributes:
+        engine_url: what the engine connects with: the package options removed, PostgreSQL's driver
+            set to ``postgresql+psycopg``.
+        dialect: ``"sqlite"`` or ``"postgresql"``.
+        synchronous: SQLite ``PRAGMA synchronous`` in effect (upper case).
+        timeout: SQLite busy timeout in seconds.
+        pool_pre_ping: PostgreSQL: test pooled connections before use.
+        config_url: the URL as given, without its password, with the package options that differ
+            from their defaults; ``parse_store_url(config_url)`` describes the same store.
+        has_password: the URL carried a password (or another secret libpq parameter) that
+            ``config_url`` leaves out.
+    """
+
+    engine_url: URL
+    dialect: str
+    synchronous: str
+    timeout: float
+    pool_pre_ping: bool
+    config_url: str
+    has_password: bool
+
+
+def safe_url(url: str | URL) -> str:
+    """``url`` as text with its password (and secret query parameters) replaced by ``***``."""
+    try:
+        parsed = sa.make_url(url) if isinstance(url, str) else url
+    except sa.exc.ArgumentError:
+        return "<unparseable database URL>"
+    secrets = [key for key in parsed.query if key in SECRET_KEYS]
+    text = parsed.update_query_dict(dict.fromkeys(secrets, "***")).render_as_string(hide_password=True)
+    for key in secrets:  # rendering quotes the stars
+        text = text.replace(f"{key}=%2A%2A%2A", f"{key}=***")
+    return text
+
+
+def parse_store_url(
+    url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None
+) -> StoreUrl:
+    """Parse ``url``, check its query, and merge the package options with the keyword arguments.
+
+    A keyword argument that is ``None`` takes the URL's value, else the default. A keyword argument
+    for the other backend is checked but has no effect (a SQLite store has no ``pool_pre_ping``).
+
+    Raises:
+        StoreConfigError: the URL is malformed, names an unsupported backend or driver, carries an
+            unknown or refused option or a bad value, or disagrees with a keyword argument.
+    """
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise StoreConfigError(
+            f"cannot parse database URL {safe_url(url)!r}: {exc}; "
+            "use sqlite:///path/to/file.db or postgresql://user@host/dbname"
+        ) from exc
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    given = safe_url(parsed)
+    if synchronous is not None:
+        synchronous = _synchronous(synchronous, "")
+    if backend == "sqlite" and driver in ("pysqlite", ""):
+        _check_keys(parsed.query, _SQLITE_OWN + _SQLITE_DRIVER, "SQLite", given)
+        own = _own_values(parsed.query, _SQLITE_OWN + _SQLITE_DRIVER, given)
+        from_url = _synchronous(own["synchronous"], given) if "synchronous" in own else None
+        if "cached_statements" in own:
+            _number(own["cached_statements"], "cached_statements", given, integer=True)
+        sync = _merge("synchronous", synchronous, from_url, DEFAULT_SYNCHRONOUS, given)
+        timeout = _number(own["timeout"], "timeout", given) if "timeout" in own else DEFAULT_TIMEOUT
+        extras = {"synchronous": sync} if sync != DEFAULT_SYNCHRONOUS else {}
+        if timeout != DEFAULT_TIMEOUT:
+            extras["timeout"] = str(int(timeout)) if timeout.is_integer() else repr(timeout)
+        return _result(parsed, parsed, "sqlite", _SQLITE_OWN, extras, sync, timeout, DEFAULT_POOL_PRE_PING)
+    if backend in ("postgresql", "postgres") and (
+        parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
+    ):
+        libpq = _libpq_keywords()
+        _check_keys(parsed.query, _PG_OWN + libpq if libpq else None, "PostgreSQL", given)
+        own = _own_values(parsed.query, _PG_OWN, given)
+        ping_url = _boolean(own["pool_pre_ping"], "pool_pre_ping", given) if own else None
+        ping = _merge("pool_pre_ping", pool_pre_ping, ping_url, DEFAULT_POOL_PRE_PING, given)
+        extras = {} if ping else {"pool_pre_ping": "false"}
+        engine_url = parsed.set(drivername="postgresql+psycopg")
+        return _result(
+            parsed, engine_url, "postgresql", _PG_OWN, extras, DEFAULT_SYNCHRONOUS, DEFAULT_TIMEOUT, ping
+        )
+    raise StoreConfigError(
+        f"unsupported database URL {given!r} (backend {backend!r}, driver {driver!r}); "
+        "graphflow-durable supports sqlite:///path (the standard sqlite3 module) and "
+        "postgresql:// or postgresql+psycopg:// (psycopg 3)"
+    )
+
+
+def _result(
+    parsed: URL,
+    engine_url: URL,
+    dialect: str,
+    own: tuple[str, ...],
+    extras: dict[str, str],
+    synchronous: str,
+    timeout: float,
+    pool_pre_ping: bool,
+) -> StoreUrl:
+    secrets = [key for key in parsed.query if key in SECRET_KEYS]
+    config = (
+        parsed._replace(password=None).difference_update_query([*own, *secrets]).update_query_dict(extras)
+    )
+    return StoreUrl(
+        engine_url=engine_url.difference_update_query(own),
+        dialect=dialect,
+        synchronous=synchronous,
+        timeout=timeout,
+        pool_pre_ping=pool_pre_ping,
+        config_url=config.render_as_string(hide_password=False),
+        has_password=bool(parsed.password) or bool(secrets),
+    )
+
+
+@functools.cache
+def _libpq_keywords() -> tuple[str, ...]:
+    """The connection parameters the installed libpq knows (empty when psycopg is not installed)."""
+    try:
+        from psycopg import pq
+    except ImportError:
+        return ()  # the engine will say that psycopg is missing
+    return tuple(sorted(option.keyword.decode() for option in pq.Conninfo.get_defaults()))
+
+
+def _check_keys(query: Mapping[str, object], valid: tuple[str, ...] | None, backend: str, given: str) -> None:
+    for key in query:
+        if valid is None or key in valid:
+            continue
+        if backend == "SQLite":
+            listing = f"valid options for SQLite: {', '.join(sorted(valid))}"
+        else:
+            libpq = ", ".join(name for name in valid if name not in _PG_OWN)
+            listing = f"valid options for PostgreSQL: {', '.join(_PG_OWN)} and the libpq parameters {libpq}"
+        if backend == "SQLite" and key in _SQLITE_REFUSED:
+            raise StoreConfigError(
+                f"option {key!r} in the store URL {given} is not supported: {_SQLITE_REFUSED[key]}; {listing}"
+            )
+        other = {"SQLite": ("PostgreSQL", _PG_OWN), "PostgreSQL": ("SQLite", _SQLITE_OWN)}[backend]
+        hint = f" ({key!r} is a {other[0]} option)" if key in other[1] else ""
+        raise StoreConfigError(f"unknown option {key!r} in the store URL {given}{hint}; {listing}")
+
+
+def _own_values(
+    query: Mapping[str, str | tuple[str, ...]], names: tuple[str, ...], given: str
+) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for name in names:
+        value = query.get(name)
+        if isinstance(value, tuple):
+            raise StoreConfigError(
+                f"option {name!r} is given {len(value)} times in the store URL {given}; give it once"
+            )
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _where(given: str) -> str:
+    return f" (in the store URL {given})" if given else ""
+
+
+def _synchronous(value: str, given: str) -> str:
+    mode = value.upper()
+    if mode not in SYNCHRONOUS_MODES:
+        raise StoreConfigError(
+            f"synchronous={value!r} is not a SQLite synchronous mode{_where(given)}; "
+            f"use one of {', '.join(SYNCHRONOUS_MODES)} (any case)"
+        )
+    return mode
+
+
+def _boolean(value: str, name: str, given: str) -> bool:
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise StoreConfigError(
+        f"{name}={value!r} is not true or false{_where(given)}; use {name}=true or {name}=false"
+    )
+
+
+def _number(value: str, name: str, given: str, *, integer: bool = False) -> float:
+    kind = "a whole number" if integer else "a number of seconds"
+    try:
+        number = float(int(value) if integer else float(value))
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise StoreConfigError(f"{name}={value!r} is not {kind} >= 0{_where(given)}")
+    return number
+
+
+def _merge(name: str, argument: _T | None, from_url: _T | None, default: _T, given: str) -> _T:
+    if argument is not None and from_url is not None and argument != from_url:
+        raise StoreConfigError(
+            f"{name} is given twice with different values: {name}={argument!r} as an argument and "
+            f"{name}={from_url!r} in the store URL {given}; give it in one place"
+        )
+    if argument is not None:
+        return argument
+    return default if from_url is None else from_url

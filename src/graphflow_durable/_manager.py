@@ -166,11 +166,24 @@ class DurableGraphFlowManager(GraphFlowManager):
             return
 
         resumed = bool(cursor.sched.in_flight)
+        if kind == "resume" and not resumed and self._thread_len():
+            logger.info(
+                "run %s: resuming after step %d; nothing in flight, next: %s",
+                self._journal.run_id,
+                self._journal.head,
+                ", ".join(cursor.sched.ready) or "nothing (the graph is complete)",
+            )
         if resumed:
             # Resumed inside a batch: the nodes that had not answered run again, before anything
             # that became ready meanwhile.
             speakers = cursor.sched.in_flight
             cursor = cursor.redispatched(speakers)
+            logger.info(
+                "run %s: resuming after step %d; re-running %s",
+                self._journal.run_id,
+                self._journal.head,
+                ", ".join(f"{n} (attempt {cursor.attempts[n]})" for n in dict.fromkeys(speakers)),
+            )
         elif cursor.sched.ready:
             sched, speakers = select(self._spec, cursor.sched)
             cursor = cursor.dispatched(sched, speakers, self._thread_len(), self._journal.head + 1)

@@ -50,14 +50,16 @@ class TeamFactory(Protocol):
     ) -> DurableGraphFlow: ...
 
 
-Outcome = Literal["finished", "interrupted", "failed", "lost", "halted"]
+Outcome = Literal["finished", "stopped", "interrupted", "failed", "lost", "halted"]
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     """How one claim ended in this worker.
 
-    ``outcome`` is ``"finished"``; ``"interrupted"`` (the team stopped before the end, e.g. it was
+    ``outcome`` is ``"finished"`` (the graph completed); ``"stopped"`` (the termination condition
+    or ``max_turns`` ended the round: the run is done for the pool, and ``run()`` with no task
+    continues it); ``"interrupted"`` (the team stopped before the end, e.g. it was
     halted); ``"failed"`` (the team raised; the run is retried after a back-off); ``"lost"`` (another
     worker took the run over or got it first: this worker wrote nothing more); ``"halted"`` (this
     worker was stopped and cancelled the run, which is left interrupted for another worker).
@@ -279,6 +281,9 @@ class Worker:
         status = None if final is None else final.status
         if status == "finished":
             done("finished")
+        elif status == "stopped":
+            result = final.result if final is not None and isinstance(final.result, dict) else {}
+            done("stopped", result.get("stop_reason"))
         elif final is not None and final.lease_owner not in (None, self.owner):
             done("lost", f"run {run_id} is now driven by {final.lease_owner}")
         else:

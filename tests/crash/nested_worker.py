@@ -1,9 +1,11 @@
 """A worker whose middle node runs a nested DurableGraphFlow, for the nested-resume crash test.
 
-Usage: ``python tests/crash/nested_worker.py STORE_URL [kill]``. Outer graph: ``A -> T -> Z``;
-``T`` runs an inner durable team ``I1 -> I2 -> I3`` whose run id is T's idempotency key, so a
-re-run of T after a crash resumes the inner run instead of starting it again. With ``kill`` the
-process SIGKILLs itself during I2's turn. Agent turns are logged to ``$GFD_EXEC_LOG``.
+Usage: ``python tests/crash/nested_worker.py STORE_URL [kill] [inherit]``. Outer graph:
+``A -> T -> Z``; ``T`` runs an inner durable team ``I1 -> I2 -> I3`` whose run id is T's
+idempotency key, so a re-run of T after a crash resumes the inner run instead of starting it
+again. By default the inner team is given its store and run id explicitly (the documented
+pattern); with ``inherit`` it is given neither and takes both from the outer turn. With ``kill``
+the process SIGKILLs itself during I2's turn. Agent turns are logged to ``$GFD_EXEC_LOG``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents import Scripted, chain  # tests/agents.py
 
 KILL = False
+INHERIT = False
 
 
 async def record(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
@@ -57,9 +60,12 @@ class TeamAgent(BaseChatAgent):
         ctx = current_execution()
         assert ctx is not None, "a durable node runs inside an execution context"
         inner_agents = [Scripted(n, before=record) for n in ("I1", "I2", "I3")]
-        inner = DurableGraphFlow(
-            inner_agents, chain(*inner_agents), store=self._url, run_id=f"inner:{ctx.idempotency_key}"
-        )
+        if INHERIT:
+            inner = DurableGraphFlow(inner_agents, chain(*inner_agents), name="inner")
+        else:
+            inner = DurableGraphFlow(
+                inner_agents, chain(*inner_agents), store=self._url, run_id=f"inner:{ctx.idempotency_key}"
+            )
         result = await inner.run(task=list(messages))
         last = result.messages[-1]
         return Response(chat_message=TextMessage(content=f"T got: {last.to_text()}", source=self.name))
@@ -69,9 +75,9 @@ class TeamAgent(BaseChatAgent):
 
 
 async def main(argv: list[str]) -> int:
-    global KILL
+    global KILL, INHERIT
     url = argv[0]
-    KILL = len(argv) > 1 and argv[1] == "kill"
+    KILL, INHERIT = "kill" in argv[1:], "inherit" in argv[1:]
     a, z = Scripted("A", before=record), Scripted("Z", before=record)
     t = TeamAgent("T", url)
     team = DurableGraphFlow([a, t, z], chain(a, t, z), store=url, run_id="outer")  # type: ignore[list-item]

@@ -169,11 +169,12 @@ class Cursor:
         *,
         status: str | None = None,
         graph_fingerprint: str | None = None,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
         """The ``graphflow_durable`` section of a saved state (see docs/state-format.md).
 
         ``status`` defaults to what the cursor says (:attr:`status`); ``graph_fingerprint`` is
-        written when given. ``keys`` holds every in-flight node's idempotency key, so a turn moved to
+        written when given, and so is ``stop_reason`` (the stop of an ended round). ``keys`` holds every in-flight node's idempotency key, so a turn moved to
         another run keeps its key.
         """
         if status is None:
@@ -197,6 +198,8 @@ class Cursor:
         }
         if graph_fingerprint is not None:
             out["graph_fingerprint"] = graph_fingerprint
+        if stop_reason is not None and self.finished:
+            out["stop_reason"] = stop_reason
         return out
 
     @classmethod

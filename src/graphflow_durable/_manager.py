@@ -370,7 +370,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             "enqueued_any": full["enqueued_any"],
             "ready": [*sched.in_flight, *sched.ready],
             "graphflow_durable": self._cursor.extension(
-                self._journal.run_id, graph_fingerprint=self._journal.fingerprint
+                self._journal.run_id,
+                graph_fingerprint=self._journal.fingerprint,
+                stop_reason=self._journal.stop_reason,
             ),
         }
 

@@ -55,6 +55,7 @@ class Plan:
         manager_name: str,
         agent_states: Mapping[str, Mapping[str, Any]],
         graph_fingerprint: str | None = None,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
         """The state as ``save_state()`` returns it (JSON; see docs/state-format.md)."""
         states: dict[str, Any] = {}
@@ -74,7 +75,9 @@ class Plan:
             "remaining": full["remaining"],
             "enqueued_any": full["enqueued_any"],
             "ready": [*sched.in_flight, *sched.ready],
-            "graphflow_durable": self.cursor.extension(run_id, graph_fingerprint=graph_fingerprint),
+            "graphflow_durable": self.cursor.extension(
+                run_id, graph_fingerprint=graph_fingerprint, stop_reason=stop_reason
+            ),
         }
         return {"type": "TeamState", "version": "1.0.0", "agent_states": states}
 

@@ -296,7 +296,10 @@ class RunSession(GraphFlow):
             p.name: log.agent_states[p.name] if p.name in log.agent_states else await p.save_state()
             for p in self._participants
         }
-        return at.team_state(self._run_id, self._group_chat_manager_name, states, self._fingerprint)
+        result = log.run.result if isinstance(log.run.result, Mapping) else {}
+        return at.team_state(
+            self._run_id, self._group_chat_manager_name, states, self._fingerprint, result.get("stop_reason")
+        )
 
     async def _import_state(self, state: Mapping[str, Any], *, origin: int) -> None:
         """Seed the run with a loaded state: its thread (from message ``origin`` on), agent states
@@ -315,10 +318,11 @@ class RunSession(GraphFlow):
         ]
         cursor = replace(Cursor.from_extension(ext), origin=origin)
         status: RunStatus = "interrupted" if cursor.status == "running" else cursor.status
+        reason = ext.get("stop_reason") if cursor.finished else None
         self._states.clear()  # the loaded agent states are written whole
         self._write(
             Step("import", None, cursor.to_json(self._spec), {"dispatches": ext.get("dispatches", {})}),
             records,
             states,
-            RunUpdate(status=status),
+            RunUpdate(status=status, result={"stop_reason": reason}),
         )

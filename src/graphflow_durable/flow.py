@@ -29,6 +29,7 @@ from ._journal import Journal, outer_run_store, task_key
 from ._manager import DurableChatAgentContainer, DurableGraphFlowManager
 from ._session import RunSession
 from ._snapshots import StateLog
+from ._storeurl import parse_store_url
 from .context import current_execution
 from .errors import NotSerializableError, StateFormatError
 from .scheduler import GraphSpec
@@ -53,10 +54,17 @@ def default_store_url() -> str:
 
 
 class DurableGraphFlowConfig(GraphFlowConfig):
-    """The declarative configuration of :class:`DurableGraphFlow`: GraphFlow's plus the store and run."""
+    """The declarative configuration of :class:`DurableGraphFlow`: GraphFlow's plus its own settings.
+
+    ``store`` is the store URL with its options and without its password (supply that from
+    ``PGPASSWORD`` or ``~/.pgpass``); ``None`` is the default store. ``run_id`` is written only when
+    it was chosen, so a reloaded team with a generated id is an independent team, as GraphFlow's.
+    """
 
     store: str | None = None
     run_id: str | None = None
+    allow_graph_change: bool = False
+    lease_seconds: float = 30.0
 
 
 class DurableGraphFlow(RunSession):
@@ -440,8 +448,25 @@ class DurableGraphFlow(RunSession):
                         "dump_component()/load_component()"
                     )
         base = super()._to_config()
-        url = self._store_arg if isinstance(self._store_arg, str) else None
-        return DurableGraphFlowConfig(**base.model_dump(), store=url, run_id=self._run_id)
+        url: str | None = None
+        if self._store_arg is not None:
+            store = (
+                self._store_arg if isinstance(self._store_arg, Store) else parse_store_url(self._store_arg)
+            )
+            url = store.config_url
+            if store.has_password:
+                logger.warning(
+                    "team %s: the store URL's password is not written into the component config; "
+                    "the loaded team's driver reads it from PGPASSWORD or ~/.pgpass",
+                    self.name,
+                )
+        return DurableGraphFlowConfig(
+            **base.model_dump(),
+            store=url,
+            run_id=self._run_id if self._run_id_given else None,
+            allow_graph_change=self._allow_graph_change,
+            lease_seconds=self._lease_seconds,
+        )
 
     @classmethod
     def _from_config(cls, config: GraphFlowConfig) -> DurableGraphFlow:
@@ -451,8 +476,9 @@ class DurableGraphFlow(RunSession):
             if config.termination_condition
             else None
         )
-        store = getattr(config, "store", None)
-        run_id = getattr(config, "run_id", None)
+        durable = (
+            config if isinstance(config, DurableGraphFlowConfig) else DurableGraphFlowConfig(**dict(config))
+        )
         return cls(
             participants,
             config.graph,
@@ -460,8 +486,10 @@ class DurableGraphFlow(RunSession):
             description=config.description,
             termination_condition=termination,
             max_turns=config.max_turns,
-            store=store,
-            run_id=run_id,
+            store=durable.store,
+            run_id=durable.run_id,
+            allow_graph_change=durable.allow_graph_change,
+            lease_seconds=durable.lease_seconds,
         )
 
 

@@ -7,8 +7,9 @@ the last commit left off.
 
 from __future__ import annotations
 
-from .context import ExecutionContext, current_execution
-from .errors import (
+from graphflow_durable._version import __version__
+from graphflow_durable.context import ExecutionContext, current_execution
+from graphflow_durable.errors import (
     ConflictError,
     GraphflowDurableError,
     GraphMismatchError,
@@ -23,12 +24,10 @@ from .errors import (
     StoreError,
     UnrepairableStateError,
 )
-from .flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
-from .integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
-from .store import RunRecord, Store
-from .worker import Worker
-
-__version__ = "0.1.0"
+from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
+from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
+from graphflow_durable.store import RunRecord, Store
+from graphflow_durable.worker import Worker
 
 __all__ = [
     "ConflictError",

@@ -24,16 +24,16 @@ from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
 from autogen_core import AgentRuntime, CancellationToken
 
-from . import _graphid
-from ._journal import Journal, outer_run_store, task_key
-from ._manager import DurableChatAgentContainer, DurableGraphFlowManager
-from ._session import RunSession
-from ._snapshots import StateLog
-from ._storeurl import parse_store_url
-from .context import current_execution
-from .errors import NotSerializableError, StateFormatError
-from .scheduler import GraphSpec
-from .store import ENDED_STATUSES, RunRecord, Store
+from graphflow_durable._agentstate.writer import StateLog as StateLog
+from graphflow_durable._model import graphid as _graphid
+from graphflow_durable._runtime.link import Journal, outer_run_store, task_key
+from graphflow_durable._runtime.manager import DurableChatAgentContainer, DurableGraphFlowManager
+from graphflow_durable._runtime.session import RunSession as RunSession
+from graphflow_durable._storage.urls import parse_store_url as parse_store_url
+from graphflow_durable.context import current_execution
+from graphflow_durable.errors import NotSerializableError, StateFormatError
+from graphflow_durable.scheduler import GraphSpec
+from graphflow_durable.store import ENDED_STATUSES, RunRecord, Store
 
 __all__ = ["DEFAULT_STORE_ENV", "DurableGraphFlow", "DurableGraphFlowConfig", "default_store_url"]
 
@@ -375,7 +375,7 @@ class DurableGraphFlow(RunSession):
                 "as GraphFlow.save_state() writes"
             )
         if "graphflow_durable" not in manager:
-            from .integrity import repair_state
+            from graphflow_durable.integrity import repair_state
 
             repaired = repair_state(copied, graph=self._graph, graph_fingerprint=self._fingerprint)
             codes = sorted({f.code for f in repaired.report.findings if f.severity != "info"})

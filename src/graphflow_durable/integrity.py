@@ -22,12 +22,12 @@ from typing import Any
 
 from autogen_agentchat.teams import DiGraph
 
-from ._integrity_checks import check_against_thread, check_graph, check_participants
-from ._integrity_codes import CODES, NEEDS_GRAPH, Finding, Severity
-from ._integrity_derive import Derived, derive, extension
-from ._integrity_read import MANAGER, Parsed, parse, sources
-from .errors import ReplayError, UnrepairableStateError
-from .scheduler import GraphSpec
+from graphflow_durable._integrity.checks import check_against_thread, check_graph, check_participants
+from graphflow_durable._integrity.codes import CODES, NEEDS_GRAPH, Finding, Severity
+from graphflow_durable._integrity.derive import Derived, derive, extension
+from graphflow_durable._integrity.read import MANAGER, Parsed, parse, sources
+from graphflow_durable.errors import ReplayError, UnrepairableStateError
+from graphflow_durable.scheduler import GraphSpec
 
 __all__ = [
     "CODES",

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from autogen_agentchat.teams import DiGraph, DiGraphEdge
 
-from .errors import ReplayError, StateFormatError
+from graphflow_durable.errors import ReplayError, StateFormatError
 
 __all__ = [
     "GraphSpec",

@@ -25,14 +25,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import _statements as S
-from ._codec import dumps, loads
-from ._commit import CommitParams, encode_commit, encode_run, fold_states, not_found, refusal
-from ._engine import open_engines
-from ._lease import lease_lost, locked, takeover_reason
-from ._migrations import current_version, migrate
-from ._queue import Claim, Submission
-from ._records import (
+from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._model.records import (
     ENDED_STATUSES,
     RUN_STATUSES,
     AgentStateRecord,
@@ -46,10 +40,23 @@ from ._records import (
     StoredMessage,
     run_record,
 )
-from ._schema import runs
-from ._statements import HotPath, LeaseTuple, Prepared
-from ._store_queue import QueueMethods
-from .errors import ConflictError, StoreError
+from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.commit import (
+    CommitParams,
+    encode_commit,
+    encode_run,
+    fold_states,
+    not_found,
+    refusal,
+)
+from graphflow_durable._storage.engine import open_engines as open_engines
+from graphflow_durable._storage.lease import lease_lost, locked, takeover_reason
+from graphflow_durable._storage.migrations import current_version, migrate
+from graphflow_durable._storage.queue import Claim, Submission
+from graphflow_durable._storage.schema import runs as runs
+from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
+from graphflow_durable._storage.workqueue import QueueMethods as QueueMethods
+from graphflow_durable.errors import ConflictError, StoreError
 
 __all__ = [
     "ENDED_STATUSES",

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from .errors import ConflictError, LeaseLostError, RunLockedError
-from .flow import DurableGraphFlow
-from .store import Claim, Store
+from graphflow_durable.errors import ConflictError, LeaseLostError, RunLockedError
+from graphflow_durable.flow import DurableGraphFlow
+from graphflow_durable.store import Claim, Store
 
 __all__ = ["RunOutcome", "TeamFactory", "Worker"]
 

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphflow_durable import _jsondelta
+from graphflow_durable._agentstate import jsondelta as _jsondelta
 
 scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
 values = st.recursive(

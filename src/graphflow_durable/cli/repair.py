@@ -22,8 +22,8 @@ from typing import Any, TextIO
 from autogen_agentchat.teams import DiGraph
 from pydantic import ValidationError
 
-from ..errors import GraphMismatchError, StateFormatError, UnrepairableStateError
-from ..integrity import RepairResult, ValidationReport, repair_state, validate_state
+from graphflow_durable.errors import GraphMismatchError, StateFormatError, UnrepairableStateError
+from graphflow_durable.integrity import RepairResult, ValidationReport, repair_state, validate_state
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_UNREPAIRABLE", "EXIT_USAGE", "entry", "main"]
 

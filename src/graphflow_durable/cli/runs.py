@@ -17,11 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._lease import iso
-from ..errors import ConflictError, GraphflowDurableError, StoreConfigError
-from ..flow import DEFAULT_STORE_ENV, default_store_url
-from ..store import RUN_STATUSES, Store
-from ..worker import TeamFactory, Worker
+from graphflow_durable._storage.lease import iso as iso
+from graphflow_durable.errors import ConflictError, GraphflowDurableError, StoreConfigError
+from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
+from graphflow_durable.store import RUN_STATUSES, Store
+from graphflow_durable.worker import TeamFactory, Worker
 
 __all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
 

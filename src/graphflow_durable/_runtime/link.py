@@ -16,9 +16,9 @@ from typing import Any
 from autogen_agentchat.base import ChatAgent, Team
 from autogen_agentchat.messages import BaseChatMessage
 
-from . import context as _context
-from .scheduler import GraphSpec
-from .store import AgentStateRecord, MessageRecord, RunUpdate, Step, Store
+from graphflow_durable import context as _context
+from graphflow_durable.scheduler import GraphSpec
+from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, Store
 
 __all__ = ["Journal", "outer_run_store", "task_key"]
 

@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import SchemaVersionError
+from graphflow_durable._version import __version__
+from graphflow_durable.errors import SchemaVersionError
 
 __all__ = ["HEAD", "MIGRATIONS", "Migration", "current_version", "migrate"]
 
@@ -222,8 +223,6 @@ def _lock(conn: Connection) -> None:
 
 def _refuse_newer(version: int, head: int, url: str) -> None:
     if version > head:
-        from . import __version__
-
         raise SchemaVersionError(
             f"database {url} has schema version {version}, but graphflow-durable {__version__} knows "
             f"schema versions up to {head}; upgrade graphflow-durable (pip install -U graphflow-durable) "

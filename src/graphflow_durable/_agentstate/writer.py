@@ -24,9 +24,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ._codec import dumps, state_text
-from ._textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
-from .store import AgentStateRecord, MessageRecord
+from graphflow_durable._agentstate.textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
+from graphflow_durable._model.codec import dumps, state_text
+from graphflow_durable.store import AgentStateRecord, MessageRecord
 
 __all__ = ["MAX_DELTAS", "StateLog"]
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from .errors import StateFormatError
-from .scheduler import GraphSpec, SchedulerState
+from graphflow_durable.errors import StateFormatError
+from graphflow_durable.scheduler import GraphSpec, SchedulerState
 
 __all__ = ["FORMAT", "Cursor", "without_one"]
 

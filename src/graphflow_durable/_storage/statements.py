@@ -21,7 +21,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
-from ._schema import agent_states, messages, runs, steps
+from graphflow_durable._storage.schema import agent_states, messages, runs, steps
 
 __all__ = [
     "HotPath",

@@ -7,7 +7,7 @@ from typing import Any
 
 from autogen_agentchat.teams import DiGraph
 
-from . import _codec
+from graphflow_durable._model import codec as _codec
 
 __all__ = ["describe_graph", "describe_difference", "fingerprint"]
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from autogen_agentchat.teams import DiGraph
 
-from ._integrity_codes import pointer
-from ._integrity_derive import Derived
-from ._integrity_read import MANAGER, Parsed, sources
-from .errors import GraphMismatchError, UnrepairableStateError
-from .scheduler import GraphSpec, SchedulerState
+from graphflow_durable._integrity.codes import pointer as pointer
+from graphflow_durable._integrity.derive import Derived as Derived
+from graphflow_durable._integrity.read import MANAGER, Parsed, sources
+from graphflow_durable.errors import GraphMismatchError, UnrepairableStateError
+from graphflow_durable.scheduler import GraphSpec, SchedulerState
 
 __all__ = ["check_graph", "check_participants", "check_against_thread"]
 

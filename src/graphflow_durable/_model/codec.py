@@ -15,7 +15,7 @@ from typing import Any
 import pydantic_core
 from pydantic import ConfigDict, JsonValue, TypeAdapter, ValidationError
 
-from .errors import NotSerializableError
+from graphflow_durable.errors import NotSerializableError
 
 __all__ = ["digest", "dumps", "loads", "state_text"]
 

@@ -21,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from ._storeurl import StoreUrl, parse_store_url, safe_url
+from graphflow_durable._storage.urls import StoreUrl, parse_store_url, safe_url
 
 __all__ = ["Engines", "open_engines", "safe_url"]
 

@@ -31,12 +31,12 @@ from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import (
 )
 from autogen_core import CancellationToken, DefaultTopicId, MessageContext, event, rpc
 
-from . import context as _context
-from ._cursor import Cursor, without_one
-from ._journal import Journal, task_key
-from .errors import StateFormatError
-from .scheduler import SchedulerState, complete, finish, initial, select
-from .store import AgentStateRecord, MessageRecord, RunUpdate, Step
+from graphflow_durable import context as _context
+from graphflow_durable._model.cursor import Cursor, without_one
+from graphflow_durable._runtime.link import Journal, task_key
+from graphflow_durable.errors import StateFormatError
+from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select
+from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step
 
 __all__ = ["DurableChatAgentContainer", "DurableGraphFlowManager"]
 

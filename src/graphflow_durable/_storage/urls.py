@@ -25,7 +25,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from .errors import StoreConfigError
+from graphflow_durable.errors import StoreConfigError
 
 __all__ = ["DEFAULT_TIMEOUT", "SECRET_KEYS", "StoreUrl", "parse_store_url", "safe_url"]
 

@@ -18,15 +18,22 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from . import _statements as S
-from ._codec import dumps, loads
-from ._lease import pid_alive, takeover_reason
-from ._queue import Claim, Submission, claimable_runs, claimable_submissions, local_lease_pids, submission
-from ._schema import queue, runs
-from .errors import ConflictError, StoreError
+from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.lease import pid_alive, takeover_reason
+from graphflow_durable._storage.queue import (
+    Claim,
+    Submission,
+    claimable_runs,
+    claimable_submissions,
+    local_lease_pids,
+    submission,
+)
+from graphflow_durable._storage.schema import queue, runs
+from graphflow_durable.errors import ConflictError, StoreError
 
 if TYPE_CHECKING:
-    from ._engine import Engines
+    from graphflow_durable._storage.engine import Engines as Engines
 
 __all__ = ["QueueMethods"]
 

@@ -25,9 +25,9 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import RowMapping
 
-from ._codec import loads
-from ._records import ENDED_STATUSES
-from ._schema import queue, runs
+from graphflow_durable._model.codec import loads as loads
+from graphflow_durable._model.records import ENDED_STATUSES as ENDED_STATUSES
+from graphflow_durable._storage.schema import queue, runs
 
 __all__ = [
     "Claim",

@@ -12,7 +12,7 @@ import socket
 import sys
 from typing import Any, Protocol
 
-from .errors import LeaseLostError, RunLockedError
+from graphflow_durable.errors import LeaseLostError, RunLockedError
 
 __all__ = ["LeaseRow", "iso", "lease_lost", "locked", "pid_alive", "takeover_reason"]
 

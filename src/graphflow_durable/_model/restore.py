@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._buffers import LogEntry, buffer_indexes
-from ._cursor import Cursor
-from .scheduler import GraphSpec, initial
-from .store import RunLog
+from graphflow_durable._model.buffers import LogEntry, buffer_indexes
+from graphflow_durable._model.cursor import Cursor as Cursor
+from graphflow_durable.scheduler import GraphSpec, initial
+from graphflow_durable.store import RunLog
 
 __all__ = ["Plan", "cursor_from_log", "plan"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
 
-from ._integrity_codes import Finding, finding, pointer
-from .errors import GraphflowDurableError, StateFormatError
-from .scheduler import SchedulerState
+from graphflow_durable._integrity.codes import Finding, finding, pointer
+from graphflow_durable.errors import GraphflowDurableError, StateFormatError
+from graphflow_durable.scheduler import SchedulerState
 
 __all__ = ["MANAGER", "Parsed", "parse"]
 

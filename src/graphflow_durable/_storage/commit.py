@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _jsondelta as jsondelta
-from . import _textdelta as textdelta
-from ._codec import dumps, loads
-from ._lease import lease_lost
-from ._records import RUN_STATUSES, AgentStateRecord, MessageRecord, RunUpdate, Step
-from ._textdelta import Rope
-from .errors import ConflictError, RunNotFoundError, StoreError
+from graphflow_durable._agentstate import jsondelta as jsondelta
+from graphflow_durable._agentstate import textdelta as textdelta
+from graphflow_durable._agentstate.textdelta import Rope as Rope
+from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._model.records import RUN_STATUSES, AgentStateRecord, MessageRecord, RunUpdate, Step
+from graphflow_durable._storage.lease import lease_lost as lease_lost
+from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError
 
 __all__ = [
     "VALID_STATUS",

@@ -1,0 +1,3 @@
+"""The package version: a module of its own, so every layer can read it without importing the package root."""
+
+__version__ = "0.1.0"

@@ -24,12 +24,12 @@ from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
 from autogen_core import AgentRuntime, CancellationToken
 
-from graphflow_durable._agentstate.writer import StateLog as StateLog
+from graphflow_durable._agentstate.writer import StateLog
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._runtime.link import Journal, outer_run_store, task_key
 from graphflow_durable._runtime.manager import DurableChatAgentContainer, DurableGraphFlowManager
-from graphflow_durable._runtime.session import RunSession as RunSession
-from graphflow_durable._storage.urls import parse_store_url as parse_store_url
+from graphflow_durable._runtime.session import RunSession
+from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import NotSerializableError, StateFormatError
 from graphflow_durable.scheduler import GraphSpec

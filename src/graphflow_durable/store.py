@@ -49,13 +49,13 @@ from graphflow_durable._storage.commit import (
     not_found,
     refusal,
 )
-from graphflow_durable._storage.engine import open_engines as open_engines
+from graphflow_durable._storage.engine import open_engines
 from graphflow_durable._storage.lease import lease_lost, locked, takeover_reason
 from graphflow_durable._storage.migrations import current_version, migrate
 from graphflow_durable._storage.queue import Claim, Submission
-from graphflow_durable._storage.schema import runs as runs
+from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
-from graphflow_durable._storage.workqueue import QueueMethods as QueueMethods
+from graphflow_durable._storage.workqueue import QueueMethods
 from graphflow_durable.errors import ConflictError, StoreError
 
 __all__ = [

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from graphflow_durable._storage import migrations as _migrations
 from graphflow_durable._storage import schema as _schema
-from graphflow_durable._storage.engine import open_engines as open_engines
+from graphflow_durable._storage.engine import open_engines
 from graphflow_durable.errors import SchemaVersionError, StoreError
 from graphflow_durable.store import Store
 

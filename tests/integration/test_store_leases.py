@@ -136,7 +136,7 @@ def test_a_dead_but_unreaped_process_on_this_host_counts_as_dead() -> None:
     import sys
     import time
 
-    from graphflow_durable._storage.lease import pid_alive as pid_alive
+    from graphflow_durable._storage.lease import pid_alive
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:

@@ -170,7 +170,7 @@ def test_config_url_opens_the_same_sqlite_database_with_the_same_options(sqlite_
 
 
 def test_config_url_drops_the_password_and_secret_parameters_and_keeps_the_rest() -> None:
-    from graphflow_durable._storage.urls import parse_store_url as parse_store_url
+    from graphflow_durable._storage.urls import parse_store_url
 
     parsed = parse_store_url(
         "postgresql://app:pw@db:5433/agents?sslmode=require&sslpassword=kp&pool_pre_ping=false"

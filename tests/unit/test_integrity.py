@@ -292,7 +292,7 @@ def test_a_durable_scheduler_that_lost_its_in_flight_node_is_found() -> None:
 
 
 def test_finding_pointers_escape_slashes_and_tildes() -> None:
-    from graphflow_durable._integrity.codes import pointer as pointer
+    from graphflow_durable._integrity.codes import pointer
 
     assert pointer("agent_states", "a/b~c", "message_buffer") == "/agent_states/a~1b~0c/message_buffer"
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from autogen_agentchat.teams import DiGraph
 
-from graphflow_durable._integrity.codes import pointer as pointer
-from graphflow_durable._integrity.derive import Derived as Derived
+from graphflow_durable._integrity.codes import pointer
+from graphflow_durable._integrity.derive import Derived
 from graphflow_durable._integrity.read import MANAGER, Parsed, sources
 from graphflow_durable.errors import GraphMismatchError, UnrepairableStateError
 from graphflow_durable.scheduler import GraphSpec, SchedulerState

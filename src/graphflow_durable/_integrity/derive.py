@@ -15,9 +15,9 @@ from typing import Any
 
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 
-from graphflow_durable._integrity.read import Parsed as Parsed
+from graphflow_durable._integrity.read import Parsed
 from graphflow_durable._model.buffers import Buffers, LogEntry, participant_buffers
-from graphflow_durable._model.cursor import Cursor as Cursor
+from graphflow_durable._model.cursor import Cursor
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, replay, select
 
 __all__ = ["Derived", "derive"]

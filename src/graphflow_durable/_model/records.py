@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 
 from sqlalchemy.engine import RowMapping
 
-from graphflow_durable._model.codec import loads as loads
+from graphflow_durable._model.codec import loads
 
 __all__ = [
     "AgentStateRecord",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphflow_durable._model.buffers import LogEntry, buffer_indexes
-from graphflow_durable._model.cursor import Cursor as Cursor
+from graphflow_durable._model.cursor import Cursor
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import RunLog
 

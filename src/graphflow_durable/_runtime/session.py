@@ -25,11 +25,11 @@ from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import GraphFlow
 from autogen_core import AgentId, SingleThreadedAgentRuntime
 
-from graphflow_durable._agentstate.writer import StateLog as StateLog
+from graphflow_durable._agentstate.writer import StateLog
 from graphflow_durable._model import graphid as _graphid
-from graphflow_durable._model.cursor import Cursor as Cursor
+from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
-from graphflow_durable._runtime.link import Journal as Journal
+from graphflow_durable._runtime.link import Journal
 from graphflow_durable._runtime.manager import DurableChatAgentContainer, DurableGraphFlowManager
 from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StateFormatError
 from graphflow_durable.scheduler import GraphSpec, initial

@@ -12,12 +12,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphflow_durable._agentstate import jsondelta as jsondelta
-from graphflow_durable._agentstate import textdelta as textdelta
-from graphflow_durable._agentstate.textdelta import Rope as Rope
+from graphflow_durable._agentstate import jsondelta, textdelta
+from graphflow_durable._agentstate.textdelta import Rope
 from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._model.records import RUN_STATUSES, AgentStateRecord, MessageRecord, RunUpdate, Step
-from graphflow_durable._storage.lease import lease_lost as lease_lost
+from graphflow_durable._storage.lease import lease_lost
 from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError
 
 __all__ = [

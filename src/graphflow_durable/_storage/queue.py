@@ -25,8 +25,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import RowMapping
 
-from graphflow_durable._model.codec import loads as loads
-from graphflow_durable._model.records import ENDED_STATUSES as ENDED_STATUSES
+from graphflow_durable._model.codec import loads
+from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage.schema import queue, runs
 
 __all__ = [

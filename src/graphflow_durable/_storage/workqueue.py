@@ -33,7 +33,7 @@ from graphflow_durable._storage.schema import queue, runs
 from graphflow_durable.errors import ConflictError, StoreError
 
 if TYPE_CHECKING:
-    from graphflow_durable._storage.engine import Engines as Engines
+    from graphflow_durable._storage.engine import Engines
 
 __all__ = ["QueueMethods"]
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from graphflow_durable._storage.lease import iso as iso
+from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import ConflictError, GraphflowDurableError, StoreConfigError
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.store import RUN_STATUSES, Store

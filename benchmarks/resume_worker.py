@@ -32,9 +32,9 @@ async def durable(spec: dict[str, Any]) -> float:
     t0 = time.perf_counter()
     store = Store(spec["db_url"])
     team = build_team(Case(**spec["case"]), durable=store, run_id=spec["run_id"])
-    await team._attach()
+    await team._session.attach()
     seconds = time.perf_counter() - t0
-    store.release_lease(spec["run_id"], team._token)
+    store.release_lease(spec["run_id"], team._session.token)
     store.close()
     return seconds
 

@@ -1,8 +1,8 @@
 """DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes.
 
-This module is the AutoGen-facing wiring. What a run does with the store (attach, detach, lease
-renewal, restore, the single write) is in ``_session``, on ``RunSession``, the base class of
-:class:`DurableGraphFlow`.
+The public facade. The team holds a :class:`~graphflow_durable._runtime.session.RunSession` (its
+stored run) and hands it to its manager and participant containers; what a run does with the
+store is there, AutoGen's private names are in ``_runtime``, and no SQL is anywhere near.
 """
 
 from __future__ import annotations
@@ -11,27 +11,27 @@ import asyncio
 import contextlib
 import copy
 import logging
-import os
-import socket
-import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondition
-from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, TextMessage
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from autogen_agentchat.teams import DiGraph, GraphFlow
-from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
 from autogen_core import AgentRuntime, CancellationToken
 
-from graphflow_durable._agentstate.writer import StateLog
 from graphflow_durable._model import graphid as _graphid
-from graphflow_durable._runtime.link import Journal, outer_run_store, task_key
-from graphflow_durable._runtime.manager import DurableChatAgentContainer, DurableGraphFlowManager
-from graphflow_durable._runtime.session import RunSession
-from graphflow_durable._storage.urls import parse_store_url
-from graphflow_durable.context import current_execution
-from graphflow_durable.errors import NotSerializableError, StateFormatError
+from graphflow_durable._model.task import task_key, task_messages
+from graphflow_durable._runtime.config import (
+    DurableGraphFlowConfig,
+    GraphFlowConfig,
+    config_store_url,
+    durable_state,
+    refuse_callables,
+)
+from graphflow_durable._runtime.container import DurableChatAgentContainer
+from graphflow_durable._runtime.manager import DurableGraphFlowManager
+from graphflow_durable._runtime.session import DEFAULT_STORE_ENV, RunSession, default_store_url
+from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import ENDED_STATUSES, RunRecord, Store
 
@@ -39,35 +39,8 @@ __all__ = ["DEFAULT_STORE_ENV", "DurableGraphFlow", "DurableGraphFlowConfig", "d
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_STORE_ENV = "GRAPHFLOW_DURABLE_STORE"
-"""Environment variable naming the store URL used when ``store=`` is not given."""
 
-
-def default_store_url() -> str:
-    """``$GRAPHFLOW_DURABLE_STORE``, else ``sqlite:///./.graphflow_durable/runs.db`` (created on use)."""
-    url = os.environ.get(DEFAULT_STORE_ENV)
-    if url:
-        return url
-    path = Path.cwd() / ".graphflow_durable" / "runs.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
-
-
-class DurableGraphFlowConfig(GraphFlowConfig):
-    """The declarative configuration of :class:`DurableGraphFlow`: GraphFlow's plus its own settings.
-
-    ``store`` is the store URL with its options and without its password (supply that from
-    ``PGPASSWORD`` or ``~/.pgpass``); ``None`` is the default store. ``run_id`` is written only when
-    it was chosen, so a reloaded team with a generated id is an independent team, as GraphFlow's.
-    """
-
-    store: str | None = None
-    run_id: str | None = None
-    allow_graph_change: bool = False
-    lease_seconds: float = 30.0
-
-
-class DurableGraphFlow(RunSession):
+class DurableGraphFlow(GraphFlow):
     """A :class:`~autogen_agentchat.teams.GraphFlow` whose every transition is committed to a database.
 
     Swap the class name and add ``store=`` and ``run_id=``: every agent completion, the
@@ -80,8 +53,8 @@ class DurableGraphFlow(RunSession):
         graph: as GraphFlow.
         name, description, termination_condition, max_turns, runtime, custom_message_types: as
             GraphFlow.
-        store: a store URL (``sqlite:///runs.db``, ``postgresql://...``) or a :class:`Store`.
-            Default: ``$GRAPHFLOW_DURABLE_STORE``, else ``./.graphflow_durable/runs.db``.
+        store: a store URL (``sqlite:///runs.db``, ``postgresql://...``, options in the query) or a
+            :class:`Store`. Default: ``$GRAPHFLOW_DURABLE_STORE``, else ``./.graphflow_durable/runs.db``.
         run_id: the run to create or resume. Default: a new random id (see :attr:`run_id`); inside
             an agent's turn of a durable run (a nested team), the outer turn's idempotency key and
             this team's name, so an interrupted inner team resumes inside when the outer turn runs
@@ -90,8 +63,8 @@ class DurableGraphFlow(RunSession):
         lease_seconds: how long this process's claim on the run lasts without renewal; a crashed
             process's run can be taken over after this (at once on the same host).
         lease_owner: the owner id this team drives the run as. Default: a new id per team. A worker
-            that claimed the run (:meth:`Store.claim`) passes its own id, so the team takes the lease
-            over from the claim (with a new fencing token) instead of being refused.
+            that claimed the run (``store.queue.claim()``) passes its own id, so the team takes the
+            lease over from the claim (with a new fencing token) instead of being refused.
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -127,66 +100,34 @@ class DurableGraphFlow(RunSession):
             runtime=runtime,
             custom_message_types=custom_message_types,
         )
-        self._store_arg = store
-        self._store: Store | None = store if isinstance(store, Store) else None
-        self._run_id = run_id or uuid.uuid4().hex
-        self._run_id_given = run_id is not None
-        self._nested = False  # the run id was derived from an outer durable turn
-        self._allow_graph_change = allow_graph_change
-        self._lease_seconds = lease_seconds
-        self._owner = lease_owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._spec = GraphSpec.from_digraph(graph)
-        self._graph_description = _graphid.describe_graph(graph, [p.name for p in participants])
-        self._fingerprint = _graphid.fingerprint(self._graph_description)
-        self._token = 0
-        self._synced = False  # in-memory state equals the store's head
-        self._pending_import: Mapping[str, Any] | None = None
-        self._states = StateLog()  # what this writer last committed per node, for deltas
-        self._driven = False  # this object has run (or loaded a state into) the run
-        self._resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
-        self._journal = Journal(
-            run_id=self._run_id,
-            spec=self._spec,
-            participants={p.name: p for p in participants},
-            write=self._write,
-            fingerprint=self._fingerprint,
-            store=lambda: self.store,
+        self._session = RunSession(
+            TeamView(self),
+            store=store,
+            run_id=run_id,
+            owner=lease_owner,
+            lease_seconds=lease_seconds,
+            allow_graph_change=allow_graph_change,
+            spec=GraphSpec.from_digraph(graph),
+            graph_description=_graphid.describe_graph(graph, [p.name for p in participants]),
         )
+        self._participant_map: dict[str, ChatAgent | Team] = {p.name: p for p in participants}
+        self._driven = False  # this object has run (or loaded a state into) the run
 
     # -- public surface --------------------------------------------------------------------------
 
     @property
     def run_id(self) -> str:
         """The id of the run this team drives (generated when not given)."""
-        return self._run_id
+        return self._session.run_id
 
     @property
     def store(self) -> Store:
         """The store this team commits to (opened on first use)."""
-        if self._store is None:
-            url = self._store_arg if isinstance(self._store_arg, str) else default_store_url()
-            self._store = Store(url)
-        return self._store
-
-    def _bind_to_outer_turn(self) -> None:
-        """Inside an agent's turn of a durable run, a team given no run id drives the run of that turn."""
-        outer = current_execution()
-        if self._run_id_given or outer is None:
-            return
-        outer_store = outer_run_store()
-        if self._store_arg is None and outer_store is not None:
-            self._store = outer_store
-        run_id = f"{outer.idempotency_key}/{self.name}"
-        self._nested = True
-        if run_id != self._run_id:
-            self._run_id = self._journal.run_id = run_id
-            self._synced = self._driven = False
-            self._states.clear()
-            self._resumed_round = None
+        return self._session.store
 
     def run_info(self) -> RunRecord | None:
         """The stored run's record (status, head, lease...), or ``None`` before the first run."""
-        return self.store.get_run(self._run_id)
+        return self.store.get_run(self.run_id)
 
     # -- AutoGen factories -----------------------------------------------------------------------
 
@@ -216,7 +157,8 @@ class DurableGraphFlow(RunSession):
                 max_turns=max_turns,
                 message_factory=message_factory,
                 graph=self._graph,
-                journal=self._journal,
+                participants=self._participant_map,
+                link=self._session,
             )
 
         return _factory
@@ -230,7 +172,7 @@ class DurableGraphFlow(RunSession):
     ) -> Callable[[], DurableChatAgentContainer]:
         def _factory() -> DurableChatAgentContainer:
             return DurableChatAgentContainer(
-                parent_topic_type, output_topic_type, agent, message_factory, self._journal
+                parent_topic_type, output_topic_type, agent, message_factory, self._session.turns
             )
 
         return _factory
@@ -257,14 +199,16 @@ class DurableGraphFlow(RunSession):
         A round resumed by a new team object (a re-run script after a crash) returns the round's
         whole result, as the uninterrupted run would have; the stream yields only what is new.
         """
-        messages = _task_messages(task)
+        messages = task_messages(task)
         if self._is_running:
             raise ValueError("The team is already running, it cannot run again until it is stopped.")
-        self._bind_to_outer_turn()
+        session = self._session
+        if session.bind_to_outer_turn(self.name):
+            self._driven = False  # a new outer turn: a run this object has not driven
         first_call = not self._driven
-        run = await self._attach()
+        run = await session.attach()
         self._driven = True
-        renewer = asyncio.ensure_future(self._renew_lease())
+        renewer = asyncio.ensure_future(session.renew_lease())
         finished_cleanly = failed = False
         try:
             if run is not None and run.status in ENDED_STATUSES:
@@ -274,15 +218,15 @@ class DurableGraphFlow(RunSession):
                         "run %s is %s and its last round began with this task: returning the stored "
                         "result without running anything (give a new task to start another round, or "
                         "call reset() to start over)",
-                        self._run_id,
+                        session.run_id,
                         run.status,
                     )
                 if same_task or (messages is None and run.status == "finished"):
-                    yield await self._stored_result(run)
+                    yield session.stored_result(run, self._message_factory.create)
                     finished_cleanly = True
                     return
             elif messages is not None and run is not None and run.task == task_key(messages):
-                logger.info("run %s: same task as the interrupted round; resuming it", self._run_id)
+                logger.info("run %s: same task as the interrupted round; resuming it", session.run_id)
                 messages = None
             earlier = self._earlier_messages(output_task_messages)
             if messages is not None or not first_call:
@@ -293,7 +237,7 @@ class DurableGraphFlow(RunSession):
                 output_task_messages=output_task_messages,
             )
             if cancellation_token is not None:
-                cancellation_token.add_callback(self._halt)
+                cancellation_token.add_callback(session.halt)
             try:
                 while True:
                     # GraphFlow's stream, on a cancellation, waits for the runtime to go idle
@@ -306,7 +250,7 @@ class DurableGraphFlow(RunSession):
                     except StopAsyncIteration:
                         break
                     except asyncio.CancelledError:
-                        self._halt()
+                        session.halt()
                         advance.cancel()
                         with contextlib.suppress(BaseException):
                             await advance
@@ -317,30 +261,25 @@ class DurableGraphFlow(RunSession):
                 finished_cleanly = True
             finally:
                 if not finished_cleanly:
-                    self._journal.halted = True
+                    session.halt()
                     await inner.aclose()
         except RuntimeError as exc:
             failed = True
-            fatal = self._journal.fatal
+            fatal = session.fatal
             if fatal is not None and fatal is not exc:
                 raise fatal from exc
             raise
         finally:
             renewer.cancel()
-            self._journal.fatal = None
-            self._detach(finished_cleanly, failed)
+            session.detach(finished_cleanly, failed)
 
     def _earlier_messages(self, output_task_messages: bool) -> list[BaseAgentEvent | BaseChatMessage]:
         """What the interrupted round had produced before this team object resumed it."""
-        resumed, self._resumed_round = self._resumed_round, None
+        resumed, self._session.resumed_round = self._session.resumed_round, None
         factory = self._message_factory
         return [
             factory.create(body) for body, is_task in resumed or () if output_task_messages or not is_task
         ]
-
-    def _halt(self) -> None:
-        """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
-        self._journal.halted = True
 
     # -- state, reset, component ----------------------------------------------------------------
 
@@ -364,48 +303,25 @@ class DurableGraphFlow(RunSession):
             RunLockedError: another live process drives the stored run.
             RuntimeError: the team is running.
         """
-        copied: dict[str, Any] = copy.deepcopy(dict(state))
-        agent_states = copied.get("agent_states")
-        manager = (
-            agent_states.get(self._group_chat_manager_name) if isinstance(agent_states, Mapping) else None
+        session = self._session
+        loaded = durable_state(
+            state,
+            graph=self._graph,
+            fingerprint=session.fingerprint,
+            manager_name=self._group_chat_manager_name,
+            run_id=session.run_id,
         )
-        if not isinstance(manager, Mapping):
-            raise StateFormatError(
-                f"not a team state: expected 'agent_states' with a {self._group_chat_manager_name!r} entry, "
-                "as GraphFlow.save_state() writes"
-            )
-        if "graphflow_durable" not in manager:
-            from graphflow_durable.integrity import repair_state
-
-            repaired = repair_state(copied, graph=self._graph, graph_fingerprint=self._fingerprint)
-            codes = sorted({f.code for f in repaired.report.findings if f.severity != "info"})
-            status = repaired.state["agent_states"][self._group_chat_manager_name]["graphflow_durable"][
-                "status"
-            ]
-            logger.warning(
-                "run %s: loaded a plain GraphFlow state (%d messages) as %s; %d field(s) repaired%s",
-                self._run_id,
-                len(manager.get("message_thread", ())),
-                status,
-                len(repaired.changes),
-                f" ({', '.join(codes)}; see docs/repair.md)" if codes else "",
-            )
-            for change in repaired.changes:
-                logger.debug("run %s: repaired %s", self._run_id, change)
-            copied = copy.deepcopy(dict(repaired.state))
         if self._is_running:
             raise RuntimeError("The team cannot be loaded while it is running.")
-        self._journal.deferred.clear()
-        self._journal.contexts.clear()
+        session.turns.clear()
+        session.resumed_round = None
         self._driven = True  # a run() after a load returns what it produces, as GraphFlow's does
-        self._resumed_round = None
-        if self.store.get_run(self._run_id) is not None:
-            await self._import_into_existing(copied)
-            self._pending_import = None
+        if self.store.get_run(session.run_id) is not None:
+            await session.load_into_existing(loaded)
             return
-        await GraphFlow.load_state(self, copied)
-        self._pending_import = copied
-        self._synced = True
+        await GraphFlow.load_state(self, loaded)
+        session.pending_import = loaded
+        session.synced = True
 
     async def reset(self) -> None:
         """Reset the team as GraphFlow does, and start the stored run afresh (its history is kept).
@@ -414,15 +330,14 @@ class DurableGraphFlow(RunSession):
         stored run belongs to that turn, and the next outer turn drives a run of its own.
         """
         await GraphFlow.reset(self)
-        self._journal.deferred.clear()
-        self._journal.contexts.clear()
-        self._pending_import = None
-        self._resumed_round = None
-        self._states.clear()
-        if self._nested:
-            self._synced = False
-            return
-        await self._restart_run()
+        session = self._session
+        session.turns.clear()
+        session.pending_import = None
+        session.forget()
+        if session.nested:
+            self._driven = False
+        else:
+            await session.restart()
 
     async def save_state(self) -> Mapping[str, Any]:
         """A JSON-serialisable deep copy of the team's state, in the durable format.
@@ -430,42 +345,24 @@ class DurableGraphFlow(RunSession):
         Taken at any moment, even mid-run, it is a consistent cut: a fresh team resumes it with
         :meth:`load_state` and :meth:`run`. See docs/state-format.md.
         """
-        if self._pending_import is None and self.store.get_run(self._run_id) is not None:
+        session = self._session
+        if session.pending_import is None and self.store.get_run(session.run_id) is not None:
             # The store's head is the consistent cut. In memory, mid-run, an in-flight agent may be
             # mid-turn (its state already holding this turn's input, its buffer already cleared),
             # an answer may have reached some participants' buffers before the manager committed
             # it, and the manager extends its thread before its commit: none of that is a cut.
-            return await self._state_at(self.store.load(self._run_id))
+            return await session.state_at_head()
         return copy.deepcopy(dict(await super().save_state()))
 
     def _to_config(self) -> DurableGraphFlowConfig:
-        for node in self._graph.nodes.values():
-            for edge in node.edges:
-                if edge.condition_function is not None:
-                    raise NotSerializableError(
-                        f"edge {node.name!r} -> {edge.target!r} has a callable condition, which cannot be "
-                        "serialised; use a string condition, or rebuild the team in code instead of "
-                        "dump_component()/load_component()"
-                    )
-        base = super()._to_config()
-        url: str | None = None
-        if self._store_arg is not None:
-            store = (
-                self._store_arg if isinstance(self._store_arg, Store) else parse_store_url(self._store_arg)
-            )
-            url = store.config_url
-            if store.has_password:
-                logger.warning(
-                    "team %s: the store URL's password is not written into the component config; "
-                    "the loaded team's driver reads it from PGPASSWORD or ~/.pgpass",
-                    self.name,
-                )
+        refuse_callables(self._graph)
+        session = self._session
         return DurableGraphFlowConfig(
-            **base.model_dump(),
-            store=url,
-            run_id=self._run_id if self._run_id_given else None,
-            allow_graph_change=self._allow_graph_change,
-            lease_seconds=self._lease_seconds,
+            **super()._to_config().model_dump(),
+            store=config_store_url(session.store_arg, self.name),
+            run_id=session.run_id if session.run_id_given else None,
+            allow_graph_change=session.allow_graph_change,
+            lease_seconds=session.lease_seconds,
         )
 
     @classmethod
@@ -491,22 +388,3 @@ class DurableGraphFlow(RunSession):
             allow_graph_change=durable.allow_graph_change,
             lease_seconds=durable.lease_seconds,
         )
-
-
-def _task_messages(
-    task: str | BaseChatMessage | Sequence[BaseChatMessage] | None,
-) -> list[BaseChatMessage] | None:
-    """Normalise a task as GraphFlow does (same errors)."""
-    if task is None:
-        return None
-    if isinstance(task, str):
-        return [TextMessage(content=task, source="user")]
-    if isinstance(task, BaseChatMessage):
-        return [task]
-    if isinstance(task, list):
-        if not task:
-            raise ValueError("Task list cannot be empty.")
-        if not all(isinstance(m, BaseChatMessage) for m in task):
-            raise ValueError("All messages in task list must be valid BaseChatMessage types")
-        return list(task)
-    raise ValueError("Task must be a string, a BaseChatMessage, or a list of BaseChatMessage.")

@@ -213,7 +213,7 @@ async def test_a_component_round_trip_keeps_every_setting(sqlite_url: str) -> No
         assert config.config["store"] == f"{sqlite_url}?synchronous=NORMAL"
         loaded = DurableGraphFlow.load_component(config)
         assert loaded.dump_component() == config
-        assert (loaded.run_id, loaded._lease_seconds, loaded._allow_graph_change) == ("chosen", 12.5, True)
+        assert (loaded.run_id, loaded._session.lease_seconds, loaded._session.allow_graph_change) == ("chosen", 12.5, True)
         assert loaded.store.config_url == store.config_url
         await team.run(task="go")
         # the reloaded team drives the same run in the same store: it is finished
@@ -227,7 +227,7 @@ async def test_a_component_round_trip_keeps_every_setting(sqlite_url: str) -> No
 async def test_a_generated_run_id_is_not_written_so_a_reloaded_team_is_independent(sqlite_url: str) -> None:
     agents = [Scripted(n) for n in "AB"]
     team = durable(agents, chain(*agents), sqlite_url, "unused")
-    team._run_id_given = False  # as if constructed without run_id
+    team._session.run_id_given = False  # as if constructed without run_id
     config = team.dump_component()
     assert config.config.get("run_id") is None
     loaded = DurableGraphFlow.load_component(config)

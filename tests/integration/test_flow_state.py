@@ -88,7 +88,7 @@ async def test_a_saved_state_carries_the_graph_fingerprint_and_validates_clean_o
     await team.run(task="go")
     state = await team.save_state()
     ext = manager_state(state)["graphflow_durable"]
-    assert ext["graph_fingerprint"] == team._fingerprint
-    assert validate_state(state, graph, graph_fingerprint=team._fingerprint).findings == ()
+    assert ext["graph_fingerprint"] == team._session.fingerprint
+    assert validate_state(state, graph, graph_fingerprint=team._session.fingerprint).findings == ()
     other = validate_state(state, graph, graph_fingerprint="0" * 64)
     assert "GFD010-different-graph" in other.codes

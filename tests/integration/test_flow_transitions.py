@@ -127,7 +127,7 @@ async def test_second_driver_of_a_running_run_gets_run_locked_error_naming_the_o
     second = durable(others, chain(*others), store_url, "locked")
     with pytest.raises(RunLockedError) as raised:
         await second.run()
-    assert first._owner in str(raised.value)
+    assert first._session.owner in str(raised.value)
     assert isinstance(raised.value, RuntimeError)
 
     gate.open()

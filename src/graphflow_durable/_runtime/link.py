@@ -1,56 +1,54 @@
-"""The manager's link to its run, and what identifies a task.
+"""The link between the durable manager, the participant containers and the run session.
 
-The flow owns a :class:`Journal` and hands it to the manager and to every participant container:
-it carries the one write path into the store and what the flow tells the manager (halted, a
-fatal error, execution contexts, deferred input). No AutoGen internals here.
+:class:`RunLink` is what the manager and the containers see of the run session (which implements
+it): where a transition is written, the run's identity, and whether to keep dispatching. The
+manager dispatches a node's turn and records its :class:`~graphflow_durable.ExecutionContext` in
+:class:`Turns`; the node's container runs the agent inside :meth:`Turns.running`, which makes that
+context (and the run's store, for a nested durable team) visible to the agent's code. No AutoGen
+internals here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any
-
-from autogen_agentchat.base import ChatAgent, Team
-from autogen_agentchat.messages import BaseChatMessage
+from typing import Protocol
 
 from graphflow_durable import context as _context
+from graphflow_durable.context import ExecutionContext
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, Store
 
-__all__ = ["Journal", "outer_run_store", "task_key"]
+__all__ = ["RunLink", "Turns", "outer_run_store"]
 
 _outer_store: ContextVar[Store | None] = ContextVar("graphflow_durable_outer_store", default=None)
 
 
-@dataclass
-class Journal:
-    """The manager's link to its run: where commits go, and what the flow tells the manager.
+class Turns:
+    """The execution contexts of a team's turns in flight: the manager writes, containers read."""
 
-    ``write`` is the flow's single crossing into the store (it returns the new head and keeps
-    ``head`` up to date); the manager calls nothing else.
-    """
+    def __init__(self, store: Callable[[], Store]) -> None:
+        self._store = store
+        self._contexts: dict[str, ExecutionContext] = {}
 
-    run_id: str
-    spec: GraphSpec
-    participants: Mapping[str, ChatAgent | Team]
-    write: Callable[[Step, Sequence[MessageRecord], Sequence[AgentStateRecord], RunUpdate | None], int]
-    head: int = 0
-    fingerprint: str | None = None
-    halted: bool = False
-    fatal: BaseException | None = None
-    contexts: dict[str, _context.ExecutionContext] = field(default_factory=dict)
-    deferred: dict[str, list[BaseChatMessage]] = field(default_factory=dict)
-    stop_reason: str | None = None
-    store: Callable[[], Store] | None = None
+    def dispatched(self, context: ExecutionContext) -> None:
+        """The manager dispatched ``context.node``'s turn."""
+        self._contexts[context.node] = context
+
+    def answered(self, node: str) -> None:
+        """``node``'s turn is recorded."""
+        self._contexts.pop(node, None)
+
+    def clear(self) -> None:
+        """No turn is in flight any more (reset, load_state)."""
+        self._contexts.clear()
 
     @contextmanager
-    def agent_turn(self, name: str) -> Iterator[None]:
-        """While ``name``'s turn runs: its execution context, and this run's store for nested teams."""
-        context = _context._current.set(self.contexts.get(name))
-        store = _outer_store.set(self.store() if self.store is not None else None)
+    def running(self, node: str) -> Iterator[None]:
+        """While ``node``'s agent runs: its execution context, and the run's store for nested teams."""
+        context = _context._current.set(self._contexts.get(node))
+        store = _outer_store.set(self._store())
         try:
             yield
         finally:
@@ -63,7 +61,26 @@ def outer_run_store() -> Store | None:
     return _outer_store.get()
 
 
-def task_key(task: Sequence[BaseChatMessage]) -> list[dict[str, Any]]:
-    """What identifies a task: its messages without their ids and timestamps."""
-    volatile = {"id", "created_at"}
-    return [{k: v for k, v in m.dump().items() if k not in volatile} for m in task]
+class RunLink(Protocol):
+    """What the manager and the containers use of the run session."""
+
+    run_id: str
+    head: int
+    spec: GraphSpec
+    fingerprint: str
+    halted: bool
+    turns: Turns
+
+    def write(
+        self,
+        step: Step,
+        messages: Sequence[MessageRecord],
+        states: Sequence[AgentStateRecord],
+        update: RunUpdate | None,
+    ) -> int:
+        """Commit one transition; return the new head."""
+        ...
+
+    def fail(self, exc: BaseException) -> None:
+        """The run ends with ``exc``."""
+        ...

@@ -1,10 +1,10 @@
-"""The durable GraphFlow manager and participant container.
+"""The durable GraphFlow manager.
 
-This is the only module that touches AutoGen's private names. The manager replaces
-GraphFlowManager's in-memory bookkeeping by the pure scheduler (``scheduler``) and commits every
-transition through a :class:`Journal` before anything it decided becomes visible: one commit per
-agent completion, holding the messages, the scheduler state after the decrements, enqueues and
-the next selection, and the agent's state after its turn.
+It replaces GraphFlowManager's in-memory bookkeeping by the pure scheduler (``scheduler``) and
+commits every transition through its :class:`~graphflow_durable._runtime.link.RunLink` before
+anything it decided becomes visible: one commit per agent completion, holding the messages, the
+scheduler state after the decrements, enqueues and the next selection, and the agent's state
+after its turn.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 from autogen_agentchat.base import ChatAgent, Team, TerminationCondition
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory, StopMessage
 from autogen_agentchat.teams import DiGraph
-from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
 from autogen_agentchat.teams._group_chat._events import (
     GroupChatAgentResponse,
     GroupChatRequestPublish,
@@ -33,12 +32,13 @@ from autogen_core import CancellationToken, DefaultTopicId, MessageContext, even
 
 from graphflow_durable import context as _context
 from graphflow_durable._model.cursor import Cursor, without_one
-from graphflow_durable._runtime.link import Journal, task_key
+from graphflow_durable._model.task import task_key
+from graphflow_durable._runtime.link import RunLink
 from graphflow_durable.errors import StateFormatError
 from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step
 
-__all__ = ["DurableChatAgentContainer", "DurableGraphFlowManager"]
+__all__ = ["DurableGraphFlowManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         max_turns: int | None,
         message_factory: MessageFactory,
         graph: DiGraph,
-        journal: Journal,
+        participants: Mapping[str, ChatAgent | Team],
+        link: RunLink,
     ) -> None:
         super().__init__(
             name=name,
@@ -83,8 +84,10 @@ class DurableGraphFlowManager(GraphFlowManager):
             message_factory=message_factory,
             graph=graph,
         )
-        self._journal = journal
-        self._spec = journal.spec
+        self._link = link
+        self._participants = participants
+        self._spec = link.spec
+        self._stop_reason: str | None = None
         self._cursor = Cursor.fresh(initial(self._spec))
         self._batch_delta: list[BaseAgentEvent | BaseChatMessage] = []
 
@@ -124,7 +127,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             raise
 
     async def _fail(self, exc: Exception) -> None:
-        self._journal.fatal = exc
+        self._link.fail(exc)
         await self._signal_termination_with_error(SerializableException.from_exception(exc))
 
     async def _start(self, message: GroupChatStart, ctx: MessageContext) -> None:
@@ -133,7 +136,7 @@ class DurableGraphFlowManager(GraphFlowManager):
                 StopMessage(content="The group chat has already terminated.", source=self._name)
             )
             return
-        self._journal.halted = False
+        self._link.halted = False
         task = list(message.messages or [])
         cursor = self._cursor
         kind = "resume"
@@ -169,8 +172,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         if kind == "resume" and not resumed and self._thread_len():
             logger.info(
                 "run %s: resuming after step %d; nothing in flight, next: %s",
-                self._journal.run_id,
-                self._journal.head,
+                self._link.run_id,
+                self._link.head,
                 ", ".join(cursor.sched.ready) or "nothing (the graph is complete)",
             )
         if resumed:
@@ -180,13 +183,13 @@ class DurableGraphFlowManager(GraphFlowManager):
             cursor = cursor.redispatched(speakers)
             logger.info(
                 "run %s: resuming after step %d; re-running %s",
-                self._journal.run_id,
-                self._journal.head,
+                self._link.run_id,
+                self._link.head,
                 ", ".join(f"{n} (attempt {cursor.attempts[n]})" for n in dict.fromkeys(speakers)),
             )
         elif cursor.sched.ready:
             sched, speakers = select(self._spec, cursor.sched)
-            cursor = cursor.dispatched(sched, speakers, self._thread_len(), self._journal.head + 1)
+            cursor = cursor.dispatched(sched, speakers, self._thread_len(), self._link.head + 1)
             self._batch_delta = []
         else:
             stop = StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name)
@@ -218,7 +221,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         if name not in self._cursor.sched.in_flight:
             logger.warning(
                 "run %s: ignoring a response from %r, which is not in flight (late or duplicate)",
-                self._journal.run_id,
+                self._link.run_id,
                 name,
             )
             return
@@ -240,8 +243,8 @@ class DurableGraphFlowManager(GraphFlowManager):
             sched = replace(self._cursor.sched, in_flight=without_one(self._cursor.sched.in_flight, name))
         else:
             sched = complete(self._spec, self._cursor.sched, name, last)
-        states = [AgentStateRecord(name, await self._journal.participants[name].save_state())]
-        self._journal.contexts.pop(name, None)
+        states = [AgentStateRecord(name, await self._participants[name].save_state())]
+        self._link.turns.answered(name)
 
         if sched.in_flight:
             self._cursor = self._cursor.answered(name, sched)
@@ -257,9 +260,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             return
         sched, speakers = select(self._spec, sched)
         at = self._thread_len()
-        self._cursor = self._cursor.answered(name, sched).dispatched(
-            sched, speakers, at, self._journal.head + 1
-        )
+        self._cursor = self._cursor.answered(name, sched).dispatched(sched, speakers, at, self._link.head + 1)
         self._batch_delta = []
         head = self._commit(
             Step(
@@ -323,22 +324,24 @@ class DurableGraphFlowManager(GraphFlowManager):
                 task=task,
                 result={"stop_reason": stop.content},
             )
-            self._journal.stop_reason = stop.content
+            self._stop_reason = stop.content
         self._current_turn = self._cursor.sched.turn
-        return self._journal.write(step, messages, states, update)
+        return self._link.write(step, messages, states, update)
 
     async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
-        if self._journal.halted:
-            logger.info("run %s: halted, not dispatching %s", self._journal.run_id, list(speakers))
+        if self._link.halted:
+            logger.info("run %s: halted, not dispatching %s", self._link.run_id, list(speakers))
             return
         await self._log_speaker_selection(list(speakers))
         for speaker in speakers:
-            self._journal.contexts[speaker] = _context.ExecutionContext(
-                run_id=self._journal.run_id,
-                node=speaker,
-                step=self._cursor.dispatch_step.get(speaker, head),
-                attempt=self._cursor.attempts.get(speaker, 1),
-                origin_key=self._cursor.keys.get(speaker),
+            self._link.turns.dispatched(
+                _context.ExecutionContext(
+                    run_id=self._link.run_id,
+                    node=speaker,
+                    step=self._cursor.dispatch_step.get(speaker, head),
+                    attempt=self._cursor.attempts.get(speaker, 1),
+                    origin_key=self._cursor.keys.get(speaker),
+                )
             )
             await self.publish_message(
                 GroupChatRequestPublish(),
@@ -370,9 +373,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             "enqueued_any": full["enqueued_any"],
             "ready": [*sched.in_flight, *sched.ready],
             "graphflow_durable": self._cursor.extension(
-                self._journal.run_id,
-                graph_fingerprint=self._journal.fingerprint,
-                stop_reason=self._journal.stop_reason,
+                self._link.run_id,
+                graph_fingerprint=self._link.fingerprint,
+                stop_reason=self._stop_reason,
             ),
         }
 
@@ -407,61 +410,6 @@ class DurableGraphFlowManager(GraphFlowManager):
             logger.warning(
                 "run %s: the termination condition fires on the replayed history of the round; "
                 "it is reset and the run continues as it did before the interruption",
-                self._journal.run_id,
+                self._link.run_id,
             )
             await self._termination_condition.reset()
-
-
-class DurableChatAgentContainer(ChatAgentContainer):
-    """A participant container that exposes the execution context and honours deferred input."""
-
-    def __init__(
-        self,
-        parent_topic_type: str,
-        output_topic_type: str,
-        agent: ChatAgent | Team,
-        message_factory: MessageFactory,
-        journal: Journal,
-    ) -> None:
-        super().__init__(parent_topic_type, output_topic_type, agent, message_factory)
-        self._journal = journal
-
-    @event
-    async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:  # type: ignore[override]
-        """Run the agent's turn with its execution context set; then hear what was deferred."""
-        name = self._agent.name
-        with self._journal.agent_turn(name):
-            await ChatAgentContainer.handle_request(self, message, ctx)
-        deferred = self._journal.deferred.pop(name, [])
-        self._message_buffer[:0] = deferred
-
-    async def save_state(self) -> Mapping[str, Any]:
-        state = dict(await super().save_state())
-        deferred = self._journal.deferred.get(self._agent.name)
-        if deferred:
-            state["deferred_buffer"] = [m.dump() for m in deferred]
-        return state
-
-    async def load_state(self, state: Mapping[str, Any]) -> None:
-        await super().load_state(state)
-        deferred = [self._message_factory.create(m) for m in state.get("deferred_buffer", [])]
-        self._set_deferred(deferred)
-
-    async def restore(
-        self,
-        buffer: Sequence[BaseAgentEvent | BaseChatMessage],
-        deferred: Sequence[BaseAgentEvent | BaseChatMessage],
-        agent_state: Mapping[str, Any] | None,
-    ) -> None:
-        """Set the buffers from message objects (shared, not copied) and load the agent's state."""
-        self._message_buffer = [m for m in buffer if isinstance(m, BaseChatMessage)]
-        self._set_deferred(deferred)
-        if agent_state is not None:
-            await self._agent.load_state(agent_state)
-
-    def _set_deferred(self, deferred: Sequence[BaseAgentEvent | BaseChatMessage]) -> None:
-        chat = [m for m in deferred if isinstance(m, BaseChatMessage)]
-        if chat:
-            self._journal.deferred[self._agent.name] = chat
-        else:
-            self._journal.deferred.pop(self._agent.name, None)

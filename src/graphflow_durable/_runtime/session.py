@@ -1,12 +1,14 @@
-"""The run session of :class:`~graphflow_durable.flow.DurableGraphFlow`: the team against its store.
+"""One team's hold on its stored run: the run session.
 
-:class:`RunSession` is the base class of ``DurableGraphFlow`` that holds what a run does with the
-store: attaching (create the run, or take its lease and bring the team to the store's head),
-renewing the lease while running, detaching (record how the run ended, free the lease), starting
-the stored run afresh on reset, restoring the team from the run's log, and ``_write``, the single
-crossing into the store while a run is under way. ``flow.py`` keeps the AutoGen-facing wiring: the
-constructor (which sets the attributes declared here), the factories, ``run_stream``, state and
-component config.
+:class:`RunSession` is held by :class:`~graphflow_durable.flow.DurableGraphFlow` and handed to its
+manager and participant containers. It owns everything the team knows about its stored run: the
+store, the run id (bound to an outer turn for a nested team), the lease and its fencing token,
+the head sequence number, the agent-state writer, and whether the run was halted or hit a fatal
+error. :meth:`RunSession.write` is the single crossing into the store while a run is under way:
+one completion flows down manager -> session -> agent-state writer -> store, never back up.
+
+What the session does to the team itself (restore it from the log, read its participants'
+states) goes through :class:`~graphflow_durable._runtime.team.TeamView`.
 """
 
 from __future__ import annotations
@@ -15,28 +17,28 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from autogen_agentchat.base import TaskResult
 from autogen_agentchat.messages import BaseChatMessage
-from autogen_agentchat.teams import GraphFlow
-from autogen_core import AgentId, SingleThreadedAgentRuntime
 
 from graphflow_durable._agentstate.writer import StateLog
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
-from graphflow_durable._runtime.link import Journal
-from graphflow_durable._runtime.manager import DurableChatAgentContainer, DurableGraphFlowManager
+from graphflow_durable._runtime.link import Turns, outer_run_store
+from graphflow_durable._runtime.team import TeamView
+from graphflow_durable.context import current_execution
 from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StateFormatError
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     AgentStateRecord,
     MessageRecord,
-    RunLog,
     RunRecord,
     RunStatus,
     RunUpdate,
@@ -44,293 +46,347 @@ from graphflow_durable.store import (
     Store,
 )
 
-__all__ = ["RunSession"]
+__all__ = ["DEFAULT_STORE_ENV", "RunSession", "default_store_url"]
 
-#: These methods are DurableGraphFlow's: they log as the flow does.
+#: The session acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
 
+DEFAULT_STORE_ENV = "GRAPHFLOW_DURABLE_STORE"
+"""Environment variable naming the store URL used when ``store=`` is not given."""
 
-class RunSession(GraphFlow):
-    """The store-facing half of :class:`~graphflow_durable.flow.DurableGraphFlow` (its base class)."""
 
-    if TYPE_CHECKING:  # set by DurableGraphFlow.__init__
-        _run_id: str
-        _allow_graph_change: bool
-        _lease_seconds: float
-        _owner: str
-        _spec: GraphSpec
-        _graph_description: dict[str, Any]
-        _fingerprint: str
-        _token: int
-        _synced: bool
-        _pending_import: Mapping[str, Any] | None
-        _states: StateLog
-        _journal: Journal
-        _resumed_round: list[tuple[Mapping[str, Any], bool]] | None
+def default_store_url() -> str:
+    """``$GRAPHFLOW_DURABLE_STORE``, else ``sqlite:///./.graphflow_durable/runs.db`` (created on use)."""
+    url = os.environ.get(DEFAULT_STORE_ENV)
+    if url:
+        return url
+    path = Path.cwd() / ".graphflow_durable" / "runs.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
 
-        @property
-        def store(self) -> Store: ...
 
-    # -- attaching to the run and detaching from it ------------------------------------------------
+class RunSession:
+    """A team's stored run: store, run id, lease, head, agent-state writer, halt and fatal error.
 
-    async def _renew_lease(self) -> None:
-        """Keep the lease alive while running; on losing it, stop dispatching."""
-        interval = max(self._lease_seconds / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.store.renew_lease(
-                    self._run_id, self._owner, self._token, lease_seconds=self._lease_seconds
-                )
-            except LeaseLostError as exc:
-                logger.error("run %s: %s; this worker stops dispatching", self._run_id, exc)
-                self._journal.halted = True
-                self._journal.fatal = exc
-                return
+    Args:
+        team: the team (what the session restores and reads states from).
+        store: a URL or a :class:`Store` (``None``: the default store, or the outer run's store
+            for a nested team); opened on first use.
+        run_id: the run (``None``: a new random id, or the outer turn's run for a nested team).
+        owner: the lease owner id (``None``: a new one for this session).
+        lease_seconds, allow_graph_change: as :class:`~graphflow_durable.DurableGraphFlow`.
+        graph_description: the graph as :func:`graphid.describe_graph` describes it.
+    """
 
-    async def _attach(self) -> RunRecord | None:
-        """Claim the run and make the in-memory team equal to the store's head.
+    def __init__(
+        self,
+        team: TeamView,
+        *,
+        store: str | Store | None,
+        run_id: str | None,
+        owner: str | None,
+        lease_seconds: float,
+        allow_graph_change: bool,
+        spec: GraphSpec,
+        graph_description: dict[str, Any],
+    ) -> None:
+        self.team = team
+        self.store_arg = store
+        self._store: Store | None = store if isinstance(store, Store) else None
+        self.run_id = run_id or uuid.uuid4().hex
+        self.run_id_given = run_id is not None
+        self.nested = False  # the run id was derived from an outer durable turn
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_seconds = lease_seconds
+        self.allow_graph_change = allow_graph_change
+        self.spec = spec
+        self.graph_description = graph_description
+        self.fingerprint = _graphid.fingerprint(graph_description)
+        self.token = 0
+        self.head = 0
+        self.synced = False  # the team in memory equals the store's head
+        self.states = StateLog()  # what this writer last committed per node, for splices
+        self.turns = Turns(lambda: self.store)
+        self.halted = False
+        self.fatal: BaseException | None = None
+        self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
+        self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
+
+    @property
+    def store(self) -> Store:
+        """The store (opened on first use)."""
+        if self._store is None:
+            url = self.store_arg if isinstance(self.store_arg, str) else default_store_url()
+            self._store = Store(url)
+        return self._store
+
+    @property
+    def opened_store(self) -> Store | None:
+        """The store if it was opened (or given), else ``None``."""
+        return self._store
+
+    def bind_to_outer_turn(self, team_name: str) -> bool:
+        """Inside an agent's turn of a durable run, a team given no run id drives that turn's run:
+        ``"{outer idempotency key}/{team name}"``, in the outer run's store unless one was given.
+
+        Returns whether the session now drives another run than before.
+        """
+        outer = current_execution()
+        if self.run_id_given or outer is None:
+            return False
+        outer_store = outer_run_store()
+        if self.store_arg is None and outer_store is not None:
+            self._store = outer_store
+        self.nested = True
+        run_id = f"{outer.idempotency_key}/{team_name}"
+        if run_id == self.run_id:
+            return False
+        self.run_id = run_id
+        self.forget()
+        return True
+
+    def forget(self) -> None:
+        """The team no longer matches the store's head: the next attach restores it."""
+        self.synced = False
+        self.states.clear()
+        self.resumed_round = None
+
+    # -- the run's lifecycle -------------------------------------------------------------------
+
+    async def attach(self) -> RunRecord | None:
+        """Claim the run and make the team equal to the store's head.
 
         Returns the run's record, or ``None`` when this call created the run.
         """
         store = self.store
-        run = store.get_run(self._run_id)
+        run = store.get_run(self.run_id)
+        self.resumed_round = None
         if run is None:
             run = store.create_run(
-                self._run_id,
-                graph_fingerprint=self._fingerprint,
-                graph=self._graph_description,
-                owner=self._owner,
-                lease_seconds=self._lease_seconds,
+                self.run_id,
+                graph_fingerprint=self.fingerprint,
+                graph=self.graph_description,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
             )
-            self._token = run.fencing_token
-            self._journal.head = run.head_seq
-            self._synced = True
-            self._states.clear()
-            if self._pending_import is not None:
+            self.token, self.head, self.synced = run.fencing_token, run.head_seq, True
+            self.states.clear()
+            if self.pending_import is not None:
                 # A loaded state: the run's status is the state's (a finished one runs nothing).
-                await self._import_state(self._pending_import, origin=0)
-                self._pending_import = None
-                await self._restore(store.load(self._run_id))
-                return store.get_run(self._run_id)
-            if self._initialized:
-                await GraphFlow.reset(self)
-            await self._snapshot_all()
+                await self._import(self.pending_import, origin=0)
+                await self._restore()
+                return store.get_run(self.run_id)
+            await self.team.reset_if_used()
+            cursor = Cursor.fresh(initial(self.spec))
+            states = await self.team.agent_states()
+            self.write(Step("created", None, cursor.to_json(self.spec)), (), states, None)
             return None
-        self._check_graph(run)
-        self._token = store.acquire_lease(
-            self._run_id,
-            self._owner,
-            lease_seconds=self._lease_seconds,
+        self.check_graph(run)
+        self.token = store.acquire_lease(
+            self.run_id,
+            self.owner,
+            lease_seconds=self.lease_seconds,
             host=socket.gethostname(),
             pid=os.getpid(),
         )
-        run = store.get_run(self._run_id) or run  # what committed before the lease was ours
-        stale = not self._synced or self._journal.head != run.head_seq
-        self._journal.head = run.head_seq
-        self._resumed_round = None
-        if self._pending_import is not None:
+        run = store.get_run(self.run_id) or run  # what committed before the lease was ours
+        stale = not self.synced or self.head != run.head_seq
+        self.head = run.head_seq
+        if self.pending_import is not None:
             # Another process created the run after load_state() found none: the loaded state
             # becomes the run's new starting point, as load_state() does on an existing run.
-            await self._import_state(self._pending_import, origin=run.message_count)
-            self._pending_import = None
-            await self._restore(store.load(self._run_id))
+            await self._import(self.pending_import, origin=run.message_count)
+            await self._restore()
         elif stale:
-            at = await self._restore(store.load(self._run_id))
+            at = await self._restore()
             if not at.cursor.finished:
                 start = at.cursor.round_start
-                self._resumed_round = [(e.body, e.completes is None) for e in at.entries[start:]]
-        self._synced = True
-        return store.get_run(self._run_id)
+                self.resumed_round = [(e.body, e.completes is None) for e in at.entries[start:]]
+        self.synced = True
+        return store.get_run(self.run_id)
 
-    def _detach(self, clean: bool, failed: bool) -> None:
+    async def renew_lease(self) -> None:
+        """Keep the lease alive while running; on losing it, stop dispatching."""
+        interval = max(self.lease_seconds / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.store.renew_lease(self.run_id, self.owner, self.token, lease_seconds=self.lease_seconds)
+            except LeaseLostError as exc:
+                logger.error("run %s: %s; this worker stops dispatching", self.run_id, exc)
+                self.halted = True
+                self.fatal = exc
+                return
+
+    def detach(self, clean: bool, failed: bool) -> None:
         """Record how the run ended if the manager did not (interrupted or failed); free the lease."""
         store = self.store
+        self.fatal = None
         if not clean:
-            self._synced = False
-        run = store.get_run(self._run_id)
-        if run is not None and run.status == "running" and run.fencing_token == self._token:
-            self._journal.head = store.commit(
-                self._run_id,
+            self.synced = False
+        run = store.get_run(self.run_id)
+        if run is not None and run.status == "running" and run.fencing_token == self.token:
+            self.head = store.commit(
+                self.run_id,
                 expected_head=run.head_seq,
-                fencing_token=self._token,
-                step=Step("interrupt", None, store.head_scheduler(self._run_id) or {}),
+                fencing_token=self.token,
+                step=Step("interrupt", None, store.head_scheduler(self.run_id) or {}),
                 update=RunUpdate(status="failed" if failed else "interrupted"),
             )
-        store.release_lease(self._run_id, self._token)
+        store.release_lease(self.run_id, self.token)
 
-    def _check_graph(self, run: RunRecord) -> None:
-        if run.graph_fingerprint == self._fingerprint:
+    def halt(self) -> None:
+        """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
+        self.halted = True
+
+    def fail(self, exc: BaseException) -> None:
+        """The manager hit an error it cannot record: the run ends with it."""
+        self.fatal = exc
+
+    def check_graph(self, run: RunRecord) -> None:
+        """Refuse a stored run whose graph differs from this team's (unless allowed)."""
+        if run.graph_fingerprint == self.fingerprint:
             return
-        diff = _graphid.describe_difference(run.graph, self._graph_description)
-        if self._allow_graph_change:
+        diff = _graphid.describe_difference(run.graph, self.graph_description)
+        if self.allow_graph_change:
             logger.warning(
-                "run %s: resuming with a changed graph (allowed): %s", self._run_id, "; ".join(diff)
+                "run %s: resuming with a changed graph (allowed): %s", self.run_id, "; ".join(diff)
             )
             return
         raise GraphMismatchError(
-            f"run {self._run_id!r} was started with a different graph:\n  "
+            f"run {self.run_id!r} was started with a different graph:\n  "
             + "\n  ".join(diff or ["(fingerprints differ)"])
             + "\nresume it with the original graph, use a new run_id, or pass allow_graph_change=True"
         )
 
-    async def _snapshot_all(self) -> None:
-        """Record every participant's starting state, so an interrupted turn can be undone in-process."""
-        states = [AgentStateRecord(p.name, await p.save_state()) for p in self._participants]
-        cursor = Cursor.fresh(initial(self._spec))
-        self._write(Step("created", None, cursor.to_json(self._spec)), (), states, None)
-
-    async def _stored_result(self, run: RunRecord) -> TaskResult:
-        """The result of the run's last round, as its uninterrupted run returned it."""
-        log = self.store.load(self._run_id)
-        cursor = cursor_from_log(log, self._spec)
-        thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
-        factory = self._message_factory
-        messages = [factory.create(m.body) for m in thread]
-        result = run.result if isinstance(run.result, Mapping) else {}
-        return TaskResult(messages=messages, stop_reason=result.get("stop_reason"))
-
-    async def _restart_run(self) -> None:
-        """Start the stored run afresh after a reset: commit a ``reset`` step (fresh cursor after the
-        run's messages, every participant's state) under a lease held just for it."""
-        store = self.store
-        if store.get_run(self._run_id) is None:
-            return
-        async with self._briefly_leased() as run:
-            cursor = Cursor.fresh(initial(self._spec), origin=run.message_count)
-            states = [AgentStateRecord(p.name, await p.save_state()) for p in self._participants]
-            self._journal.head = store.commit(
-                self._run_id,
-                expected_head=run.head_seq,
-                fencing_token=self._token,
-                step=Step("reset", None, cursor.to_json(self._spec)),
-                agent_states=states,
-                update=RunUpdate(status="interrupted", task=[]),
-            )
-        # GraphFlow.reset() left the manager's cursor at origin 0, but the stored thread continues at
-        # run.message_count: the next run must restore the cursor (new origin) from the store.
-        self._synced = False
-
     @asynccontextmanager
-    async def _briefly_leased(self) -> AsyncIterator[RunRecord]:
+    async def briefly_leased(self) -> AsyncIterator[RunRecord]:
         """Hold the run's lease for one write outside a run (reset, load_state); yield its record.
 
         Raises RunLockedError when another live process drives the run.
         """
         store = self.store
-        self._token = store.acquire_lease(
-            self._run_id,
-            self._owner,
-            lease_seconds=self._lease_seconds,
+        self.token = store.acquire_lease(
+            self.run_id,
+            self.owner,
+            lease_seconds=self.lease_seconds,
             host=socket.gethostname(),
             pid=os.getpid(),
         )
         try:
-            run = store.get_run(self._run_id)
+            run = store.get_run(self.run_id)
             if run is None:  # pragma: no cover - a run is never deleted under a held lease
-                raise StateFormatError(f"run {self._run_id!r} disappeared from the store")
-            self._journal.head = run.head_seq
+                raise StateFormatError(f"run {self.run_id!r} disappeared from the store")
+            self.head = run.head_seq
             yield run
         finally:
-            store.release_lease(self._run_id, self._token)
+            store.release_lease(self.run_id, self.token)
 
-    async def _import_into_existing(self, state: Mapping[str, Any]) -> None:
+    async def restart(self) -> None:
+        """After the team's reset: commit a ``reset`` step (a fresh cursor after the run's messages,
+        every participant's state, written whole) under a lease held just for it."""
+        if self.store.get_run(self.run_id) is None:
+            return
+        async with self.briefly_leased() as run:
+            cursor = Cursor.fresh(initial(self.spec), origin=run.message_count)
+            self.states.clear()
+            states = await self.team.agent_states()
+            update = RunUpdate(status="interrupted", task=[])
+            self.write(Step("reset", None, cursor.to_json(self.spec)), (), states, update)
+        # The team's reset left the manager's cursor at origin 0, but the stored thread continues at
+        # run.message_count: the next run must restore the cursor (new origin) from the store.
+        self.synced = False
+
+    async def load_into_existing(self, state: Mapping[str, Any]) -> None:
         """``load_state()`` on a stored run: the state becomes its new starting point at once.
 
         The run's earlier history stays in the store (as after ``reset()``); the next run restores
         the team from the store.
         """
-        async with self._briefly_leased() as run:
-            self._check_graph(run)
-            await self._import_state(state, origin=run.message_count)
-        self._synced = False
+        async with self.briefly_leased() as run:
+            self.check_graph(run)
+            await self._import(state, origin=run.message_count)
+        self.synced = False
 
     # -- the single crossing into the store during a run ----------------------------------------
 
-    def _write(
+    def write(
         self,
         step: Step,
         messages: Sequence[MessageRecord],
         states: Sequence[AgentStateRecord],
         update: RunUpdate | None,
     ) -> int:
+        """Commit one transition at the expected head under this session's fencing token."""
         try:
             head = self.store.commit(
-                self._run_id,
-                expected_head=self._journal.head,
-                fencing_token=self._token,
+                self.run_id,
+                expected_head=self.head,
+                fencing_token=self.token,
                 step=step,
                 messages=messages,
-                agent_states=self._states.encode(states, messages, self._journal.head + 1),
+                agent_states=self.states.encode(states, messages, self.head + 1),
                 update=update,
             )
         except BaseException:
-            self._states.clear()  # it remembered this commit's states: write the next ones whole
+            self.states.clear()  # it remembered this commit's states: write the next ones whole
             raise
-        self._journal.head = head
+        self.head = head
         return head
 
-    # -- restoring from the store ----------------------------------------------------------------
+    # -- reading the run -------------------------------------------------------------------------
 
-    async def _restore(self, log: RunLog) -> Plan:
-        """Put the team at the store's head. On the embedded runtime every message is created once
-        and shared by the thread and the buffers; elsewhere the state goes through load_state."""
-        at = plan(log, self._spec, self._participant_names)
-        runtime = self._runtime
-        if not isinstance(runtime, SingleThreadedAgentRuntime):
-            await GraphFlow.load_state(self, await self._state_at(log, at))
-        else:
-            if not self._initialized:
-                await self._init(runtime)
-            thread = [self._message_factory.create(e.body) for e in at.entries]
-            manager = await runtime.try_get_underlying_agent_instance(
-                AgentId(self._group_chat_manager_topic_type, self._team_id), DurableGraphFlowManager
-            )
-            await manager.restore(thread, at.cursor)
-            for name, topic in zip(self._participant_names, self._participant_topic_types, strict=True):
-                container = await runtime.try_get_underlying_agent_instance(
-                    AgentId(topic, self._team_id), DurableChatAgentContainer
-                )
-                buffer, deferred = at.buffers[name]
-                await container.restore(
-                    [thread[i] for i in buffer], [thread[i] for i in deferred], log.agent_states.get(name)
-                )
-        self._states.prime(log.run.message_count)
-        return at
+    def stored_result(self, run: RunRecord, create: Callable[[Mapping[str, Any]], Any]) -> TaskResult:
+        """The result of the run's last round, as its uninterrupted run returned it."""
+        log = self.store.load(self.run_id)
+        cursor = cursor_from_log(log, self.spec)
+        thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
+        result = run.result if isinstance(run.result, Mapping) else {}
+        return TaskResult(messages=[create(m.body) for m in thread], stop_reason=result.get("stop_reason"))
 
-    async def _state_at(self, log: RunLog, at: Plan | None = None) -> dict[str, Any]:
+    async def state_at_head(self) -> dict[str, Any]:
         """The team state (TeamState dump, durable format) at the store's head."""
-        at = at or plan(log, self._spec, self._participant_names)
+        log = self.store.load(self.run_id)
+        at = plan(log, self.spec, self.team.participant_names)
         states = {
-            p.name: log.agent_states[p.name] if p.name in log.agent_states else await p.save_state()
-            for p in self._participants
+            name: log.agent_states[name] if name in log.agent_states else await self.team.agent_state(name)
+            for name in self.team.participant_names
         }
         result = log.run.result if isinstance(log.run.result, Mapping) else {}
         return at.team_state(
-            self._run_id, self._group_chat_manager_name, states, self._fingerprint, result.get("stop_reason")
+            self.run_id, self.team.manager_name, states, self.fingerprint, result.get("stop_reason")
         )
 
-    async def _import_state(self, state: Mapping[str, Any], *, origin: int) -> None:
+    async def _restore(self) -> Plan:
+        """Put the team at the store's head."""
+        log = self.store.load(self.run_id)
+        at = plan(log, self.spec, self.team.participant_names)
+        await self.team.restore(at, log.agent_states, self.run_id)
+        self.states.prime(log.run.message_count)
+        return at
+
+    async def _import(self, state: Mapping[str, Any], *, origin: int) -> None:
         """Seed the run with a loaded state: its thread (from message ``origin`` on), agent states
         and cursor in one commit."""
+        self.pending_import = None
         agent_states = state["agent_states"]
-        manager = agent_states[self._group_chat_manager_name]
+        manager = agent_states[self.team.manager_name]
         ext = manager["graphflow_durable"]
-        thread = [self._message_factory.create(m) for m in manager["message_thread"]]
+        thread = [self.team.create_message(m) for m in manager["message_thread"]]
         records = [
             MessageRecord(origin + i, m.dump(), isinstance(m, BaseChatMessage)) for i, m in enumerate(thread)
         ]
         states = [
             AgentStateRecord(name, agent_states[name]["agent_state"])
-            for name in self._participant_names
+            for name in self.team.participant_names
             if name in agent_states
         ]
         cursor = replace(Cursor.from_extension(ext), origin=origin)
         status: RunStatus = "interrupted" if cursor.status == "running" else cursor.status
         reason = ext.get("stop_reason") if cursor.finished else None
-        self._states.clear()  # the loaded agent states are written whole
-        self._write(
-            Step("import", None, cursor.to_json(self._spec), {"dispatches": ext.get("dispatches", {})}),
+        self.states.clear()  # the loaded agent states are written whole
+        self.write(
+            Step("import", None, cursor.to_json(self.spec), {"dispatches": ext.get("dispatches", {})}),
             records,
             states,
             RunUpdate(status=status, result={"stop_reason": reason}),

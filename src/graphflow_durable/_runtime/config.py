@@ -1,0 +1,101 @@
+"""The declarative side of DurableGraphFlow: its component config and loading saved states.
+
+Here so that the public facade (``flow``) needs none of AutoGen's private names.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from autogen_agentchat.teams import DiGraph
+from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
+
+from graphflow_durable._storage.urls import parse_store_url
+from graphflow_durable.errors import NotSerializableError, StateFormatError
+from graphflow_durable.integrity import repair_state
+from graphflow_durable.store import Store
+
+__all__ = [
+    "DurableGraphFlowConfig",
+    "GraphFlowConfig",
+    "config_store_url",
+    "durable_state",
+    "refuse_callables",
+]
+
+logger = logging.getLogger("graphflow_durable.flow")
+
+
+class DurableGraphFlowConfig(GraphFlowConfig):
+    """The declarative configuration of :class:`~graphflow_durable.DurableGraphFlow`: GraphFlow's plus
+    its own settings.
+
+    ``store`` is the store URL with its options and without its password (supply that from
+    ``PGPASSWORD`` or ``~/.pgpass``); ``None`` is the default store. ``run_id`` is written only when
+    it was chosen, so a reloaded team with a generated id is an independent team, as GraphFlow's.
+    """
+
+    store: str | None = None
+    run_id: str | None = None
+    allow_graph_change: bool = False
+    lease_seconds: float = 30.0
+
+
+def refuse_callables(graph: DiGraph) -> None:
+    """A callable edge condition cannot be serialised: refuse loudly instead of dropping it."""
+    for node in graph.nodes.values():
+        for edge in node.edges:
+            if edge.condition_function is not None:
+                raise NotSerializableError(
+                    f"edge {node.name!r} -> {edge.target!r} has a callable condition, which cannot be "
+                    "serialised; use a string condition, or rebuild the team in code instead of "
+                    "dump_component()/load_component()"
+                )
+
+
+def config_store_url(store: str | Store | None, team_name: str) -> str | None:
+    """The store URL to write into a config: its options kept, its password never written."""
+    if store is None:
+        return None
+    parsed = store if isinstance(store, Store) else parse_store_url(store)
+    if parsed.has_password:
+        logger.warning(
+            "team %s: the store URL's password is not written into the component config; "
+            "the loaded team's driver reads it from PGPASSWORD or ~/.pgpass",
+            team_name,
+        )
+    return parsed.config_url
+
+
+def durable_state(
+    state: Mapping[str, Any], *, graph: DiGraph, fingerprint: str, manager_name: str, run_id: str
+) -> dict[str, Any]:
+    """A deep copy of a saved team state in the durable format; a plain GraphFlow state is
+    repaired first, with one WARNING line summing up what changed (each change at DEBUG)."""
+    copied: dict[str, Any] = copy.deepcopy(dict(state))
+    agent_states = copied.get("agent_states")
+    manager = agent_states.get(manager_name) if isinstance(agent_states, Mapping) else None
+    if not isinstance(manager, Mapping):
+        raise StateFormatError(
+            f"not a team state: expected 'agent_states' with a {manager_name!r} entry, "
+            "as GraphFlow.save_state() writes"
+        )
+    if "graphflow_durable" in manager:
+        return copied
+    repaired = repair_state(copied, graph=graph, graph_fingerprint=fingerprint)
+    codes = sorted({f.code for f in repaired.report.findings if f.severity != "info"})
+    status = repaired.state["agent_states"][manager_name]["graphflow_durable"]["status"]
+    logger.warning(
+        "run %s: loaded a plain GraphFlow state (%d messages) as %s; %d field(s) repaired%s",
+        run_id,
+        len(manager.get("message_thread", ())),
+        status,
+        len(repaired.changes),
+        f" ({', '.join(codes)}; see docs/repair.md)" if codes else "",
+    )
+    for change in repaired.changes:
+        logger.debug("run %s: repaired %s", run_id, change)
+    return copy.deepcopy(dict(repaired.state))

@@ -1,0 +1,76 @@
+"""The durable participant container: runs a node's turn inside its execution context and keeps
+the messages that arrived during the turn (deferred) behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autogen_agentchat.base import ChatAgent, Team
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
+from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
+from autogen_agentchat.teams._group_chat._events import GroupChatRequestPublish, GroupChatReset
+from autogen_core import MessageContext, event, rpc
+
+from graphflow_durable._runtime.link import Turns
+
+__all__ = ["DurableChatAgentContainer"]
+
+
+class DurableChatAgentContainer(ChatAgentContainer):
+    """A participant container that exposes the execution context and honours deferred input.
+
+    ``deferred`` is this container's own: the messages published after its node was dispatched,
+    which it hears after the node's turn (docs/state-format.md, "Buffer rule").
+    """
+
+    def __init__(
+        self,
+        parent_topic_type: str,
+        output_topic_type: str,
+        agent: ChatAgent | Team,
+        message_factory: MessageFactory,
+        turns: Turns,
+    ) -> None:
+        super().__init__(parent_topic_type, output_topic_type, agent, message_factory)
+        self._turns = turns
+        self._deferred: list[BaseChatMessage] = []
+
+    @event
+    async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:  # type: ignore[override]
+        """Run the agent's turn with its execution context set; then hear what was deferred."""
+        with self._turns.running(self._agent.name):
+            await ChatAgentContainer.handle_request(self, message, ctx)
+        self._message_buffer[:0] = self._deferred
+        self._deferred = []
+
+    @rpc
+    async def handle_reset(self, message: GroupChatReset, ctx: MessageContext) -> None:  # type: ignore[override]
+        """Reset as GraphFlow's container does, deferred input included."""
+        self._deferred = []
+        await ChatAgentContainer.handle_reset(self, message, ctx)
+
+    async def save_state(self) -> Mapping[str, Any]:
+        state = dict(await super().save_state())
+        if self._deferred:
+            state["deferred_buffer"] = [m.dump() for m in self._deferred]
+        return state
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        await super().load_state(state)
+        self._set_deferred([self._message_factory.create(m) for m in state.get("deferred_buffer", [])])
+
+    async def restore(
+        self,
+        buffer: Sequence[BaseAgentEvent | BaseChatMessage],
+        deferred: Sequence[BaseAgentEvent | BaseChatMessage],
+        agent_state: Mapping[str, Any] | None,
+    ) -> None:
+        """Set the buffers from message objects (shared, not copied) and load the agent's state."""
+        self._message_buffer = [m for m in buffer if isinstance(m, BaseChatMessage)]
+        self._set_deferred(deferred)
+        if agent_state is not None:
+            await self._agent.load_state(agent_state)
+
+    def _set_deferred(self, deferred: Sequence[BaseAgentEvent | BaseChatMessage]) -> None:
+        self._deferred = [m for m in deferred if isinstance(m, BaseChatMessage)]

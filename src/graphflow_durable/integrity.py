@@ -27,7 +27,7 @@ from graphflow_durable._integrity.codes import CODES, NEEDS_GRAPH, Finding, Seve
 from graphflow_durable._integrity.derive import Derived, derive, extension
 from graphflow_durable._integrity.read import MANAGER, Parsed, parse, sources
 from graphflow_durable.errors import ReplayError, UnrepairableStateError
-from graphflow_durable.scheduler import GraphSpec
+from graphflow_durable.scheduler import PLAIN_KEYS, GraphSpec
 
 __all__ = [
     "CODES",
@@ -154,11 +154,7 @@ def repair_state(
     if "version" not in repaired:
         repaired["version"] = "1.0.0"
     manager = repaired["agent_states"][MANAGER]
-    full = derived.sched.to_json()
-    manager["current_turn"] = derived.sched.turn
-    manager["remaining"] = full["remaining"]
-    manager["enqueued_any"] = full["enqueued_any"]
-    manager["ready"] = [*derived.sched.in_flight, *derived.sched.ready]
+    manager.update(derived.sched.plain_view())
     manager["graphflow_durable"] = extension(p, derived, graph_fingerprint)
     for name in p.participants:
         entry = repaired["agent_states"][name]
@@ -192,7 +188,12 @@ def _analyse(
             f"/agent_states/{MANAGER}/message_thread",
             f"{exc}; repair never invents progress, so this state cannot be repaired with this graph",
         )
-        p.refusal = p.refusal or UnrepairableStateError(f"cannot repair: {exc}")
+        p.refusal = p.refusal or UnrepairableStateError(
+            f"cannot repair: {exc}",
+            code="GFD209-thread-unexplained",
+            pointer=f"/agent_states/{MANAGER}/message_thread",
+            node=exc.node,
+        )
         return p, None, ()
     check_against_thread(p, spec, derived)
     # GraphFlow itself drives an "all" count below zero when a group's edges fire more often than
@@ -262,7 +263,7 @@ def _changes(before: Mapping[str, Any], after: Mapping[str, Any], p: Parsed) -> 
         compare(f"/{key}", before.get(key, _ABSENT), after.get(key, _ABSENT))
     m_old, m_new = before["agent_states"][MANAGER], after["agent_states"][MANAGER]
     base = f"/agent_states/{MANAGER}"
-    for key in ("current_turn", "remaining", "enqueued_any", "ready"):
+    for key in PLAIN_KEYS:
         compare(f"{base}/{key}", m_old.get(key, _ABSENT), m_new.get(key, _ABSENT))
     ext_old, ext_new = m_old.get("graphflow_durable", _ABSENT), m_new["graphflow_durable"]
     if not isinstance(ext_old, Mapping):

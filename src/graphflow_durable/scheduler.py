@@ -36,6 +36,7 @@ from autogen_agentchat.teams import DiGraph, DiGraphEdge
 from graphflow_durable.errors import ReplayError, StateFormatError
 
 __all__ = [
+    "PLAIN_KEYS",
     "GraphSpec",
     "ReplayResult",
     "SchedulerState",
@@ -46,6 +47,9 @@ __all__ = [
     "replay",
     "select",
 ]
+
+#: The scheduler keys of plain GraphFlow's saved manager state (see :meth:`SchedulerState.plain_view`).
+PLAIN_KEYS = ("current_turn", "remaining", "enqueued_any", "ready")
 
 Activation = Literal["all", "any"]
 
@@ -109,6 +113,19 @@ class SchedulerState:
         return SchedulerState(
             self.remaining, self.enqueued_any, self.triggered, self.ready, self.in_flight, turn, self.touched
         )
+
+    def plain_view(self) -> dict[str, Any]:
+        """The keys plain GraphFlow's manager saves (:data:`PLAIN_KEYS`), as this state implies them.
+
+        The in-flight nodes come first in ``ready``, so plain GraphFlow loading the state runs the
+        interrupted nodes again.
+        """
+        return {
+            "current_turn": self.turn,
+            "remaining": {t: dict(g) for t, g in self.remaining.items()},
+            "enqueued_any": {t: dict(g) for t, g in self.enqueued_any.items()},
+            "ready": [*self.in_flight, *self.ready],
+        }
 
     def to_json(self) -> dict[str, Any]:
         """The full state as JSON types (maps are copied, tuples become lists)."""

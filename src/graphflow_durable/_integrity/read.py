@@ -56,7 +56,7 @@ class Parsed:
     def refuse(self, code: str, where: str, message: str) -> None:
         self.add(code, where, message)
         if self.refusal is None:
-            self.refusal = StateFormatError(f"{where or '/'}: {message}")
+            self.refusal = StateFormatError(f"{where or '/'}: {message}", code=code, pointer=where or "/")
 
 
 def parse(state: Any) -> Parsed:
@@ -258,14 +258,7 @@ def _read_extension(p: Parsed) -> None:
 
 def _check_view(p: Parsed, sched: SchedulerState, where: str) -> None:
     """The plain keys must be the view of the authoritative durable scheduler."""
-    view = sched.to_json()
-    expected: Mapping[str, Any] = {
-        "ready": [*sched.in_flight, *sched.ready],
-        "remaining": view["remaining"],
-        "enqueued_any": view["enqueued_any"],
-        "current_turn": sched.turn,
-    }
-    for key, value in expected.items():
+    for key, value in sched.plain_view().items():
         if p.manager.get(key) != value:
             p.add(
                 "GFD401-view-mismatch",

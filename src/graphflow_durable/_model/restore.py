@@ -13,8 +13,8 @@ from typing import Any
 
 from graphflow_durable._model.buffers import LogEntry, buffer_indexes
 from graphflow_durable._model.cursor import Cursor
+from graphflow_durable._model.records import RunLog
 from graphflow_durable.scheduler import GraphSpec, initial
-from graphflow_durable.store import RunLog
 
 __all__ = ["Plan", "cursor_from_log", "plan"]
 
@@ -67,14 +67,9 @@ class Plan:
                 "message_buffer": [self.entries[i].body for i in buffer],
                 "deferred_buffer": [self.entries[i].body for i in deferred],
             }
-        sched = self.cursor.sched
-        full = sched.to_json()
         states[manager_name] = {
             "message_thread": [e.body for e in self.entries],
-            "current_turn": sched.turn,
-            "remaining": full["remaining"],
-            "enqueued_any": full["enqueued_any"],
-            "ready": [*sched.in_flight, *sched.ready],
+            **self.cursor.sched.plain_view(),
             "graphflow_durable": self.cursor.extension(
                 run_id, graph_fingerprint=graph_fingerprint, stop_reason=stop_reason
             ),

@@ -364,14 +364,9 @@ class DurableGraphFlowManager(GraphFlowManager):
 
     async def save_state(self) -> Mapping[str, Any]:
         """GraphFlow's keys (in-flight nodes first in ``ready``) plus the durable extension."""
-        sched = self._cursor.sched
-        full = sched.to_json()
         return {
             "message_thread": [m.dump() for m in self._message_thread],
-            "current_turn": sched.turn,
-            "remaining": full["remaining"],
-            "enqueued_any": full["enqueued_any"],
-            "ready": [*sched.in_flight, *sched.ready],
+            **self._cursor.sched.plain_view(),
             "graphflow_durable": self._cursor.extension(
                 self._link.run_id,
                 graph_fingerprint=self._link.fingerprint,

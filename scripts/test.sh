@@ -24,5 +24,7 @@ echo "== ruff" >&2
 .venv/bin/ruff format --check src tests examples benchmarks
 echo "== mypy --strict" >&2
 .venv/bin/mypy
+echo "== import contracts" >&2
+.venv/bin/lint-imports
 echo "== pytest" >&2
 .venv/bin/python -m pytest "$@"

@@ -25,11 +25,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._agentstate.reader import fold_states, references
+from graphflow_durable._agentstate.writer import state_row
+from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import (
     ENDED_STATUSES,
     RUN_STATUSES,
     AgentStateRecord,
+    AgentStateRow,
     MessageRecord,
     RunLog,
     RunRecord,
@@ -38,14 +41,12 @@ from graphflow_durable._model.records import (
     Step,
     StepRecord,
     StoredMessage,
-    run_record,
 )
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.commit import (
     CommitParams,
     encode_commit,
     encode_run,
-    fold_states,
     not_found,
     refusal,
 )
@@ -53,6 +54,7 @@ from graphflow_durable._storage.engine import open_engines
 from graphflow_durable._storage.lease import lease_lost, locked, takeover_reason
 from graphflow_durable._storage.migrations import current_version, migrate
 from graphflow_durable._storage.queue import Claim, Submission
+from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
 from graphflow_durable._storage.workqueue import QueueMethods
@@ -243,14 +245,16 @@ class Store(QueueMethods):
         fencing_token: int,
         step: Step,
         messages: Sequence[MessageRecord] = (),
-        agent_states: Sequence[AgentStateRecord] = (),
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
         update: RunUpdate | None = None,
     ) -> int:
         """Append one step atomically; return the new head (``expected_head + 1``).
 
         One transaction: moves the run's head from ``expected_head`` (guarded by the fencing token),
         applies ``update``, and appends the step, its messages (whose ``seq`` must continue the
-        thread without gaps) and the agent states. On any error nothing is written.
+        thread without gaps) and the agent states. On any error nothing is written. An agent state
+        is a record (its body a JSON value, encoded here) or a row made by the flow's agent-state
+        writer (its body already JSON text, written as it is).
 
         Raises:
             RunNotFoundError: no such run.
@@ -259,8 +263,9 @@ class Store(QueueMethods):
                 the run's message count / are not contiguous.
             NotSerializableError: a value is not JSON (raised before touching the database).
         """
+        rows = [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
         params = encode_commit(
-            run_id, expected_head, fencing_token, time.time(), step, messages, agent_states, update
+            run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
         )
         hot = self._hot
         with self._guard(f"committing step {expected_head + 1} of run {run_id}"):
@@ -360,16 +365,8 @@ class Store(QueueMethods):
                 StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
                 for m in conn.execute(S.SELECT_MESSAGES, p)
             ]
-            by_seq = {m.seq: m for m in thread}
-
-            def message_text(seq: int) -> str:
-                """What a state's reference to message ``seq`` stands for: its content, encoded."""
-                content = by_seq[seq].body["content"]
-                if not isinstance(content, str):
-                    raise TypeError(f"message {seq} referenced by an agent state has no text content")
-                return dumps(content)
-
-            states, state_steps = fold_states(run_id, conn.execute(S.SELECT_LATEST_STATES, p), message_text)
+            rows = conn.execute(S.SELECT_LATEST_STATES, p)
+            states, state_steps = fold_states(run_id, rows, references(thread))
         return RunLog(
             run=run,
             steps=steps,

@@ -3,8 +3,8 @@ reads bounded.
 
 An agent whose saved state grows every turn (a model context) would otherwise cost O(history)
 bytes per commit. :class:`StateLog` remembers, per node, the JSON text of the last state this
-writer committed (``_codec.state_text``), and stores the next one as a splice of that text
-(``_textdelta``): the region that changed, in which every message of the run that the state
+writer committed (``_model.codec.state_text``), and stores the next one as a splice of that text
+(``textdelta``): the region that changed, in which every message of the run that the state
 repeats (the context keeps what the agent heard and said) is a reference to the message log. Once
 the splices written since the last whole snapshot add up to that snapshot's stored size (or number
 ``MAX_DELTAS``), it writes a whole snapshot again: a splice of the empty text (``base_step`` 0),
@@ -16,6 +16,10 @@ The texts are not canonical JSON (``state_text`` keeps the value's key order, an
 than the canonical encoder on large states), so a splice is only ever written against a text this
 writer wrote itself: after a (re)load the log forgets every node, and each node's next state is a
 whole snapshot. The flow also clears the log after a failed commit.
+
+This module and :mod:`~graphflow_durable._agentstate.reader` are the one home of the row format
+(docs/state-format.md, "In the database"): each row's body is encoded here, once, as the JSON text
+the store writes verbatim, and folded back there.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from dataclasses import dataclass
 
 from graphflow_durable._agentstate.textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
 from graphflow_durable._model.codec import dumps, state_text
-from graphflow_durable.store import AgentStateRecord, MessageRecord
+from graphflow_durable._model.records import AgentStateRecord, AgentStateRow, MessageRecord
 
-__all__ = ["MAX_DELTAS", "StateLog"]
+__all__ = ["MAX_DELTAS", "StateLog", "state_row"]
 
 #: Splices after which a whole snapshot is written even if they are small (bounds resume work).
 MAX_DELTAS = 256
@@ -73,13 +77,14 @@ class StateLog:
 
     def encode(
         self, records: Sequence[AgentStateRecord], messages: Sequence[MessageRecord], step: int
-    ) -> list[AgentStateRecord]:
-        """The records to store for a commit at ``step`` that also appends ``messages``.
+    ) -> list[AgentStateRow]:
+        """The rows to store for a commit at ``step`` that also appends ``messages``: each one's
+        body is its final JSON text, which the store writes as it is.
 
         It updates what is remembered as if the commit succeeds; call :meth:`clear` if it fails.
         """
         self._note(messages)
-        stored: list[AgentStateRecord] = []
+        stored: list[AgentStateRow] = []
         for record in records:
             text = state_text(record.body, where=f"agent_states/{record.node}")
             last = self._nodes.get(record.node)
@@ -88,7 +93,7 @@ class StateLog:
             stored.append(self._encode_one(record.node, text, last, step))
         return stored
 
-    def _encode_one(self, node: str, text: str, last: _Node | None, step: int) -> AgentStateRecord:
+    def _encode_one(self, node: str, text: str, last: _Node | None, step: int) -> AgentStateRow:
         since = -1 if last is None else last.seen
         newer = [(seq, content) for seq, content in self._recent if seq >= since][-_CANDIDATES:]
         candidates = [(seq, self._encoding(seq, content)) for seq, content in newer]
@@ -99,20 +104,19 @@ class StateLog:
         cut = len(last.text) - at - keep
         pieces = with_references(text[at : len(text) - keep], candidates)
         last.rope.splice(at, cut, pieces, self._resolve)
-        patch = splice(at, cut, pieces)
-        size = len(dumps(patch))
-        if last.deltas >= MAX_DELTAS or last.delta_size + size >= last.snapshot_size:
+        patch = dumps(splice(at, cut, pieces))
+        if last.deltas >= MAX_DELTAS or last.delta_size + len(patch) >= last.snapshot_size:
             return self._snapshot(node, text, last.rope, step)
-        record = AgentStateRecord(node, patch, base_step=last.step)
+        stored = AgentStateRow(node, patch, base_step=last.step)
         last.step, last.text, last.seen = step, text, self._count
-        last.delta_size += size
+        last.delta_size += len(patch)
         last.deltas += 1
-        return record
+        return stored
 
-    def _snapshot(self, node: str, text: str, rope: Rope, step: int) -> AgentStateRecord:
-        body = splice(0, 0, rope.pieces())
-        self._nodes[node] = _Node(step, text, rope, self._count, len(dumps(body)))
-        return AgentStateRecord(node, body, base_step=0)
+    def _snapshot(self, node: str, text: str, rope: Rope, step: int) -> AgentStateRow:
+        body = dumps(splice(0, 0, rope.pieces()))
+        self._nodes[node] = _Node(step, text, rope, self._count, len(body))
+        return AgentStateRow(node, body, base_step=0)
 
     def _note(self, messages: Sequence[MessageRecord]) -> None:
         for message in messages:
@@ -132,3 +136,15 @@ class StateLog:
 
     def _resolve(self, seq: int) -> str:
         return self._encoded[seq]
+
+
+def state_row(record: AgentStateRecord) -> AgentStateRow:
+    """A record given as a value (a whole state, or a delta its caller made) as the row to store:
+    its body as canonical JSON text.
+
+    Raises:
+        NotSerializableError: naming the value in ``record.body`` that JSON cannot hold.
+    """
+    return AgentStateRow(
+        record.node, dumps(record.body, where=f"agent_states/{record.node}"), record.base_step
+    )

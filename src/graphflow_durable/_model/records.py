@@ -9,12 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from sqlalchemy.engine import RowMapping
-
-from graphflow_durable._model.codec import loads
-
 __all__ = [
     "AgentStateRecord",
+    "AgentStateRow",
     "MessageRecord",
     "RunLog",
     "RunRecord",
@@ -25,7 +22,6 @@ __all__ = [
     "Step",
     "StepRecord",
     "StoredMessage",
-    "run_record",
 ]
 
 RunStatus = Literal["running", "interrupted", "stopped", "failed", "finished"]
@@ -62,13 +58,27 @@ class AgentStateRecord:
 
     With ``base_step`` set, ``body`` is a delta against the node's state saved at step
     ``base_step``, which must be the node's previous row: a splice of its canonical JSON text
-    (``{"at", "cut", "put"}``, see ``_textdelta``; pieces may reference messages of the run) or,
-    in rows written before schema version 4, a ``_jsondelta`` patch. ``base_step`` 0 means a splice of the
-    empty text: a whole state that references messages. ``load`` applies them.
+    (``{"at", "cut", "put"}``, see ``_agentstate.textdelta``; pieces may reference messages of the
+    run) or, in rows written before schema version 4, a ``_agentstate.jsondelta`` patch.
+    ``base_step`` 0 means a splice of the empty text: a whole state that references messages.
+    ``load`` applies them.
     """
 
     node: str
     body: Mapping[str, Any]
+    base_step: int | None = None
+
+
+@dataclass(frozen=True)
+class AgentStateRow:
+    """An agent-state row ready to store, as the agent-state writer (``_agentstate``) makes it.
+
+    ``text`` is the row's final ``body``: JSON text written verbatim (the store does not encode it
+    again, nor know what it holds); ``base_step`` as in :class:`AgentStateRecord`.
+    """
+
+    node: str
+    text: str
     base_step: int | None = None
 
 
@@ -153,26 +163,3 @@ class RunLog:
     scheduler: Mapping[str, Any] | None
     agent_states: Mapping[str, Mapping[str, Any]]
     agent_state_steps: Mapping[str, int] = field(default_factory=dict)
-
-
-def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:
-    """A run's row (as stored: JSON text) as a :class:`RunRecord` (JSON decoded)."""
-    task, result = row["task"], row["result"]
-    return RunRecord(
-        run_id=row["run_id"],
-        graph_fingerprint=row["graph_fingerprint"],
-        graph=loads(row["graph"]),
-        status=row["status"],
-        head_seq=row["head_seq"],
-        message_count=row["message_count"],
-        task=None if task is None else loads(task),
-        result=None if result is None else loads(result),
-        lease_owner=row["lease_owner"],
-        lease_expires_at=row["lease_expires_at"],
-        fencing_token=row["fencing_token"],
-        parent_run_id=row["parent_run_id"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        lease_host=row["lease_host"],
-        lease_pid=row["lease_pid"],
-    )

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphflow_durable._agentstate import jsondelta, textdelta
-from graphflow_durable._agentstate.textdelta import Rope
-from graphflow_durable._model.codec import dumps, loads
-from graphflow_durable._model.records import RUN_STATUSES, AgentStateRecord, MessageRecord, RunUpdate, Step
+from graphflow_durable._model.codec import dumps
+from graphflow_durable._model.records import RUN_STATUSES, AgentStateRow, MessageRecord, RunUpdate, Step
 from graphflow_durable._storage.lease import lease_lost
 from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError
 
@@ -24,7 +22,6 @@ __all__ = [
     "CommitParams",
     "encode_commit",
     "encode_run",
-    "fold_states",
     "not_found",
     "refusal",
 ]
@@ -81,10 +78,13 @@ def encode_commit(
     now: float,
     step: Step,
     messages: Sequence[MessageRecord],
-    agent_states: Sequence[AgentStateRecord],
+    agent_states: Sequence[AgentStateRow],
     update: RunUpdate | None,
 ) -> CommitParams:
-    """Encode everything a commit writes; raise before any SQL if something is wrong with it."""
+    """Encode everything a commit writes; raise before any SQL if something is wrong with it.
+
+    The agent-state rows come encoded (by ``_agentstate``): their text is written as it is.
+    """
     new_head = expected_head + 1
     run: dict[str, Any] = {
         "p_run_id": run_id,
@@ -146,13 +146,12 @@ def encode_commit(
                 "pass one state per node; nothing was written"
             )
         seen.add(state.node)
-        body = dumps(state.body, where=f"agent_states/{state.node}")
         states.append(
             {
                 "run_id": run_id,
                 "node": state.node,
                 "step_seq": new_head,
-                "body": body,
+                "body": state.text,
                 "base_step": state.base_step,
             }
         )
@@ -185,61 +184,3 @@ def refusal(
 def not_found(run_id: str) -> RunNotFoundError:
     """The error for a run id the store does not have."""
     return RunNotFoundError(f"run {run_id} does not exist; create it with Store.create_run() first")
-
-
-def fold_states(
-    run_id: str, rows: Iterable[Any], message_text: Callable[[int], str]
-) -> tuple[dict[str, Any], dict[str, int]]:
-    """Each node's current state from its latest whole row and the delta rows after it.
-
-    ``rows`` are (node, step_seq, base_step, body) ordered by node and step; ``message_text(seq)``
-    is the text a message reference of a splice stands for. Returns the states and the step of
-    each node's latest row. A delta whose base is not the row before it or of the other kind, or a
-    splice that does not fit, means the log is corrupt: :class:`StoreError`, naming the run, node and steps.
-    """
-    current: dict[str, Any | Rope] = {}
-    steps: dict[str, int] = {}
-    for node, step_seq, base_step, body in rows:
-        value = loads(body)
-        where = f"run {run_id}: the state of node {node!r} saved at step {step_seq}"
-        try:
-            if base_step is None:
-                current[node] = value
-            elif base_step == 0:
-                current[node] = Rope.of(value["put"], message_text)
-            elif steps.get(node) != base_step:
-                raise StoreError(
-                    f"{where} is a delta against step {base_step}, but the row before it is at step "
-                    f"{steps.get(node)}; the agent-state log is corrupt (was the database edited by hand?)"
-                )
-            elif textdelta.is_splice(value) != isinstance(current[node], Rope):
-                # Splices (schema 4) follow a splice of the empty text; structural deltas (before
-                # schema 4) follow a whole value. A writer never mixes the two in one chain.
-                raise StoreError(
-                    f"{where} is a {'splice' if textdelta.is_splice(value) else 'structural delta'} "
-                    f"against a row of the other kind; the agent-state log is corrupt "
-                    "(was the database edited by hand?)"
-                )
-            elif isinstance(rope := current[node], Rope):
-                rope.splice(value["at"], value["cut"], value["put"], message_text)
-            else:
-                current[node] = jsondelta.apply(current[node], value)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StoreError(
-                f"{where} cannot be applied ({exc!r}); the agent-state log is corrupt "
-                "(was the database edited by hand?)"
-            ) from exc
-        steps[node] = step_seq
-    states = {}
-    for node, state in current.items():
-        if isinstance(state, Rope):
-            try:
-                states[node] = loads(state.text())
-            except ValueError as exc:
-                raise StoreError(
-                    f"run {run_id}: the state of node {node!r} rebuilt from its rows up to step "
-                    f"{steps[node]} is not JSON ({exc}); the agent-state log is corrupt"
-                ) from exc
-        else:
-            states[node] = state
-    return states, steps

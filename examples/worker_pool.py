@@ -6,7 +6,7 @@ Run it with no API key (SQLite in a temporary directory by default):
     python examples/worker_pool.py --store postgresql://user@host/db   # the same against PostgreSQL
 
 What happens:
-1. Five runs are submitted to the store (``Store.submit``), each with its own task, team key "report".
+1. Five runs are submitted to the store (``store.queue.submit``), each with its own task, team key "report".
 2. Two ``graphflow-durable worker`` processes start (``--team report=worker_pool:team``); each
    claims runs and drives two at a time.
 3. When the first worker is in the middle of its runs, this script SIGKILLs it. The other worker
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         run_ids = [f"report-{i}" for i in range(args.runs)]
         with Store(url) as store:
             for i, run_id in enumerate(run_ids):
-                store.submit(run_id, task=f"Write report number {i}.", team=TEAM_KEY)
+                store.queue.submit(run_id, task=f"Write report number {i}.", team=TEAM_KEY)
             print(f"submitted {len(run_ids)} runs to {store.url}")
             workers = [start_worker(url, Path(tmp) / f"worker-{n}.log") for n in range(2)]
             victim = workers[0]

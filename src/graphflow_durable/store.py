@@ -7,9 +7,9 @@ number and its lease fencing token: a stale writer gets :class:`ConflictError` (
 :class:`LeaseLostError`) and nothing is written.
 
 The value objects (:class:`Step`, :class:`MessageRecord`, :class:`RunLog`, ...) are defined in
-``_records`` and exported from here; import them from ``graphflow_durable.store``. The worker-pool
-queue methods (:meth:`Store.submit`, :meth:`Store.claim`, ...) are defined in ``_store_queue``, on
-``QueueMethods``, a base class of :class:`Store`: that module is part of the store.
+``_model.records`` and exported from here; import them from ``graphflow_durable.store``. The
+worker-pool queue is an object the store holds, :attr:`Store.queue` (a :class:`WorkQueue`:
+``store.queue.submit(...)``, ``store.queue.claim(...)``...), on the store's engines.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
@@ -50,15 +50,15 @@ from graphflow_durable._storage.commit import (
     not_found,
     refusal,
 )
-from graphflow_durable._storage.engine import open_engines
+from graphflow_durable._storage.engine import guarded, open_engines
 from graphflow_durable._storage.lease import lease_lost, locked, takeover_reason
 from graphflow_durable._storage.migrations import current_version, migrate
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
-from graphflow_durable._storage.workqueue import QueueMethods
-from graphflow_durable.errors import ConflictError, StoreError
+from graphflow_durable._storage.workqueue import WorkQueue
+from graphflow_durable.errors import ConflictError
 
 __all__ = [
     "ENDED_STATUSES",
@@ -75,12 +75,13 @@ __all__ = [
     "Store",
     "StoredMessage",
     "Submission",
+    "WorkQueue",
 ]
 
 _log = logging.getLogger(__name__)
 
 
-class Store(QueueMethods):
+class Store:
     """Runs, steps, messages, agent states and leases over SQLAlchemy 2.x Core.
 
     Opening a store creates or migrates the schema (see ``_migrations``); a database written by a
@@ -93,6 +94,8 @@ class Store(QueueMethods):
     copy of a worker holding the previous token is fenced out; use :meth:`renew_lease` to extend a
     lease you hold. :meth:`commit` checks the token only: a worker whose lease expired may still
     commit as long as nobody has taken the run over.
+
+    The worker-pool queue is :attr:`queue`, held by the store on the same engines.
 
     Args:
         url: a SQLAlchemy URL: ``sqlite:///path.db`` (embedded, the default backend),
@@ -128,12 +131,18 @@ class Store(QueueMethods):
         self._integrity_error: type[Any] = dialect.loaded_dbapi.IntegrityError
         # psycopg's pipeline mode (libpq >= 14): one round trip for the statements of a commit.
         self._pipeline = self._e.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
+        self._queue = WorkQueue(self._e)
         try:
             with self._guard("opening the store"):
                 self._version = migrate(self._e.write, read=self._e.read, url=self._e.url)
         except BaseException:
             self._e.engine.dispose()
             raise
+
+    @property
+    def queue(self) -> WorkQueue:
+        """The worker-pool queue of this store: submit runs, claim work, release claims, record failures."""
+        return self._queue
 
     @property
     def url(self) -> str:
@@ -209,19 +218,21 @@ class Store(QueueMethods):
         values = encode_run(
             run_id, graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, time.time()
         )
-        with self._guard(f"creating run {run_id}"), self._e.write.begin() as conn:
+        with self._guard(f"creating run {run_id}", run_id), self._e.write.begin() as conn:
             try:
                 conn.execute(S.INSERT_RUN, values)
             except sa.exc.IntegrityError as exc:  # the primary key: the run exists
                 raise ConflictError(
                     f"run {run_id} already exists in {self._e.url}; choose a new run_id to start a new "
-                    "run, or resume the existing one (acquire its lease and load it)"
+                    "run, or resume the existing one (acquire its lease and load it)",
+                    run_id=run_id,
+                    url=self._e.url,
                 ) from exc
         return run_record(values)
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run's row, or ``None`` when there is no such run."""
-        with self._guard(f"reading run {run_id}"), self._e.read.begin() as conn:
+        with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).mappings().first()
         return None if row is None else run_record(row)
 
@@ -268,7 +279,7 @@ class Store(QueueMethods):
             run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
         )
         hot = self._hot
-        with self._guard(f"committing step {expected_head + 1} of run {run_id}"):
+        with self._guard(f"committing step {expected_head + 1} of run {run_id}", run_id):
             # The hot path runs the precompiled statements on a pooled DBAPI connection: one
             # transaction, no per-statement SQLAlchemy execution overhead. On SQLite the connection
             # of the last successful commit is kept for the next one (no pool round trip).
@@ -350,7 +361,7 @@ class Store(QueueMethods):
         Raises:
             RunNotFoundError: no such run.
         """
-        with self._guard(f"loading run {run_id}"), self._e.read.begin() as conn:
+        with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
             p = {"p_run_id": run_id}
             row = conn.execute(S.SELECT_RUN, p).mappings().first()
             if row is None:
@@ -378,7 +389,7 @@ class Store(QueueMethods):
 
     def head_scheduler(self, run_id: str) -> Mapping[str, Any] | None:
         """The scheduler JSON of the run's head step (``None`` before the first step), read alone."""
-        with self._guard(f"reading the head of run {run_id}"), self._e.read.begin() as conn:
+        with self._guard(f"reading the head of run {run_id}", run_id), self._e.read.begin() as conn:
             run = conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).mappings().first()
             if run is None:
                 raise not_found(run_id)
@@ -406,7 +417,7 @@ class Store(QueueMethods):
             RunNotFoundError: no such run.
             RunLockedError: another live worker holds an unexpired lease.
         """
-        with self._guard(f"acquiring the lease of run {run_id}"), self._e.write.begin() as conn:
+        with self._guard(f"acquiring the lease of run {run_id}", run_id), self._e.write.begin() as conn:
             row = conn.execute(S.SELECT_LEASE.with_for_update(), {"p_run_id": run_id}).first()
             if row is None:
                 raise not_found(run_id)
@@ -447,7 +458,7 @@ class Store(QueueMethods):
         """
         expires = time.time() + lease_seconds
         params = {"p_run_id": run_id, "p_owner": owner, "p_token": fencing_token, "p_expires": expires}
-        with self._guard(f"renewing the lease of run {run_id}"), self._e.write.begin() as conn:
+        with self._guard(f"renewing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
             if conn.execute(S.RENEW_LEASE, params).rowcount != 1:
                 row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
                 if row is None:
@@ -461,29 +472,17 @@ class Store(QueueMethods):
         Never raises because the lease was taken over (or the run is gone): there is nothing left
         to release then.
         """
-        with self._guard(f"releasing the lease of run {run_id}"), self._e.write.begin() as conn:
+        with self._guard(f"releasing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
             released = conn.execute(S.RELEASE_LEASE, {"p_run_id": run_id, "p_token": fencing_token}).rowcount
         return bool(released)
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    @contextmanager
-    def _guard(self, action: str) -> Iterator[None]:
-        """Serialise (in-memory SQLite only) and turn database errors into StoreError."""
-        with self._e.serial:
-            try:
-                yield
-            except (sa.exc.SQLAlchemyError, self._driver_error) as exc:
-                raise StoreError(f"{action} failed on {self._e.url}: {_describe(exc)}") from exc
+    def _guard(self, action: str, run_id: str | None = None) -> AbstractContextManager[None]:
+        """Serialise (in-memory SQLite only) and turn database errors into :class:`StoreError`."""
+        return guarded(self._e, action, run_id=run_id)
 
 
 def _pipeline_supported(driver: Any) -> bool:
     pipeline = getattr(driver, "Pipeline", None)
     return pipeline is not None and bool(pipeline.is_supported())
-
-
-def _describe(exc: BaseException) -> str:
-    """A short description of a database error (the driver's message, not the SQL or values)."""
-    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
-        exc = exc.orig
-    return f"{type(exc).__name__}: {str(exc).strip()}"

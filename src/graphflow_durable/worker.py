@@ -1,7 +1,7 @@
 """A worker that claims runs from a store and drives them to completion; run several for a pool.
 
-Each worker polls :meth:`Store.claim` for work its teams can do -- submitted runs (see
-:meth:`Store.submit`), interrupted or failed runs, and runs whose driver died (lease expired, or a
+Each worker polls ``store.queue.claim()`` for work its teams can do -- submitted runs (see
+``store.queue.submit()``), interrupted or failed runs, and runs whose driver died (lease expired, or a
 dead process on this host) -- builds the team with its factory and calls ``run()``. Any number of
 workers, in any number of processes and machines, may share one PostgreSQL database (or one SQLite
 file on one machine): a run is driven by one worker at a time (leases with fencing tokens), and a
@@ -10,6 +10,19 @@ crashed worker's runs are taken over by the others.
 Guarantees (see docs/worker-pool.md): every committed agent completion is recorded exactly once;
 an agent that was running when its worker died runs again (at-least-once execution); takeover
 happens when the lease expires, or at once when the dead worker was a process on the same host.
+
+What a worker does when a run raises depends on the error's category (see :mod:`graphflow_durable.errors`):
+
+- another worker holds or took the run (:class:`LeaseLostError`, :class:`RunLockedError`,
+  :class:`ConflictError`): ``"lost"``; nothing is recorded, no attempt is counted;
+- the database failed (a :class:`StoreError` that is none of those): ``"deferred"``; not the run's
+  failure, so no attempt is counted: the claim is given back and this worker pauses its claims for
+  a back-off (logged as a database problem);
+- a caller's mistake or bad configuration (:class:`UsageError`: :class:`GraphMismatchError`, a team
+  factory that built another run, a :class:`SchemaVersionError`...): ``"failed"``, retried only
+  after ``max_backoff_seconds`` (the same mistake fails the same way: no hot retry loop);
+- anything else (an agent or the team raised, :class:`StoreCorruptError`): ``"failed"``, retried
+  after an exponential back-off.
 """
 
 from __future__ import annotations
@@ -21,11 +34,19 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from graphflow_durable.errors import ConflictError, LeaseLostError, RunLockedError
+from graphflow_durable.errors import (
+    ConflictError,
+    LeaseLostError,
+    RunLockedError,
+    SchemaVersionError,
+    StoreCorruptError,
+    StoreError,
+    UsageError,
+)
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Claim, Store
 
@@ -50,7 +71,7 @@ class TeamFactory(Protocol):
     ) -> DurableGraphFlow: ...
 
 
-Outcome = Literal["finished", "stopped", "interrupted", "failed", "lost", "halted"]
+Outcome = Literal["finished", "stopped", "interrupted", "failed", "lost", "deferred", "halted"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +81,11 @@ class RunOutcome:
     ``outcome`` is ``"finished"`` (the graph completed); ``"stopped"`` (the termination condition
     or ``max_turns`` ended the round: the run is done for the pool, and ``run()`` with no task
     continues it); ``"interrupted"`` (the team stopped before the end, e.g. it was
-    halted); ``"failed"`` (the team raised; the run is retried after a back-off); ``"lost"`` (another
-    worker took the run over or got it first: this worker wrote nothing more); ``"halted"`` (this
-    worker was stopped and cancelled the run, which is left interrupted for another worker).
+    halted); ``"failed"`` (the team raised; the run is retried after a back-off, the longest one for
+    a caller's mistake or bad configuration); ``"lost"`` (another worker took the run over or got
+    it first: this worker wrote nothing more); ``"deferred"`` (the database failed: no attempt was
+    counted against the run, which is claimed again later); ``"halted"`` (this worker was stopped
+    and cancelled the run, which is left interrupted for another worker).
     """
 
     run_id: str
@@ -90,11 +113,15 @@ class Worker:
             are halted (their in-flight agents' answers are still recorded; the run is left
             interrupted for another worker).
         backoff_seconds, max_backoff_seconds: a run whose team raised is retried after
-            ``backoff_seconds * 2 ** (failures - 1)``, at most ``max_backoff_seconds``.
+            ``backoff_seconds * 2 ** (failures - 1)``, at most ``max_backoff_seconds``; a run that
+            failed on a caller's mistake (:class:`UsageError`) after ``max_backoff_seconds``. After
+            a database error the worker claims nothing for the same growing back-off (reset by
+            the next successful claim).
         owner: this worker's id (default ``host:pid:random``).
 
     Raises:
-        ValueError: neither or both of ``factories`` and ``team`` were given, or ``concurrency < 1``.
+        UsageError: (a ``ValueError``) neither or both of ``factories`` and ``team`` were given, or
+            ``concurrency < 1``.
     """
 
     def __init__(
@@ -112,9 +139,12 @@ class Worker:
         owner: str | None = None,
     ) -> None:
         if (factories is None) == (team is None):
-            raise ValueError("give Worker either factories={team key: factory} or team=factory, not both")
+            raise UsageError(
+                "give Worker either factories={team key: factory} or team=factory, not both",
+                option="factories",
+            )
         if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+            raise UsageError(f"concurrency must be at least 1, not {concurrency}", option="concurrency")
         self._own_store = isinstance(store, str)
         self._store = Store(store) if isinstance(store, str) else store
         self._factories = dict(factories) if factories is not None else {}
@@ -130,6 +160,8 @@ class Worker:
         self._stopping = False
         self._halting = False
         self._wake: asyncio.Event | None = None
+        self._db_failures = 0  # database errors in a row (claims and runs), for the claim back-off
+        self._db_resume_at = 0.0  # monotonic time before which nothing is claimed
 
     @property
     def store(self) -> Store:
@@ -176,7 +208,10 @@ class Worker:
         await self._loop(until_idle=False)
 
     async def run_until_idle(self) -> None:
-        """Claim and drive runs until nothing is claimable and nothing is in flight (or a stop)."""
+        """Claim and drive runs until nothing is claimable and nothing is in flight (or a stop).
+
+        A database problem while claiming pauses the claims; it does not end the loop.
+        """
         await self._loop(until_idle=True)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -188,13 +223,22 @@ class Worker:
         try:
             while not self._stopping:
                 claimed = False
-                while len(tasks) < self._concurrency and not self._stopping:
-                    claim = self._store.claim(self.owner, lease_seconds=self._lease, teams=self.teams)
+                paused = time.monotonic() < self._db_resume_at
+                while len(tasks) < self._concurrency and not self._stopping and not paused:
+                    try:
+                        claim = self._store.queue.claim(
+                            self.owner, lease_seconds=self._lease, teams=self.teams
+                        )
+                    except StoreError as exc:
+                        self._database_problem("claiming work", exc)
+                        paused = True
+                        break
+                    self._db_failures = 0
                     if claim is None:
                         break
                     claimed = True
                     tasks.add(asyncio.ensure_future(self._drive(claim)))
-                if until_idle and not tasks and not claimed:
+                if until_idle and not tasks and not claimed and not paused:
                     break
                 self._wake.clear()
                 waker = asyncio.ensure_future(self._wake.wait())
@@ -231,6 +275,40 @@ class Worker:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _database_problem(self, action: str, exc: StoreError) -> float:
+        """Log a database error (not any run's fault) and pause claiming; return the pause."""
+        self._db_failures += 1
+        pause = min(self._backoff * 2.0 ** (self._db_failures - 1), self._max_backoff)
+        self._db_resume_at = max(self._db_resume_at, time.monotonic() + pause)
+        _log.error(
+            "worker %s: database problem while %s (claims paused %g s): %s", self.owner, action, pause, exc
+        )
+        return pause
+
+    def _give_back(self, claim: Claim) -> None:
+        """Release the claim; if the database fails here, say so (the lease or claim then expires)."""
+        try:
+            self._store.queue.release_claim(claim)
+        except StoreError as exc:
+            _log.error(
+                "worker %s: database problem while releasing the claim on run %s (it expires in %g s): %s",
+                self.owner,
+                claim.run_id,
+                max(claim.expires_at - time.time(), 0.0),
+                exc,
+            )
+
+    def _record_failure(self, claim: Claim, error: str, delay: float) -> None:
+        try:
+            self._store.queue.record_failure(claim.run_id, error=error, retry_at=time.time() + delay)
+        except StoreError as exc:
+            _log.error(
+                "worker %s: database problem while recording a failure of run %s (not recorded): %s",
+                self.owner,
+                claim.run_id,
+                exc,
+            )
+
     def _factory(self, claim: Claim) -> TeamFactory:
         if self._single is not None:
             return self._single
@@ -251,9 +329,11 @@ class Worker:
                 run_id, store=self._store, lease_owner=self.owner, lease_seconds=self._lease
             )
             if team.run_id != run_id:
-                raise ValueError(
+                raise UsageError(
                     f"the team factory for {claim.team!r} built a team for run {team.run_id!r}, not "
-                    f"{run_id!r}; pass run_id=run_id and the other keyword arguments to DurableGraphFlow"
+                    f"{run_id!r}; pass run_id=run_id and the other keyword arguments to DurableGraphFlow",
+                    run_id=run_id,
+                    option="run_id",
                 )
             run = self._store.get_run(run_id)
             # A submitted task starts the run; once its round has started, resuming needs no task
@@ -266,18 +346,40 @@ class Worker:
         except (LeaseLostError, RunLockedError, ConflictError) as exc:
             # Another worker took the run over (this one was paused or too slow) or created it
             # first: the fencing token stopped every write; there is nothing to record here.
-            self._store.release_claim(claim)
+            self._give_back(claim)
             done("lost", str(exc))
             return
-        except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
-            self._store.release_claim(claim)
-            delay = min(self._backoff * 2**claim.attempts, self._max_backoff)
+        except (UsageError, SchemaVersionError) as exc:
+            # A caller's mistake or bad configuration (a changed graph, a factory that builds another
+            # run, a database newer than this package): it fails the same way until someone fixes
+            # it, so it waits the longest back-off.
+            self._give_back(claim)
             error = f"{type(exc).__name__}: {exc}"
-            self._store.record_failure(run_id, error=error, retry_at=time.time() + delay)
-            _log.debug("run %s failed", run_id, exc_info=True)
-            done("failed", f"{error} (retry in {delay:g} s)")
+            self._record_failure(claim, error, self._max_backoff)
+            done(
+                "failed",
+                f"{error} (a mistake in the team or its configuration; retry in {self._max_backoff:g} s)",
+            )
             return
-        final = self._store.get_run(run_id)
+        except StoreError as exc:
+            if isinstance(exc, StoreCorruptError):
+                self._failed(claim, exc, done)
+                return
+            # The database failed, not the run: count no attempt against the run, pause this
+            # worker's claims, and give the claim back (the run is claimed again later).
+            pause = self._database_problem(f"driving run {run_id}", exc)
+            self._give_back(claim)
+            done("deferred", f"database problem: {exc} (claims paused {pause:g} s; no attempt counted)")
+            return
+        except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
+            self._failed(claim, exc, done)
+            return
+        try:
+            final = self._store.get_run(run_id)
+        except StoreError as exc:
+            self._database_problem(f"reading run {run_id}", exc)
+            done("interrupted", f"the run's status could not be read: {exc}")
+            return
         status = None if final is None else final.status
         if status == "finished":
             done("finished")
@@ -288,3 +390,12 @@ class Worker:
             done("lost", f"run {run_id} is now driven by {final.lease_owner}")
         else:
             done("interrupted", f"status {status}")
+
+    def _failed(self, claim: Claim, exc: BaseException, done: Callable[[Outcome, str | None], None]) -> None:
+        """The run's own failure (its team or an agent raised): count it, retry after a back-off."""
+        self._give_back(claim)
+        delay = min(self._backoff * 2**claim.attempts, self._max_backoff)
+        error = f"{type(exc).__name__}: {exc}"
+        self._record_failure(claim, error, delay)
+        _log.debug("run %s failed", claim.run_id, exc_info=exc)
+        done("failed", f"{error} (retry in {delay:g} s)")

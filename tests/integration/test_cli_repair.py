@@ -283,3 +283,19 @@ def test_python_dash_m_runs_the_cli_in_a_subprocess(files, tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(out_file.read_text(encoding="utf-8"))["agent_states"]["GraphManager"]["ready"] == ["B"]
+
+
+def test_a_closed_stdout_ends_the_command_quietly(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class ClosedPipe:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main([str(files["state"]), "--graph", str(files["graph"])]) == 0
+    monkeypatch.undo()
+    assert capsys.readouterr().err == ""

@@ -297,7 +297,7 @@ def test_the_cli_worker_accepts_options_in_the_store_url(
     monkeypatch.setenv("GFD_AGENT_DELAY", "0")
     url = f"{sqlite_url}?synchronous=NORMAL"
     with Store(url) as store:
-        store.submit("r1", task="hello", team="t")
+        store.queue.submit("r1", task="hello", team="t")
     assert main(["worker", "--store", url, "--team", "t=poolteam:team", "--until-idle"]) == EXIT_OK
     capsys.readouterr()
     with Store(url) as store:

@@ -153,7 +153,7 @@ def chaos(
     expected = reference(tmp, tasks)
     with Store(url) as store:
         for run_id, task in tasks.items():
-            store.submit(run_id, task=task, team="t")
+            store.queue.submit(run_id, task=task, team="t")
     rng = random.Random(seed)
     pool = Pool(url, tmp, lease=lease, concurrency=concurrency, delay=delay)
     for _ in range(workers):
@@ -244,7 +244,7 @@ def test_a_sqlite_pool_of_processes_on_one_file_finishes_every_run_without_locki
 
 def _takeover_latency(url: str, tmp: Path, how: signal.Signals, lease: float) -> float:
     with Store(url) as store:
-        store.submit("long", task="a long task", team="t")
+        store.queue.submit("long", task="a long task", team="t")
     pool = Pool(url, tmp, lease=lease, concurrency=1, delay=0.4)
     first = pool.start()
     try:

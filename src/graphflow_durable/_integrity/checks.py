@@ -39,7 +39,12 @@ def check_graph(p: Parsed, graph: DiGraph, fingerprint: str | None) -> bool:
     else:
         return True
     p.add("GFD010-different-graph", "/agent_states", message + "; use the graph the state was saved with")
-    p.refusal = p.refusal or GraphMismatchError(f"the state belongs to a different graph: {message}")
+    run_id = p.ext.get("run_id") if p.ext is not None else None
+    p.refusal = p.refusal or GraphMismatchError(
+        f"the state belongs to a different graph: {message}",
+        run_id=run_id if isinstance(run_id, str) else None,
+        differences=[message],
+    )
     return False
 
 
@@ -63,8 +68,11 @@ def check_participants(p: Parsed, graph: DiGraph) -> None:
             message = (
                 f"graph node {name!r} has no saved participant state; repair cannot invent its agent state"
             )
-            p.add("GFD101-participant-missing", pointer("agent_states", name), message)
-            p.refusal = p.refusal or UnrepairableStateError(message)
+            where = pointer("agent_states", name)
+            p.add("GFD101-participant-missing", where, message)
+            p.refusal = p.refusal or UnrepairableStateError(
+                message, code="GFD101-participant-missing", pointer=where, node=name
+            )
     for name in p.participants:
         if name not in graph.nodes:
             p.add(

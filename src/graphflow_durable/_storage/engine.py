@@ -12,7 +12,8 @@ import logging
 import sqlite3
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +23,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from graphflow_durable._storage.urls import StoreUrl, parse_store_url, safe_url
+from graphflow_durable.errors import StoreError
 
-__all__ = ["Engines", "open_engines", "safe_url"]
+__all__ = ["Engines", "describe", "guarded", "open_engines", "safe_url"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,6 +55,39 @@ class Engines:
     url: str
     serial: AbstractContextManager[Any]
     target: StoreUrl
+
+    @property
+    def driver_error(self) -> type[Exception]:
+        """The base class of the DBAPI driver's errors (``sqlite3.Error``, ``psycopg.Error``)."""
+        error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+        return error
+
+
+@contextmanager
+def guarded(engines: Engines, action: str, *, run_id: str | None = None) -> Iterator[None]:
+    """Serialise (in-memory SQLite only) and turn database and driver errors into :class:`StoreError`.
+
+    ``action`` says what was being done (``"claiming work"``); it, ``run_id`` and the password-free
+    URL become the error's message and attributes, the driver's error its chained cause. The
+    package's own errors (a conflict, a lost lease...) pass through unchanged.
+    """
+    with engines.serial:
+        try:
+            yield
+        except (sa.exc.SQLAlchemyError, engines.driver_error) as exc:
+            raise StoreError(
+                f"{action} failed on {engines.url}: {describe(exc)}",
+                url=engines.url,
+                run_id=run_id,
+                action=action,
+            ) from exc
+
+
+def describe(exc: BaseException) -> str:
+    """A short description of a database error (the driver's message, not the SQL or values)."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    return f"{type(exc).__name__}: {str(exc).strip()}"
 
 
 def open_engines(url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None) -> Engines:

@@ -81,7 +81,12 @@ def locked(run_id: str, row: LeaseRow) -> RunLockedError:
     return RunLockedError(
         f"run {run_id} is being driven by {row.lease_owner} (pid {row.lease_pid} on {row.lease_host}) "
         f"until {iso(row.lease_expires_at)}; wait for that worker to finish or its lease to expire, "
-        "or stop that worker and retry"
+        "or stop that worker and retry",
+        run_id=run_id,
+        owner=row.lease_owner,
+        host=row.lease_host,
+        pid=None if row.lease_pid is None else int(row.lease_pid),
+        expires_at=row.lease_expires_at,
     )
 
 
@@ -97,5 +102,10 @@ def lease_lost(run_id: str, fencing_token: int, row: LeaseRow, owner: str | None
         )
     return LeaseLostError(
         f"run {run_id}: {what}; this worker lost its lease and must stop driving the run "
-        "(nothing was written); acquire the lease again and reload the run to continue"
+        "(nothing was written); acquire the lease again and reload the run to continue",
+        run_id=run_id,
+        token=fencing_token,
+        current_token=int(row.fencing_token),
+        owner=row.lease_owner,
+        expires_at=None if row.lease_owner is None else row.lease_expires_at,
     )

@@ -226,5 +226,8 @@ def _refuse_newer(version: int, head: int, url: str) -> None:
         raise SchemaVersionError(
             f"database {url} has schema version {version}, but graphflow-durable {__version__} knows "
             f"schema versions up to {head}; upgrade graphflow-durable (pip install -U graphflow-durable) "
-            "to open it, or point the store at another database"
+            "to open it, or point the store at another database",
+            url=url,
+            version=version,
+            known_version=head,
         )

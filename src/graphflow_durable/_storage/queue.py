@@ -1,6 +1,6 @@
-"""The worker-pool queue: value objects and the statements :meth:`Store.claim` runs.
+"""The worker-pool queue: value objects and the statements ``store.queue.claim()`` runs.
 
-A *submission* (:meth:`Store.submit`) is a row of ``graphflow_queue`` naming a run that does not
+A *submission* (``store.queue.submit()``) is a row of ``graphflow_queue`` naming a run that does not
 exist yet, the team key that knows how to build it and its task. A worker *claims* one claimable
 item at a time, atomically:
 
@@ -13,7 +13,8 @@ Runs with a queue row carry the team key and the retry back-off (``not_before``)
 PostgreSQL the candidate row is locked with ``FOR UPDATE SKIP LOCKED`` so many workers poll at once
 without blocking or double-claiming; on SQLite ``BEGIN IMMEDIATE`` serialises the claimers.
 
-Only the store (``_store_queue``, the queue methods of ``Store``) executes these statements.
+Only the store's :class:`~graphflow_durable._storage.workqueue.WorkQueue` (``store.queue``)
+executes these statements.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ _R = runs.c
 
 @dataclass(frozen=True)
 class Claim:
-    """What :meth:`Store.claim` handed to a worker.
+    """What ``store.queue.claim()`` handed to a worker.
 
     Attributes:
         run_id: the run to drive.

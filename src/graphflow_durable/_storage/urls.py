@@ -110,16 +110,17 @@ def parse_store_url(
     except sa.exc.ArgumentError as exc:
         raise StoreConfigError(
             f"cannot parse database URL {safe_url(url)!r}: {exc}; "
-            "use sqlite:///path/to/file.db or postgresql://user@host/dbname"
+            "use sqlite:///path/to/file.db or postgresql://user@host/dbname",
+            url=None,
         ) from exc
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
     given = safe_url(parsed)
     if synchronous is not None:
-        synchronous = _synchronous(synchronous, "")
+        synchronous = _synchronous(synchronous, "", url=given)
     if backend == "sqlite" and driver in ("pysqlite", ""):
         _check_keys(parsed.query, _SQLITE_OWN + _SQLITE_DRIVER, "SQLite", given)
         own = _own_values(parsed.query, _SQLITE_OWN + _SQLITE_DRIVER, given)
-        from_url = _synchronous(own["synchronous"], given) if "synchronous" in own else None
+        from_url = _synchronous(own["synchronous"], given, url=given) if "synchronous" in own else None
         if "cached_statements" in own:
             _number(own["cached_statements"], "cached_statements", given, integer=True)
         sync = _merge("synchronous", synchronous, from_url, DEFAULT_SYNCHRONOUS, given)
@@ -144,7 +145,8 @@ def parse_store_url(
     raise StoreConfigError(
         f"unsupported database URL {given!r} (backend {backend!r}, driver {driver!r}); "
         "graphflow-durable supports sqlite:///path (the standard sqlite3 module) and "
-        "postgresql:// or postgresql+psycopg:// (psycopg 3)"
+        "postgresql:// or postgresql+psycopg:// (psycopg 3)",
+        url=given,
     )
 
 
@@ -194,11 +196,15 @@ def _check_keys(query: Mapping[str, object], valid: tuple[str, ...] | None, back
             listing = f"valid options for PostgreSQL: {', '.join(_PG_OWN)} and the libpq parameters {libpq}"
         if backend == "SQLite" and key in _SQLITE_REFUSED:
             raise StoreConfigError(
-                f"option {key!r} in the store URL {given} is not supported: {_SQLITE_REFUSED[key]}; {listing}"
+                f"option {key!r} in the store URL {given} is not supported: {_SQLITE_REFUSED[key]}; {listing}",
+                url=given,
+                option=key,
             )
         other = {"SQLite": ("PostgreSQL", _PG_OWN), "PostgreSQL": ("SQLite", _SQLITE_OWN)}[backend]
         hint = f" ({key!r} is a {other[0]} option)" if key in other[1] else ""
-        raise StoreConfigError(f"unknown option {key!r} in the store URL {given}{hint}; {listing}")
+        raise StoreConfigError(
+            f"unknown option {key!r} in the store URL {given}{hint}; {listing}", url=given, option=key
+        )
 
 
 def _own_values(
@@ -209,7 +215,9 @@ def _own_values(
         value = query.get(name)
         if isinstance(value, tuple):
             raise StoreConfigError(
-                f"option {name!r} is given {len(value)} times in the store URL {given}; give it once"
+                f"option {name!r} is given {len(value)} times in the store URL {given}; give it once",
+                url=given,
+                option=name,
             )
         if value is not None:
             values[name] = value
@@ -220,12 +228,15 @@ def _where(given: str) -> str:
     return f" (in the store URL {given})" if given else ""
 
 
-def _synchronous(value: str, given: str) -> str:
+def _synchronous(value: str, given: str, *, url: str) -> str:
+    """``given``: the URL when the value came from it (named in the message), else ``""``."""
     mode = value.upper()
     if mode not in SYNCHRONOUS_MODES:
         raise StoreConfigError(
             f"synchronous={value!r} is not a SQLite synchronous mode{_where(given)}; "
-            f"use one of {', '.join(SYNCHRONOUS_MODES)} (any case)"
+            f"use one of {', '.join(SYNCHRONOUS_MODES)} (any case)",
+            url=url,
+            option="synchronous",
         )
     return mode
 
@@ -236,7 +247,9 @@ def _boolean(value: str, name: str, given: str) -> bool:
     if value.lower() in _FALSE:
         return False
     raise StoreConfigError(
-        f"{name}={value!r} is not true or false{_where(given)}; use {name}=true or {name}=false"
+        f"{name}={value!r} is not true or false{_where(given)}; use {name}=true or {name}=false",
+        url=given,
+        option=name,
     )
 
 
@@ -247,7 +260,7 @@ def _number(value: str, name: str, given: str, *, integer: bool = False) -> floa
     except ValueError:
         number = math.nan
     if not math.isfinite(number) or number < 0:
-        raise StoreConfigError(f"{name}={value!r} is not {kind} >= 0{_where(given)}")
+        raise StoreConfigError(f"{name}={value!r} is not {kind} >= 0{_where(given)}", url=given, option=name)
     return number
 
 
@@ -255,7 +268,9 @@ def _merge(name: str, argument: _T | None, from_url: _T | None, default: _T, giv
     if argument is not None and from_url is not None and argument != from_url:
         raise StoreConfigError(
             f"{name} is given twice with different values: {name}={argument!r} as an argument and "
-            f"{name}={from_url!r} in the store URL {given}; give it in one place"
+            f"{name}={from_url!r} in the store URL {given}; give it in one place",
+            url=given,
+            option=name,
         )
     if argument is not None:
         return argument

@@ -1,9 +1,10 @@
-"""The worker-pool queue methods of :class:`~graphflow_durable.store.Store` (schema version 3).
+"""The worker-pool queue (schema version 3): :class:`WorkQueue`, held by a store as ``store.queue``.
 
-Part of the store: :class:`QueueMethods` is a base class of ``Store``, split out of ``store.py`` for
-size only. Its methods run SQL on the store's engines inside the store's ``_guard``, like every
-other store method; the statements and value objects they use are in ``_queue``. Nothing outside
-the store layer imports this module: use ``Store``.
+A :class:`WorkQueue` runs its SQL on the engines of the :class:`~graphflow_durable.store.Store` that
+made it (one connection pool), each operation one transaction inside :func:`~._storage.engine.guarded`
+(database errors become :class:`StoreError`), like every store method. It holds no state of its own
+beyond those engines, which the store owns and closes. The statements and value objects it uses are
+in ``queue``. Get one from ``Store(url).queue``; do not build it yourself.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import socket
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
 from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import pid_alive, takeover_reason
 from graphflow_durable._storage.queue import (
     Claim,
@@ -30,29 +32,28 @@ from graphflow_durable._storage.queue import (
     submission,
 )
 from graphflow_durable._storage.schema import queue, runs
-from graphflow_durable.errors import ConflictError, StoreError
+from graphflow_durable.errors import ConflictError, RunExistsError, StoreError
 
-if TYPE_CHECKING:
-    from graphflow_durable._storage.engine import Engines
+__all__ = ["WorkQueue"]
 
-__all__ = ["QueueMethods"]
-
-#: These methods are Store's: they log as the store does.
-_log = logging.getLogger("graphflow_durable.store")
+_log = logging.getLogger(__name__)
 
 #: Queue columns a new submission leaves NULL.
 _QUEUE_NULLS = ("not_before", "last_error", "claimed_by", "claim_host", "claim_pid", "claim_expires_at")
 
 
-class QueueMethods:
-    """Submit, claim, release and fail runs of a worker pool: the queue half of ``Store``."""
+class WorkQueue:
+    """Submit, claim, release and fail runs of a worker pool: ``store.queue``.
 
-    if TYPE_CHECKING:  # provided by Store
-        _e: Engines
+    Shares the store's engines (and so its connection pool and its lifetime: closing the store
+    closes the queue). Safe to share between threads, as the store is.
+    """
 
-        def _guard(self, action: str) -> AbstractContextManager[None]: ...
+    def __init__(self, engines: Engines) -> None:
+        self._e = engines
 
-        def release_lease(self, run_id: str, fencing_token: int) -> bool: ...
+    def _guard(self, action: str, run_id: str | None = None) -> AbstractContextManager[None]:
+        return guarded(self._e, action, run_id=run_id)
 
     def submit(self, run_id: str, *, task: Any, team: str | None) -> Submission:
         """Queue a new run for a worker pool: a worker whose teams include ``team`` will create the
@@ -60,29 +61,33 @@ class QueueMethods:
         task and team again is a no-op that returns the existing submission.
 
         Raises:
-            ConflictError: ``run_id`` was submitted with another task or team, or a run with this id
-                exists already without having been submitted.
+            RunExistsError: (a :class:`UsageError`) ``run_id`` was submitted with another task or
+                team, or a run with this id exists already without having been submitted.
+            ConflictError: concurrent submissions of ``run_id`` kept racing (retry).
             NotSerializableError: ``task`` is not JSON.
         """
         text = dumps(task, where=f"the task of run {run_id}")
         now = time.time()
         for _attempt in range(2):
             try:
-                with self._guard(f"submitting run {run_id}"), self._e.write.begin() as conn:
+                with self._guard(f"submitting run {run_id}", run_id), self._e.write.begin() as conn:
                     row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
                     if row is not None:
                         if row["task"] == text and row["team"] == team:
                             return submission(row)
-                        raise ConflictError(
+                        raise RunExistsError(
                             f"run {run_id} was already submitted with team {row['team']!r} and task "
                             f"{row['task'][:200]}, not team {team!r} and task {text[:200]}; submit the new "
-                            "task under a new run_id"
+                            "task under a new run_id",
+                            run_id=run_id,
+                            team=row["team"],
                         )
                     exists = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
                     if exists is not None:
-                        raise ConflictError(
+                        raise RunExistsError(
                             f"run {run_id} already exists in {self._e.url} and was not submitted; choose a "
-                            "new run_id, or let a worker with teams=None resume the existing run"
+                            "new run_id, or let a worker with teams=None resume the existing run",
+                            run_id=run_id,
                         )
                     values = {
                         "run_id": run_id,
@@ -100,11 +105,15 @@ class QueueMethods:
                 if not isinstance(exc.__cause__, sa.exc.IntegrityError):
                     raise
                 # submitted concurrently by another process: read its row and compare
-        raise StoreError(f"submitting run {run_id} to {self._e.url} kept conflicting; retry")
+        raise ConflictError(
+            f"submitting run {run_id} to {self._e.url} kept conflicting; retry",
+            run_id=run_id,
+            url=self._e.url,
+        )
 
     def get_submission(self, run_id: str) -> Submission | None:
         """The run's queue row (its submission, attempts and back-off), or ``None``."""
-        with self._guard(f"reading the submission of run {run_id}"), self._e.read.begin() as conn:
+        with self._guard(f"reading the submission of run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
         return None if row is None else submission(row)
 
@@ -256,9 +265,13 @@ class QueueMethods:
         A ``"run"`` claim releases the run's lease (a no-op once the worker's team re-acquired it);
         a ``"submission"`` claim frees the submission for another worker.
         """
-        if claim.kind == "run":
-            return self.release_lease(claim.run_id, claim.fencing_token)
-        with self._guard(f"releasing the claim on run {claim.run_id}"), self._e.write.begin() as conn:
+        with (
+            self._guard(f"releasing the claim on run {claim.run_id}", claim.run_id),
+            self._e.write.begin() as conn,
+        ):
+            if claim.kind == "run":  # the run's lease, as Store.release_lease releases it
+                params = {"p_run_id": claim.run_id, "p_token": claim.fencing_token}
+                return bool(conn.execute(S.RELEASE_LEASE, params).rowcount)
             released = conn.execute(
                 sa.update(queue)
                 .where(queue.c.run_id == claim.run_id, queue.c.claim_token == claim.fencing_token)
@@ -271,7 +284,7 @@ class QueueMethods:
         number of failed attempts so far. Works for runs that were never submitted, too."""
         now = time.time()
         values = {"not_before": retry_at, "last_error": error[:4000], "updated_at": now}
-        with self._guard(f"recording a failure of run {run_id}"), self._e.write.begin() as conn:
+        with self._guard(f"recording a failure of run {run_id}", run_id), self._e.write.begin() as conn:
             changed = conn.execute(
                 sa.update(queue)
                 .where(queue.c.run_id == run_id)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ from typing import Any, TextIO
 from autogen_agentchat.teams import DiGraph
 from pydantic import ValidationError
 
+from graphflow_durable.cli._common import CliError, import_attribute, run_command
 from graphflow_durable.errors import GraphMismatchError, StateFormatError, UnrepairableStateError
 from graphflow_durable.integrity import RepairResult, ValidationReport, repair_state, validate_state
 
@@ -67,12 +67,11 @@ finding codes are documented in docs/repair.md.
 """
 
 
-class _Fail(Exception):
-    """A one-line error for stderr, with its exit code."""
+class _Fail(CliError):
+    """A one-line error for stderr; unreadable input or a usage error unless another code is given."""
 
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,15 +97,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (see the module's ``EXIT_*`` constants)."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    try:
-        return _run(args)
-    except _Fail as exc:
-        sys.stderr.write(f"graphflow-repair: {exc}\n")
-        return exc.code
+    return run_command("graphflow-repair", lambda: _run(_parser().parse_args(argv)), usage_code=EXIT_USAGE)
 
 
 def entry() -> None:
@@ -210,30 +201,16 @@ def _graph_from_file(path: Path) -> DiGraph:
 
 
 def _graph_from_team(spec: str) -> DiGraph:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise _Fail(f"--team {spec}: expected MODULE:ATTRIBUTE, e.g. myproject.teams:build_team")
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise _Fail(f"--team {spec}: cannot import {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise _Fail(f"--team {spec}: {module_name!r} has no attribute {attr!r}") from None
+    obj = import_attribute(spec, flag="--team", example="myproject.teams:build_team", code=EXIT_USAGE)
     graph = _graph_of(obj)
     if graph is None and callable(obj):
         try:
             obj = obj()
         except Exception as exc:  # noqa: BLE001 -- the user's factory: report it on one line
-            raise _Fail(f"--team {spec}: the factory raised {type(exc).__name__}: {exc}") from None
+            raise _Fail(f"--team {spec!r}: the factory raised {type(exc).__name__}: {exc}") from None
         graph = _graph_of(obj)
     if graph is None:
-        raise _Fail(f"--team {spec}: not a GraphFlow, a DiGraph, or a zero-argument factory returning one")
+        raise _Fail(f"--team {spec!r}: not a GraphFlow, a DiGraph, or a zero-argument factory returning one")
     return graph
 
 

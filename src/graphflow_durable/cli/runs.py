@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import logging
 import sys
@@ -18,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphflow_durable._storage.lease import iso
-from graphflow_durable.errors import ConflictError, GraphflowDurableError, StoreConfigError
+from graphflow_durable.cli._common import CliError, import_attribute, run_command
+from graphflow_durable.errors import GraphflowDurableError, RunExistsError, UsageError
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.store import RUN_STATUSES, Store
 from graphflow_durable.worker import TeamFactory, Worker
@@ -30,7 +30,8 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 """The store could not be opened or used, or a team factory could not be imported."""
 EXIT_USAGE = 2
-"""Usage error (argparse), or a store URL that is malformed or carries an unknown or bad option."""
+"""Usage error (argparse, a bad option value), or a store URL that is malformed or carries an unknown
+or bad option."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 
@@ -55,15 +56,16 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
 exit codes:
   0  done (listed; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
-  2  usage error (including a bad store URL or an unknown option in it)
+  2  usage error (including a bad store URL or an unknown option in it, or a bad option value)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission
 """
 
-
-class _Fail(Exception):
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
+#: How the library's errors end the command (first match wins: subclasses first).
+_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (RunExistsError, EXIT_CONFLICT),
+    (UsageError, EXIT_USAGE),  # StoreConfigError (a bad store URL) included
+    (GraphflowDurableError, EXIT_ERROR),
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,10 +109,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (see the module's ``EXIT_*`` constants)."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return run_command("graphflow-durable", lambda: _main(argv), codes=_CODES, usage_code=EXIT_USAGE)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2) if args.command != "worker" else logging.INFO,
         stream=sys.stderr,
@@ -120,22 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("autogen_core", "autogen_agentchat"):
             logging.getLogger(name).setLevel(logging.WARNING)
     url = getattr(args, "store_sub", None) or args.store or default_store_url()
-    try:
-        if args.command == "worker":
-            return _worker(args, url)
-        with Store(url) as store:
-            if args.command == "submit":
-                return _submit(store, args)
-            return _list(store, args)
-    except _Fail as exc:
-        sys.stderr.write(f"graphflow-durable: {exc}\n")
-        return exc.code
-    except StoreConfigError as exc:
-        sys.stderr.write(f"graphflow-durable: {exc}\n")
-        return EXIT_USAGE
-    except GraphflowDurableError as exc:
-        sys.stderr.write(f"graphflow-durable: {exc}\n")
-        return EXIT_ERROR
+    if args.command == "worker":
+        return _worker(args, url)
+    with Store(url) as store:
+        if args.command == "submit":
+            return _submit(store, args)
+        return _list(store, args)
 
 
 def entry() -> None:
@@ -149,17 +142,14 @@ def _out(line: str) -> None:
 
 
 def _submit(store: Store, args: argparse.Namespace) -> int:
-    try:
-        sub = store.submit(args.run_id, task=args.task, team=args.team)
-    except ConflictError as exc:
-        raise _Fail(str(exc), EXIT_CONFLICT) from exc
+    sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
     _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
     return EXIT_OK
 
 
 def _list(store: Store, args: argparse.Namespace) -> int:
     wanted = set(args.status or _STATUSES)
-    teams = {s.run_id: s for s in store.list_submissions()}
+    teams = {s.run_id: s for s in store.queue.list_submissions()}
     rows: list[dict[str, Any]] = []
     real = [s for s in wanted if s != SUBMITTED]
     for run in store.list_runs(real) if real else []:
@@ -178,7 +168,7 @@ def _list(store: Store, args: argparse.Namespace) -> int:
             }
         )
     if SUBMITTED in wanted:
-        for sub in store.list_submissions(waiting=True):
+        for sub in store.queue.list_submissions(waiting=True):
             rows.append(
                 {
                     "run_id": sub.run_id,
@@ -210,16 +200,11 @@ def _list(store: Store, args: argparse.Namespace) -> int:
 
 
 def _load_factory(spec: str) -> TeamFactory:
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise _Fail(f"--team {spec!r}: expected module:factory (e.g. myapp.teams:make_team)", EXIT_USAGE)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise _Fail(f"--team {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    factory = getattr(module, attribute, None)
+    factory = import_attribute(spec, flag="--team", example="myapp.teams:make_team", code=EXIT_ERROR)
     if not callable(factory):
-        raise _Fail(f"--team {spec!r}: {module_name} has no callable {attribute!r}")
+        raise CliError(
+            f"--team {spec!r}: {type(factory).__name__} is not callable, expected a team factory", EXIT_ERROR
+        )
     return factory  # type: ignore[no-any-return]
 
 
@@ -228,10 +213,9 @@ def _worker(args: argparse.Namespace, url: str) -> int:
     keyed = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs if "=" in spec}
     plain = [spec for spec in specs if "=" not in spec]
     if plain and (keyed or len(plain) > 1):
-        raise _Fail(
+        raise CliError(
             "--team module:factory (any run) cannot be combined with other --team options", EXIT_USAGE
         )
-    sys.path.insert(0, "")  # module:factory names resolve from the working directory, like python -m
     if plain:
         worker = Worker(url, team=_load_factory(plain[0]), **_worker_options(args))
     else:

@@ -1,0 +1,119 @@
+"""What the command-line shells share: the ``MODULE:ATTR`` importer and the error -> exit-code path.
+
+Every command's ``main(argv)`` runs its body through :func:`run_command`, which turns whatever
+goes wrong into one line on stderr and the command's documented exit code: no traceback ever
+reaches the user. A closed stdout (``graphflow-durable runs list | head -1``) ends the command
+quietly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EXIT_INTERRUPTED", "CliError", "import_attribute", "run_command"]
+
+_log = logging.getLogger(__name__)
+
+#: Ctrl-C outside the worker's own signal handling (the shell's convention: 128 + SIGINT).
+EXIT_INTERRUPTED = 130
+#: An error nobody foresaw (a bug): one line on stderr, the traceback only in the debug log.
+_EXIT_UNEXPECTED = 1
+
+
+class CliError(Exception):
+    """A one-line error for stderr, with the exit code the command documents for it."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def run_command(
+    prog: str,
+    command: Callable[[], int],
+    *,
+    codes: Sequence[tuple[type[BaseException], int]] = (),
+    usage_code: int = 2,
+) -> int:
+    """Run ``command`` and return its exit code; every failure becomes ``prog: message`` on stderr.
+
+    - argparse's exit (``--help``: 0, a usage error: ``usage_code``) is returned as it is;
+    - :class:`CliError`: its message and code;
+    - an exception matching ``codes`` (the first ``(class, code)`` pair that matches, so list
+      subclasses first): its message and that code;
+    - a closed stdout (``BrokenPipeError``): nothing more is written; exit 0 (the reader had what
+      it wanted);
+    - Ctrl-C: :data:`EXIT_INTERRUPTED`; anything else: one line naming the error, exit 1 (the
+      traceback is logged at DEBUG).
+    """
+    try:
+        return command()
+    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
+        return exc.code if isinstance(exc.code, int) else usage_code
+    except CliError as exc:
+        _say(prog, str(exc))
+        return exc.code
+    except BrokenPipeError:
+        _silence_stdout()
+        return 0
+    except KeyboardInterrupt:
+        _say(prog, "interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 -- the one place where any error becomes an exit code
+        for kind, code in codes:
+            if isinstance(exc, kind):
+                _say(prog, str(exc))
+                return code
+        _log.debug("%s failed", prog, exc_info=True)
+        _say(prog, f"unexpected error: {type(exc).__name__}: {exc}")
+        return _EXIT_UNEXPECTED
+
+
+def import_attribute(spec: str, *, flag: str, example: str, code: int, usage_code: int = 2) -> Any:
+    """The object ``spec`` (``module:attribute``, the attribute possibly dotted) names.
+
+    The working directory is importable, as with ``python -m``. Raises :class:`CliError`: with
+    ``usage_code`` when ``spec`` is not of the form ``module:attribute``; with ``code`` when the
+    module cannot be imported (or raises while importing) or has no such attribute.
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise CliError(f"{flag} {spec!r}: expected MODULE:ATTRIBUTE, e.g. {example}", usage_code)
+    cwd = str(Path.cwd())
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"{flag} {spec!r}: cannot import {module_name!r}: {exc}", code) from None
+    except Exception as exc:  # noqa: BLE001 -- the user's module: report it on one line
+        raise CliError(
+            f"{flag} {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}", code
+        ) from None
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CliError(f"{flag} {spec!r}: {module_name!r} has no attribute {attribute!r}", code) from None
+    return obj
+
+
+def _say(prog: str, message: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # stderr closed too: nothing left to tell
+        sys.stderr.write(f"{prog}: {message}\n")
+        sys.stderr.flush()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail again on exit."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

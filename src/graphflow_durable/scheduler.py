@@ -404,7 +404,9 @@ def replay(
             raise ReplayError(
                 f"message {index} from {message.source!r} does not fit the graph: "
                 f"{message.source!r} was not allowed to speak then "
-                f"(in flight: {list(state.in_flight)}, ready: {list(state.ready)})"
+                f"(in flight: {list(state.in_flight)}, ready: {list(state.ready)})",
+                index=index,
+                node=message.source,
             )
         state = complete(spec, state, message.source, message)
         completions.append(index)

@@ -36,7 +36,9 @@ def dumps(value: Any, *, where: str = "value") -> str:
         path, bad = _find_unserialisable(value, where)
         raise NotSerializableError(
             f"cannot store {path}: {type(bad).__name__} {_short(bad)} is not JSON-serialisable; "
-            "store only what AutoGen's dump()/save_state() produce (plain JSON types)"
+            "store only what AutoGen's dump()/save_state() produce (plain JSON types)",
+            where=path,
+            type_name=type(bad).__name__,
         ) from exc
 
 

@@ -52,7 +52,8 @@ def refuse_callables(graph: DiGraph) -> None:
                 raise NotSerializableError(
                     f"edge {node.name!r} -> {edge.target!r} has a callable condition, which cannot be "
                     "serialised; use a string condition, or rebuild the team in code instead of "
-                    "dump_component()/load_component()"
+                    "dump_component()/load_component()",
+                    where=f"edge {node.name!r} -> {edge.target!r}",
                 )
 
 
@@ -81,7 +82,9 @@ def durable_state(
     if not isinstance(manager, Mapping):
         raise StateFormatError(
             f"not a team state: expected 'agent_states' with a {manager_name!r} entry, "
-            "as GraphFlow.save_state() writes"
+            "as GraphFlow.save_state() writes",
+            run_id=run_id,
+            pointer="/agent_states",
         )
     if "graphflow_durable" in manager:
         return copied

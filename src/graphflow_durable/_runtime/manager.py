@@ -380,7 +380,9 @@ class DurableGraphFlowManager(GraphFlowManager):
         if not isinstance(ext, Mapping):
             raise StateFormatError(
                 "the manager state has no 'graphflow_durable' section; "
-                "load it through DurableGraphFlow.load_state(), which repairs legacy states"
+                "load it through DurableGraphFlow.load_state(), which repairs legacy states",
+                run_id=self._link.run_id,
+                pointer="/graphflow_durable",
             )
         thread = [self._message_factory.create(m) for m in state["message_thread"]]
         await self.restore(thread, Cursor.from_extension(ext))

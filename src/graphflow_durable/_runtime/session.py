@@ -256,7 +256,9 @@ class RunSession:
         raise GraphMismatchError(
             f"run {self.run_id!r} was started with a different graph:\n  "
             + "\n  ".join(diff or ["(fingerprints differ)"])
-            + "\nresume it with the original graph, use a new run_id, or pass allow_graph_change=True"
+            + "\nresume it with the original graph, use a new run_id, or pass allow_graph_change=True",
+            run_id=self.run_id,
+            differences=tuple(diff),
         )
 
     @asynccontextmanager
@@ -276,7 +278,7 @@ class RunSession:
         try:
             run = store.get_run(self.run_id)
             if run is None:  # pragma: no cover - a run is never deleted under a held lease
-                raise StateFormatError(f"run {self.run_id!r} disappeared from the store")
+                raise StateFormatError(f"run {self.run_id!r} disappeared from the store", run_id=self.run_id)
             self.head = run.head_seq
             yield run
         finally:

@@ -213,7 +213,11 @@ async def test_a_component_round_trip_keeps_every_setting(sqlite_url: str) -> No
         assert config.config["store"] == f"{sqlite_url}?synchronous=NORMAL"
         loaded = DurableGraphFlow.load_component(config)
         assert loaded.dump_component() == config
-        assert (loaded.run_id, loaded._session.lease_seconds, loaded._session.allow_graph_change) == ("chosen", 12.5, True)
+        assert (loaded.run_id, loaded._session.lease_seconds, loaded._session.allow_graph_change) == (
+            "chosen",
+            12.5,
+            True,
+        )
         assert loaded.store.config_url == store.config_url
         await team.run(task="go")
         # the reloaded team drives the same run in the same store: it is finished

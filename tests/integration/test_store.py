@@ -38,6 +38,7 @@ from graphflow_durable.errors import (
     NotSerializableError,
     RunNotFoundError,
     StoreError,
+    UsageError,
 )
 from graphflow_durable.store import (
     AgentStateRecord,
@@ -301,9 +302,9 @@ def test_commit_whose_messages_do_not_start_at_the_message_count_is_rejected(
 ) -> None:
     token = start(store)
     commit_text(store, "run-1", 0, token, 0)
-    with pytest.raises(ConflictError, match=r"start at seq 3 but the run has 1 messages"):
+    with pytest.raises(UsageError, match=r"start at seq 3 but the run has 1 messages"):
         commit_text(store, "run-1", 1, token, 3)
-    with pytest.raises(ConflictError, match=r"start at seq 0 but the run has 1 messages"):
+    with pytest.raises(UsageError, match=r"start at seq 0 but the run has 1 messages"):
         commit_text(store, "run-1", 1, token, 0)  # a message is stored once
     assert counts(raw) == {"steps": 1, "messages": 1, "agent_states": 0}
     assert commit_text(store, "run-1", 1, token, 1) == 2
@@ -312,7 +313,7 @@ def test_commit_whose_messages_do_not_start_at_the_message_count_is_rejected(
 def test_commit_with_a_gap_between_its_messages_is_rejected(store: Store, raw: sa.Engine) -> None:
     token = start(store)
     gap = [MessageRecord(0, {}, True), MessageRecord(2, {}, True)]
-    with pytest.raises(ConflictError, match=r"contiguous; message 1 has seq 2 but 1 was expected"):
+    with pytest.raises(UsageError, match=r"contiguous; message 1 has seq 2 but 1 was expected"):
         store.commit(
             "run-1", expected_head=0, fencing_token=token, step=Step("start", None, {}), messages=gap
         )
@@ -357,14 +358,14 @@ def test_a_graph_that_is_not_json_is_refused_at_create(store: Store) -> None:
 
 def test_an_unknown_status_is_refused(store: Store) -> None:
     token = start(store)
-    with pytest.raises(StoreError, match="status 'done' is not one of"):
+    with pytest.raises(UsageError, match="status 'done' is not one of"):
         commit_text(store, "run-1", 0, token, 0, update=RunUpdate(status="done"))  # type: ignore[arg-type]
 
 
 def test_two_states_for_one_node_in_one_commit_are_refused(store: Store) -> None:
     token = start(store)
     twice = [AgentStateRecord("a", {}), AgentStateRecord("a", {"x": 1})]
-    with pytest.raises(StoreError, match="two agent states for node 'a'"):
+    with pytest.raises(UsageError, match="two agent states for node 'a'"):
         store.commit(
             "run-1", expected_head=0, fencing_token=token, step=Step("x", None, {}), agent_states=twice
         )

@@ -2,7 +2,7 @@
 
 The other half of :mod:`graphflow_durable._agentstate.writer`; the row format is described in
 docs/state-format.md ("In the database"). Pure: the store reads the rows and the run's messages
-and hands them here; a log that does not fold is reported as :class:`StoreError`.
+and hands them here; a log that does not fold is reported as :class:`StoreCorruptError`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from graphflow_durable._agentstate import jsondelta, textdelta
 from graphflow_durable._agentstate.textdelta import Rope
 from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._model.records import StoredMessage
-from graphflow_durable.errors import StoreError
+from graphflow_durable.errors import StoreCorruptError
 
 __all__ = ["fold_states", "references"]
 
@@ -45,7 +45,7 @@ def fold_states(
     JSON text; ``message_text(seq)`` is the text a message reference of a splice stands for (see
     :func:`references`). Returns the states and the step of each node's latest row. A delta whose
     base is not the row before it or of the other kind, or a splice that does not fit, means the
-    log is corrupt: :class:`StoreError`, naming the run, node and steps.
+    log is corrupt: :class:`StoreCorruptError`, naming the run, node and steps.
     """
     current: dict[str, Any | Rope] = {}
     steps: dict[str, int] = {}
@@ -58,26 +58,35 @@ def fold_states(
             elif base_step == 0:
                 current[node] = Rope.of(value["put"], message_text)
             elif steps.get(node) != base_step:
-                raise StoreError(
+                raise StoreCorruptError(
                     f"{where} is a delta against step {base_step}, but the row before it is at step "
-                    f"{steps.get(node)}; the agent-state log is corrupt (was the database edited by hand?)"
+                    f"{steps.get(node)}; the agent-state log is corrupt (was the database edited by hand?)",
+                    run_id=run_id,
+                    node=node,
+                    step=step_seq,
                 )
             elif textdelta.is_splice(value) != isinstance(current[node], Rope):
                 # Splices (schema 4) follow a splice of the empty text; structural deltas (before
                 # schema 4) follow a whole value. A writer never mixes the two in one chain.
-                raise StoreError(
+                raise StoreCorruptError(
                     f"{where} is a {'splice' if textdelta.is_splice(value) else 'structural delta'} "
                     f"against a row of the other kind; the agent-state log is corrupt "
-                    "(was the database edited by hand?)"
+                    "(was the database edited by hand?)",
+                    run_id=run_id,
+                    node=node,
+                    step=step_seq,
                 )
             elif isinstance(rope := current[node], Rope):
                 rope.splice(value["at"], value["cut"], value["put"], message_text)
             else:
                 current[node] = jsondelta.apply(current[node], value)
         except (KeyError, TypeError, ValueError) as exc:
-            raise StoreError(
+            raise StoreCorruptError(
                 f"{where} cannot be applied ({exc!r}); the agent-state log is corrupt "
-                "(was the database edited by hand?)"
+                "(was the database edited by hand?)",
+                run_id=run_id,
+                node=node,
+                step=step_seq,
             ) from exc
         steps[node] = step_seq
     states = {}
@@ -86,9 +95,12 @@ def fold_states(
             try:
                 states[node] = loads(state.text())
             except ValueError as exc:
-                raise StoreError(
+                raise StoreCorruptError(
                     f"run {run_id}: the state of node {node!r} rebuilt from its rows up to step "
-                    f"{steps[node]} is not JSON ({exc}); the agent-state log is corrupt"
+                    f"{steps[node]} is not JSON ({exc}); the agent-state log is corrupt",
+                    run_id=run_id,
+                    node=node,
+                    step=steps[node],
                 ) from exc
         else:
             states[node] = state

@@ -15,7 +15,7 @@ from typing import Any
 from graphflow_durable._model.codec import dumps
 from graphflow_durable._model.records import RUN_STATUSES, AgentStateRow, MessageRecord, RunUpdate, Step
 from graphflow_durable._storage.lease import lease_lost
-from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError
+from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError, UsageError
 
 __all__ = [
     "VALID_STATUS",
@@ -98,9 +98,11 @@ def encode_commit(
     }
     if update is not None:
         if update.status is not None and update.status not in VALID_STATUS:
-            raise StoreError(
+            raise UsageError(
                 f"run {run_id}: status {update.status!r} is not one of {sorted(VALID_STATUS)}; "
-                "nothing was written"
+                "nothing was written",
+                run_id=run_id,
+                option="status",
             )
         run["p_status"] = update.status
         if update.task is not None:
@@ -121,9 +123,11 @@ def encode_commit(
         first = messages[0].seq
         for index, message in enumerate(messages):
             if message.seq != first + index:
-                raise ConflictError(
+                raise UsageError(
                     f"run {run_id}: message seqs of one commit must be contiguous; message {index} has "
-                    f"seq {message.seq} but {first + index} was expected; nothing was written"
+                    f"seq {message.seq} but {first + index} was expected; nothing was written",
+                    run_id=run_id,
+                    option="messages",
                 )
             body = dumps(message.body, where=f"messages/{message.seq}/body")
             rows.append(
@@ -141,9 +145,11 @@ def encode_commit(
     seen: set[str] = set()
     for state in agent_states:
         if state.node in seen:
-            raise StoreError(
+            raise UsageError(
                 f"run {run_id}: two agent states for node {state.node!r} in one commit; "
-                "pass one state per node; nothing was written"
+                "pass one state per node; nothing was written",
+                run_id=run_id,
+                option="agent_states",
             )
         seen.add(state.node)
         states.append(
@@ -164,7 +170,7 @@ def refusal(
     expected_head: int,
     fencing_token: int,
     first_seq: int | None,
-) -> StoreError:
+) -> StoreError | UsageError:
     """Why the guarded head update matched no row, given the run's lease row (``None``: no run)."""
     if row is None:
         return not_found(run_id)
@@ -173,14 +179,21 @@ def refusal(
     if row.head_seq != expected_head:
         return ConflictError(
             f"run {run_id}: expected head {expected_head} but the store is at {row.head_seq}; "
-            "another writer committed first; nothing was written; reload the run"
+            "another writer committed first; nothing was written; reload the run",
+            run_id=run_id,
+            expected_head=expected_head,
+            actual_head=row.head_seq,
         )
-    return ConflictError(
+    # The head was the expected one, so no other writer intervened: the caller numbered its
+    # messages wrongly.
+    return UsageError(
         f"run {run_id}: the new messages start at seq {first_seq} but the run has {row.message_count} "
-        "messages; message seqs must continue the thread without gaps; nothing was written; reload the run"
+        "messages; message seqs must continue the thread without gaps; nothing was written; reload the run",
+        run_id=run_id,
+        option="messages",
     )
 
 
 def not_found(run_id: str) -> RunNotFoundError:
     """The error for a run id the store does not have."""
-    return RunNotFoundError(f"run {run_id} does not exist; create it with Store.create_run() first")
+    return RunNotFoundError(f"run {run_id} does not exist; create it with Store.create_run() first", run_id=run_id)

@@ -1,4 +1,6 @@
-"""Deterministic agents and small graphs shared by the integration tests.
+"""Deterministic agents and small graphs shared by the tests (the one set of test agents: the
+legacy-fixture maker ``tests/fixtures/make_legacy.py`` and the worker-pool team
+``tests/pool/poolteam.py`` build theirs from :class:`Scripted` too).
 
 :class:`Scripted` answers with its name, its turn number and a digest of everything it was given,
 so a lost or duplicated input, or a wrongly restored agent state (the turn number is its saved
@@ -25,9 +27,29 @@ from graphflow_durable.flow import DurableGraphFlow
 Hook = Callable[["Scripted", Sequence[BaseChatMessage]], Awaitable[None]]
 
 
+def digest_reply(agent: Scripted, messages: Sequence[BaseChatMessage], word: str) -> str:
+    """``"<name>#<turn> saw <count>:<digest of the input> <word>"``: any change of input shows."""
+    seen = hashlib.sha256("|".join(m.to_text() for m in messages).encode()).hexdigest()[:8]
+    return f"{agent.name}#{agent.turn} saw {len(messages)}:{seen} {word}".rstrip()
+
+
+def heard_reply(agent: Scripted, messages: Sequence[BaseChatMessage], word: str) -> str:
+    """``"<name> turn <turn>: <word or ok> [<sources heard>]"``: the text of the legacy fixtures."""
+    heard = ",".join(m.source for m in messages)
+    return f"{agent.name} turn {agent.turn}: {word or 'ok'} [{heard}]"
+
+
+#: Reply formats by name (a name, so that the component config stays JSON).
+REPLIES: dict[str, Callable[[Scripted, Sequence[BaseChatMessage], str], str]] = {
+    "digest": digest_reply,
+    "heard": heard_reply,
+}
+
+
 class ScriptedConfig(BaseModel):
     name: str
     says: list[str] = []
+    reply: str = "digest"
 
 
 class Scripted(BaseChatAgent, Component[ScriptedConfig]):
@@ -36,6 +58,8 @@ class Scripted(BaseChatAgent, Component[ScriptedConfig]):
     Args:
         name: its name.
         says: what it adds on each turn (e.g. ``"again"``, ``"done"``, ``"STOP"``).
+        reply: the reply format, a key of :data:`REPLIES` (``"digest"``, or ``"heard"`` for the
+            legacy fixtures).
         calls: a list shared between teams; every call appends the agent's name (also a failing one).
         before: awaited at the start of every turn, after the turn counter moved (it may wait on an
             Event, record ``current_execution()``, or raise to simulate a crash of the turn).
@@ -49,12 +73,16 @@ class Scripted(BaseChatAgent, Component[ScriptedConfig]):
         name: str,
         says: Sequence[str] = (),
         *,
+        reply: str = "digest",
         calls: list[str] | None = None,
         before: Hook | None = None,
     ) -> None:
         super().__init__(name, f"scripted agent {name}")
+        if reply not in REPLIES:
+            raise ValueError(f"unknown reply format {reply!r}: one of {sorted(REPLIES)}")
         self.turn = 0
         self.says = list(says)
+        self.reply = reply
         self.calls = calls if calls is not None else []
         self.before = before
         self.token: CancellationToken | None = None
@@ -72,9 +100,8 @@ class Scripted(BaseChatAgent, Component[ScriptedConfig]):
         if self.before is not None:
             await self.before(self, messages)
         await asyncio.sleep(0)
-        seen = hashlib.sha256("|".join(m.to_text() for m in messages).encode()).hexdigest()[:8]
-        extra = self.says[self.turn - 1] if self.turn <= len(self.says) else ""
-        content = f"{self.name}#{self.turn} saw {len(messages)}:{seen} {extra}".rstrip()
+        word = self.says[self.turn - 1] if self.turn <= len(self.says) else ""
+        content = REPLIES[self.reply](self, messages, word)
         return Response(chat_message=TextMessage(content=content, source=self.name))
 
     async def on_reset(self, cancellation_token: CancellationToken) -> None:
@@ -87,11 +114,11 @@ class Scripted(BaseChatAgent, Component[ScriptedConfig]):
         self.turn = int(state["turn"])
 
     def _to_config(self) -> ScriptedConfig:
-        return ScriptedConfig(name=self.name, says=self.says)
+        return ScriptedConfig(name=self.name, says=self.says, reply=self.reply)
 
     @classmethod
     def _from_config(cls, config: ScriptedConfig) -> Scripted:
-        return cls(config.name, config.says)
+        return cls(config.name, config.says, reply=config.reply)
 
 
 # -- hooks ----------------------------------------------------------------------------------------
@@ -128,16 +155,25 @@ def fail_on_turn(turn: int) -> Hook:
 
 
 class Gate:
-    """A turn that announces it started and then waits until the test opens the gate."""
+    """A turn that announces it started and then waits until the test opens the gate.
 
-    def __init__(self) -> None:
+    With ``turn`` given, only the agent's ``turn``-th turn waits; the others pass. Like a model
+    call, the wait ends when the turn is cancelled, unless ``cancellable=False`` (the turn then
+    answers once the gate opens, even after a cancellation).
+    """
+
+    def __init__(self, turn: int | None = None, *, cancellable: bool = True) -> None:
+        self.turn = turn
+        self.cancellable = cancellable
         self.started = asyncio.Event()
         self.opened = asyncio.Event()
 
     async def __call__(self, agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        if self.turn is not None and agent.turn != self.turn:
+            return
         self.started.set()
         waiting = asyncio.ensure_future(self.opened.wait())
-        if agent.token is not None:
+        if self.cancellable and agent.token is not None:
             agent.token.link_future(waiting)  # like a model call, the wait honours cancellation
         await waiting
 

@@ -33,7 +33,7 @@ def _close_stores() -> Iterator[None]:
         OPEN.pop().store.close()
 
 
-def durable_team(name: str, url: str, run_id: str) -> tuple[DurableGraphFlow, list[ml.LegacyAgent]]:
+def durable_team(name: str, url: str, run_id: str) -> tuple[DurableGraphFlow, list[ml.Scripted]]:
     scenario = ml.SCENARIOS[name]
     agents = scenario.agents()
     kwargs: dict[str, Any] = {}
@@ -86,10 +86,10 @@ async def live_mid_run_state(url: str) -> dict[str, Any]:
     import asyncio
 
     team, agents = durable_team("fanout_join", url, "live")
-    blocker = next(a for a in agents if a.name == "C")
-    blocker.block_turn = 1
+    gate = ml.Gate(1)
+    next(a for a in agents if a.name == "C").before = gate
     running = asyncio.create_task(team.run(task=ml.TASK))
-    await asyncio.wait_for(blocker.started.wait(), 10)
+    await asyncio.wait_for(gate.started.wait(), 10)
     previous: Any = None
     state: dict[str, Any] = {}
     for _ in range(300):  # until B's answer is in and two saves in a row agree
@@ -99,7 +99,7 @@ async def live_mid_run_state(url: str) -> dict[str, Any]:
             break
         previous = ml.normalise(state)
         await asyncio.sleep(0.01)
-    blocker.gate.set()
+    gate.open()
     await asyncio.wait_for(running, 10)
     return state
 

@@ -1,66 +1,44 @@
 """The worker-pool test team: fan-out, join and a loop, with slow deterministic agents.
 
-``team(run_id, **durable)`` is the factory workers load (``poolteam:team``). Each agent answers with
-its name, its turn and a digest of its input (see tests/agents.py), after sleeping
-``$GFD_AGENT_DELAY`` seconds (default 0.05). Each turn is appended to ``$GFD_EXEC_LOG`` if set.
+``team(run_id, **durable)`` is the factory workers load (``poolteam:team``). Its agents are the
+shared :class:`agents.Scripted` (tests/agents.py: each answers with its name, its turn and a digest
+of its input); before answering, each turn sleeps ``$GFD_AGENT_DELAY`` seconds (default 0.05) and
+is appended to ``$GFD_EXEC_LOG`` (if set) as ``pid node turn``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from autogen_agentchat.agents import BaseChatAgent
-from autogen_agentchat.base import Response
 from autogen_agentchat.conditions import MaxMessageTermination
-from autogen_agentchat.messages import BaseChatMessage, TextMessage
+from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import DiGraphBuilder
-from autogen_core import CancellationToken
 
 from graphflow_durable.flow import DurableGraphFlow
 
+# Worker processes import this module by ``poolteam:team`` with only tests/pool on their path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agents import Scripted  # tests/agents.py: the one set of test agents
 
-class Slow(BaseChatAgent):
-    def __init__(self, name: str, says: Sequence[str] = ()) -> None:
-        super().__init__(name, f"slow scripted agent {name}")
-        self.turn = 0
-        self.says = list(says)
 
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
-
-    async def on_messages(
-        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
-    ) -> Response:
-        self.turn += 1
-        await asyncio.sleep(float(os.environ.get("GFD_AGENT_DELAY", "0.05")))
-        log = os.environ.get("GFD_EXEC_LOG")
-        if log:
-            with open(log, "a") as f:
-                f.write(f"{os.getpid()} {self.name} {self.turn}\n")
-        seen = hashlib.sha256("|".join(m.to_text() for m in messages).encode()).hexdigest()[:8]
-        extra = self.says[self.turn - 1] if self.turn <= len(self.says) else ""
-        content = f"{self.name}#{self.turn} saw {len(messages)}:{seen} {extra}".rstrip()
-        return Response(chat_message=TextMessage(content=content, source=self.name))
-
-    async def on_reset(self, cancellation_token: CancellationToken) -> None:
-        self.turn = 0
-
-    async def save_state(self) -> Mapping[str, Any]:
-        return {"turn": self.turn}
-
-    async def load_state(self, state: Mapping[str, Any]) -> None:
-        self.turn = int(state["turn"])
+async def slow_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+    """Sleep like a model call, then log the turn (a turn that is killed while sleeping is not logged)."""
+    await asyncio.sleep(float(os.environ.get("GFD_AGENT_DELAY", "0.05")))
+    log = os.environ.get("GFD_EXEC_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {agent.name} {agent.turn}\n")
 
 
 def team(run_id: str, **durable: Any) -> DurableGraphFlow:
     """S -> (P1, P2, P3) in parallel -> J (join) -> R; R -> J again twice ("any"), then R -> E."""
-    s, p1, p2, p3, j, e = (Slow(n) for n in ("S", "P1", "P2", "P3", "J", "E"))
-    r = Slow("R", says=["again", "again", "done"])
+    s, p1, p2, p3, j, e = (Scripted(n, before=slow_turn) for n in ("S", "P1", "P2", "P3", "J", "E"))
+    r = Scripted("R", ["again", "again", "done"], before=slow_turn)
     b = DiGraphBuilder()
     for agent in (s, p1, p2, p3, j, r, e):
         b.add_node(agent)

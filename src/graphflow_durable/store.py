@@ -39,6 +39,7 @@ from graphflow_durable._model.records import (
     RunStatus,
     RunUpdate,
     Step,
+    StepKind,
     StepRecord,
     StoredMessage,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "RunStatus",
     "RunUpdate",
     "Step",
+    "StepKind",
     "StepRecord",
     "Store",
     "StoredMessage",
@@ -368,7 +370,9 @@ class Store:
                 raise not_found(run_id)
             run = run_record(row)
             steps = [
-                StepRecord(seq=s.seq, kind=s.kind, node=s.node, data=loads(s.data), created_at=s.created_at)
+                StepRecord(
+                    seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
+                )
                 for s in conn.execute(S.SELECT_STEPS, p)
             ]
             scheduler_text = conn.execute(S.SELECT_SCHEDULER, {**p, "p_seq": run.head_seq}).scalar()

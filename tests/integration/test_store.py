@@ -367,7 +367,7 @@ def test_two_states_for_one_node_in_one_commit_are_refused(store: Store) -> None
     twice = [AgentStateRecord("a", {}), AgentStateRecord("a", {"x": 1})]
     with pytest.raises(UsageError, match="two agent states for node 'a'"):
         store.commit(
-            "run-1", expected_head=0, fencing_token=token, step=Step("x", None, {}), agent_states=twice
+            "run-1", expected_head=0, fencing_token=token, step=Step("complete", None, {}), agent_states=twice
         )
 
 
@@ -444,15 +444,23 @@ def test_a_delta_whose_base_is_not_the_previous_row_is_reported_as_corruption(st
         "run-1",
         expected_head=0,
         fencing_token=token,
-        step=Step("x", None, {}),
+        step=Step("complete", None, {}),
         agent_states=[AgentStateRecord("a", {"ctx": [1]})],
     )
     store.commit(
         "run-1",
         expected_head=head,
         fencing_token=token,
-        step=Step("x", None, {}),
+        step=Step("complete", None, {}),
         agent_states=[AgentStateRecord("a", {"sub": {"ctx": {"+": [2]}}}, base_step=head + 7)],
     )
     with pytest.raises(StoreError, match=r"node 'a'.*delta against step 8.*corrupt"):
         store.load("run-1")
+
+
+def test_an_unknown_step_kind_is_refused_as_a_usage_error_and_writes_nothing(store: Store) -> None:
+    token = start(store)
+    with pytest.raises(UsageError, match="step kind 'x' is not one of") as raised:
+        store.commit("run-1", expected_head=0, fencing_token=token, step=Step("x", None, {}))  # type: ignore[arg-type]
+    assert (raised.value.run_id, raised.value.option) == ("run-1", "kind")
+    assert store.get_run("run-1").head_seq == 0

@@ -36,7 +36,7 @@ def finish(store: Store, run_id: str, token: int) -> None:
         run_id,
         expected_head=run.head_seq,
         fencing_token=token,
-        step=Step("stop", None, {}),
+        step=Step("complete", None, {}),
         update=RunUpdate(status="finished"),
     )
     store.release_lease(run_id, token)

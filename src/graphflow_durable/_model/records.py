@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal, get_args
 
 __all__ = [
+    "StepKind",
     "AgentStateRecord",
     "AgentStateRow",
     "MessageRecord",
@@ -82,20 +84,39 @@ class AgentStateRow:
     base_step: int | None = None
 
 
+class StepKind(str, Enum):
+    """What a step records (stored as its value)."""
+
+    CREATED = "created"
+    """The run was created: every participant's starting state."""
+    START = "start"
+    """A round begins: its task messages (if any) and the first selection, or its stop."""
+    INPUT = "input"
+    """User input added to an unfinished round."""
+    RESUME = "resume"
+    """An interrupted round resumes: its in-flight nodes are dispatched again."""
+    COMPLETE = "complete"
+    """A node's answer, with the next selection (or the stop) when its batch is complete."""
+    INTERRUPT = "interrupt"
+    """The run ended without the manager recording it: interrupted, or failed."""
+    RESET = "reset"
+    """``reset()``: a fresh scheduler after the run's messages, every participant's state."""
+    IMPORT = "import"
+    """``load_state()``: a saved state's thread, agent states and scheduler."""
+
+
 @dataclass(frozen=True)
 class Step:
     """One transition to commit.
 
     Attributes:
-        kind: ``"start"`` (a round begins: task messages, first selection), ``"complete"``
-            (a node's answer, possibly followed by the next selection), ``"input"`` (user input
-            added to an unfinished round), ``"stop"`` (the round ended), ``"reset"``.
-        node: the node that completed, for ``"complete"``.
+        kind: what the step records (:class:`StepKind`).
+        node: the node that completed, for :attr:`StepKind.COMPLETE`.
         scheduler: the scheduler state after the step (JSON, opaque to the store).
         data: anything else the flow needs to resume (JSON, opaque to the store).
     """
 
-    kind: str
+    kind: StepKind
     node: str | None
     scheduler: Mapping[str, Any]
     data: Mapping[str, Any] = field(default_factory=dict)
@@ -137,7 +158,7 @@ class StepRecord:
     """A committed step, as read back (the scheduler state only for the head step, in RunLog)."""
 
     seq: int
-    kind: str
+    kind: StepKind
     node: str | None
     data: Mapping[str, Any]
     created_at: float

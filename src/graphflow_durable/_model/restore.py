@@ -13,7 +13,7 @@ from typing import Any
 
 from graphflow_durable._model.buffers import LogEntry, buffer_indexes
 from graphflow_durable._model.cursor import Cursor
-from graphflow_durable._model.records import RunLog
+from graphflow_durable._model.records import RunLog, StepKind
 from graphflow_durable.scheduler import GraphSpec, initial
 
 __all__ = ["Plan", "cursor_from_log", "plan"]
@@ -23,9 +23,9 @@ def cursor_from_log(log: RunLog, spec: GraphSpec) -> Cursor:
     """The head step's cursor, with every node's last dispatches gathered from the step log."""
     dispatches: dict[str, tuple[int, ...]] = {}
     for step in log.steps:
-        if step.kind == "reset":
+        if step.kind == StepKind.RESET:
             dispatches = {}
-        if step.kind == "import":
+        if step.kind == StepKind.IMPORT:
             dispatches = {n: tuple(v) for n, v in step.data.get("dispatches", {}).items()}
         at = step.data.get("at")
         for name in step.data.get("dispatched", ()):
@@ -80,8 +80,8 @@ class Plan:
 def plan(log: RunLog, spec: GraphSpec, participants: Sequence[str]) -> Plan:
     """Everything needed to put a team at the head of ``log``."""
     cursor = cursor_from_log(log, spec)
-    completes = {s.seq: s.node for s in log.steps if s.kind == "complete"}
-    imported = {s.seq for s in log.steps if s.kind == "import"}
+    completes = {s.seq: s.node for s in log.steps if s.kind == StepKind.COMPLETE}
+    imported = {s.seq for s in log.steps if s.kind == StepKind.IMPORT}
     entries = [
         LogEntry(
             m.body,

@@ -36,7 +36,7 @@ from graphflow_durable._model.task import task_key
 from graphflow_durable._runtime.link import RunLink
 from graphflow_durable.errors import StateFormatError
 from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select
-from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step
+from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
 
 __all__ = ["DurableGraphFlowManager"]
 
@@ -139,12 +139,12 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._link.halted = False
         task = list(message.messages or [])
         cursor = self._cursor
-        kind = "resume"
+        kind = StepKind.RESUME
         if cursor.finished:
             cursor = cursor.new_round(self._thread_len())
-            kind = "start"
+            kind = StepKind.START
         if task:
-            kind = "start" if kind == "start" else "input"
+            kind = StepKind.START if kind is StepKind.START else StepKind.INPUT
             await self.publish_message(
                 GroupChatStart(messages=task), topic_id=DefaultTopicId(type=self._output_topic_type)
             )
@@ -160,7 +160,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._message_thread.extend(task)
         records = [MessageRecord(cursor.origin + first + i, m.dump(), True) for i, m in enumerate(task)]
 
-        update = RunUpdate(status="running", task=task_key(task) if kind == "start" else None)
+        update = RunUpdate(status="running", task=task_key(task) if kind is StepKind.START else None)
         stop = await self._condition_stop(task) if task else None
         if stop is not None:
             self._cursor = cursor.ended(cursor.sched, stopped=True)
@@ -169,7 +169,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             return
 
         resumed = bool(cursor.sched.in_flight)
-        if kind == "resume" and not resumed and self._thread_len():
+        if kind is StepKind.RESUME and not resumed and self._thread_len():
             logger.info(
                 "run %s: resuming after step %d; nothing in flight, next: %s",
                 self._link.run_id,
@@ -248,14 +248,18 @@ class DurableGraphFlowManager(GraphFlowManager):
 
         if sched.in_flight:
             self._cursor = self._cursor.answered(name, sched)
-            self._commit(Step("complete", name, self._cursor.to_json(self._spec)), records, states, None)
+            self._commit(
+                Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)), records, states, None
+            )
             return
 
         # The batch is complete: decide the stop, or select the next batch, in this same commit.
         stop, sched, natural = await self._batch_stop(sched)
         if stop is not None:
             self._cursor = self._cursor.answered(name, sched).ended(sched, stopped=not natural)
-            self._commit(Step("complete", name, self._cursor.to_json(self._spec)), records, states, stop)
+            self._commit(
+                Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)), records, states, stop
+            )
             await self._signal_termination(stop)
             return
         sched, speakers = select(self._spec, sched)
@@ -264,7 +268,10 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._batch_delta = []
         head = self._commit(
             Step(
-                "complete", name, self._cursor.to_json(self._spec), {"dispatched": list(speakers), "at": at}
+                StepKind.COMPLETE,
+                name,
+                self._cursor.to_json(self._spec),
+                {"dispatched": list(speakers), "at": at},
             ),
             records,
             states,

@@ -43,6 +43,7 @@ from graphflow_durable.store import (
     RunStatus,
     RunUpdate,
     Step,
+    StepKind,
     Store,
 )
 
@@ -179,7 +180,7 @@ class RunSession:
             await self.team.reset_if_used()
             cursor = Cursor.fresh(initial(self.spec))
             states = await self.team.agent_states()
-            self.write(Step("created", None, cursor.to_json(self.spec)), (), states, None)
+            self.write(Step(StepKind.CREATED, None, cursor.to_json(self.spec)), (), states, None)
             return None
         self.check_graph(run)
         self.token = store.acquire_lease(
@@ -230,7 +231,7 @@ class RunSession:
                 self.run_id,
                 expected_head=run.head_seq,
                 fencing_token=self.token,
-                step=Step("interrupt", None, store.head_scheduler(self.run_id) or {}),
+                step=Step(StepKind.INTERRUPT, None, store.head_scheduler(self.run_id) or {}),
                 update=RunUpdate(status="failed" if failed else "interrupted"),
             )
         store.release_lease(self.run_id, self.token)
@@ -294,7 +295,7 @@ class RunSession:
             self.states.clear()
             states = await self.team.agent_states()
             update = RunUpdate(status="interrupted", task=[])
-            self.write(Step("reset", None, cursor.to_json(self.spec)), (), states, update)
+            self.write(Step(StepKind.RESET, None, cursor.to_json(self.spec)), (), states, update)
         # The team's reset left the manager's cursor at origin 0, but the stored thread continues at
         # run.message_count: the next run must restore the cursor (new origin) from the store.
         self.synced = False
@@ -388,7 +389,7 @@ class RunSession:
         reason = ext.get("stop_reason") if cursor.finished else None
         self.states.clear()  # the loaded agent states are written whole
         self.write(
-            Step("import", None, cursor.to_json(self.spec), {"dispatches": ext.get("dispatches", {})}),
+            Step(StepKind.IMPORT, None, cursor.to_json(self.spec), {"dispatches": ext.get("dispatches", {})}),
             records,
             states,
             RunUpdate(status=status, result={"stop_reason": reason}),

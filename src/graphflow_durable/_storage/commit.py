@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphflow_durable._model.codec import dumps
-from graphflow_durable._model.records import RUN_STATUSES, AgentStateRow, MessageRecord, RunUpdate, Step
+from graphflow_durable._model.records import (
+    RUN_STATUSES,
+    AgentStateRow,
+    MessageRecord,
+    RunUpdate,
+    Step,
+    StepKind,
+)
 from graphflow_durable._storage.lease import lease_lost
 from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError, UsageError
 
@@ -112,7 +119,7 @@ def encode_commit(
     step_row = {
         "run_id": run_id,
         "seq": new_head,
-        "kind": step.kind,
+        "kind": _step_kind(run_id, step.kind),
         "node": step.node,
         "scheduler": dumps(step.scheduler, where="step/scheduler"),
         "data": dumps(step.data, where="step/data"),
@@ -196,4 +203,18 @@ def refusal(
 
 def not_found(run_id: str) -> RunNotFoundError:
     """The error for a run id the store does not have."""
-    return RunNotFoundError(f"run {run_id} does not exist; create it with Store.create_run() first", run_id=run_id)
+    return RunNotFoundError(
+        f"run {run_id} does not exist; create it with Store.create_run() first", run_id=run_id
+    )
+
+
+def _step_kind(run_id: str, kind: str) -> str:
+    """The stored text of a step kind; an unknown kind is the caller's mistake."""
+    try:
+        return StepKind(kind).value
+    except ValueError:
+        raise UsageError(
+            f"run {run_id}: step kind {kind!r} is not one of {[k.value for k in StepKind]}; nothing was written",
+            run_id=run_id,
+            option="kind",
+        ) from None

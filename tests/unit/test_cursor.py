@@ -296,22 +296,12 @@ def test_an_extension_without_its_scheduler_raises_state_format_error() -> None:
         Cursor.from_extension(ext)
 
 
-# A list where a map belongs escapes as AttributeError: from_json/from_extension catch
-# (KeyError, TypeError, ValueError) only. Strict xfail: remove the marks once src raises
-# StateFormatError here.
-SRC_BUG = pytest.mark.xfail(
-    raises=AttributeError, strict=True, reason="cursor.py does not catch AttributeError"
-)
-
-
-@SRC_BUG
 @pytest.mark.parametrize("name", ["dispatches", "attempts", "dispatch_step", "keys"])
 def test_a_list_in_place_of_a_map_in_the_extension_raises_state_format_error(name: str) -> None:
     with pytest.raises(StateFormatError):
         Cursor.from_extension({**GOOD.extension("r1"), name: []})
 
 
-@SRC_BUG
 @pytest.mark.parametrize("name", ["dispatches", "attempts", "dispatch_step"])
 def test_a_list_in_place_of_a_map_in_the_compact_cursor_raises_state_format_error(name: str) -> None:
     with pytest.raises(StateFormatError):

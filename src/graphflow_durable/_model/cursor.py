@@ -160,7 +160,7 @@ class Cursor:
                 stopped=bool(data.get("stopped", False)),
                 keys={n: str(k) for n, k in data.get("keys", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
 
     def extension(
@@ -222,5 +222,5 @@ class Cursor:
                 dispatch_step={n: int(s) for n, s in ext.get("dispatch_step", {}).items()},
                 keys={n: str(k) for n, k in ext.get("keys", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

@@ -254,8 +254,8 @@ def close_stores() -> None:
     """Close the stores of every team :func:`durable` made (call it at the end of each test)."""
     while OPEN_TEAMS:
         team = OPEN_TEAMS.pop()
-        if team._store is not None:
-            team._store.close()
+        if team._session.opened_store is not None:
+            team._session.opened_store.close()
 
 
 def text(messages: Sequence[BaseAgentEvent | BaseChatMessage]) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from autogen_agentchat.teams import DiGraph
 from graphflow_durable._integrity.codes import pointer
 from graphflow_durable._integrity.derive import Derived
 from graphflow_durable._integrity.read import MANAGER, Parsed, sources
+from graphflow_durable._model.records import ENDED_STATUSES, RUN_STATUSES
 from graphflow_durable.errors import GraphMismatchError, UnrepairableStateError
 from graphflow_durable.scheduler import GraphSpec, SchedulerState
 
@@ -257,8 +258,8 @@ def _check_durable(p: Parsed, spec: GraphSpec, d: Derived) -> None:
                 f"dispatches is {dict(stored)} but the thread says {expected}; repair recomputes it",
             )
     status = ext.get("status")
-    if (status in ("finished", "stopped") and s.in_flight) or (
-        status in ("running", "interrupted", "stopped", "failed") and d.finished
+    if (status in ENDED_STATUSES and s.in_flight) or (
+        status in RUN_STATUSES and status != "finished" and d.finished
     ):
         p.add(
             "GFD402-status-mismatch",

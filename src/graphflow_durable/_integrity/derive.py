@@ -18,6 +18,7 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from graphflow_durable._integrity.read import Parsed
 from graphflow_durable._model.buffers import Buffers, LogEntry, participant_buffers
 from graphflow_durable._model.cursor import Cursor
+from graphflow_durable._model.records import ENDED_STATUSES, RUN_STATUSES
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, replay, select
 
 __all__ = ["Derived", "derive"]
@@ -128,7 +129,7 @@ def extension(p: Parsed, d: Derived, graph_fingerprint: str | None) -> dict[str,
         # (termination condition, max turns); GraphFlow reset the condition then, and run() with no
         # task continues the graph. A stopped round does exactly that.
         status = "stopped"
-    elif status not in ("running", "interrupted", "failed"):
+    elif status not in RUN_STATUSES or status in ENDED_STATUSES:
         status = "interrupted"
     attempts = old.get("attempts")
     if not (isinstance(attempts, Mapping) and set(attempts) == set(flying) and _positive(attempts)):

@@ -13,6 +13,7 @@ from typing import Any
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
 
 from graphflow_durable._integrity.codes import Finding, finding, pointer
+from graphflow_durable._model.records import RUN_STATUSES
 from graphflow_durable.errors import GraphflowDurableError, StateFormatError
 from graphflow_durable.scheduler import SchedulerState
 
@@ -279,11 +280,11 @@ def _check_ranges(p: Parsed, ext: Mapping[str, Any], where: str) -> None:
                 f"{key} is {value!r}, not a thread index in 0..{size}; repair recomputes it",
             )
     status = ext.get("status")
-    if status not in ("running", "interrupted", "stopped", "failed", "finished"):
+    if status not in RUN_STATUSES:
         p.add(
             "GFD402-status-mismatch",
             f"{where}/status",
-            f"status {status!r} is not running/interrupted/stopped/failed/finished; repair recomputes it",
+            f"status {status!r} is not one of {'/'.join(RUN_STATUSES)}; repair recomputes it",
         )
     dispatches = ext.get("dispatches", {})
     if not isinstance(dispatches, Mapping) or not all(

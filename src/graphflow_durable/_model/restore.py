@@ -13,7 +13,7 @@ from typing import Any
 
 from graphflow_durable._model.buffers import LogEntry, buffer_indexes
 from graphflow_durable._model.cursor import Cursor
-from graphflow_durable._model.records import RunLog, StepKind
+from graphflow_durable._model.records import RunLog, StepKind, StoredMessage
 from graphflow_durable.scheduler import GraphSpec, initial
 
 __all__ = ["Plan", "cursor_from_log", "plan"]
@@ -82,18 +82,16 @@ def plan(log: RunLog, spec: GraphSpec, participants: Sequence[str]) -> Plan:
     cursor = cursor_from_log(log, spec)
     completes = {s.seq: s.node for s in log.steps if s.kind == StepKind.COMPLETE}
     imported = {s.seq for s in log.steps if s.kind == StepKind.IMPORT}
-    entries = [
-        LogEntry(
-            m.body,
-            m.published,
-            # An imported thread has no completion steps: its published messages from a node are
-            # that node's answers.
-            str(m.body.get("source"))
-            if m.step_seq in imported and m.published
-            else completes.get(m.step_seq),
-        )
-        for m in log.messages
-        if m.seq >= cursor.origin
-    ]
+    nodes = set(participants)
+
+    def added_by(m: StoredMessage) -> str | None:
+        if m.step_seq not in imported:
+            return completes.get(m.step_seq)
+        # An imported thread has no completion steps: its published messages from a node are that
+        # node's answers; the rest (the task, user input) were added by nobody.
+        source = str(m.body.get("source"))
+        return source if m.published and source in nodes else None
+
+    entries = [LogEntry(m.body, m.published, added_by(m)) for m in log.messages if m.seq >= cursor.origin]
     buffers = buffer_indexes(entries, participants, cursor.dispatches, cursor.sched.in_flight)
     return Plan(cursor, entries, buffers)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -45,11 +44,9 @@ from graphflow_durable._model.records import (
 )
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.commit import (
-    CommitParams,
     encode_commit,
     encode_run,
     not_found,
-    refusal,
 )
 from graphflow_durable._storage.engine import guarded, open_engines
 from graphflow_durable._storage.lease import lease_lost, locked, takeover_reason
@@ -57,8 +54,8 @@ from graphflow_durable._storage.migrations import current_version, migrate
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
-from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
 from graphflow_durable._storage.workqueue import WorkQueue
+from graphflow_durable._storage.writer import CommitWriter
 from graphflow_durable.errors import ConflictError
 
 __all__ = [
@@ -123,16 +120,7 @@ class Store:
         self, url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None
     ) -> None:
         self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping)
-        dialect = self._e.engine.dialect
-        self._driver_error: type[Any] = dialect.loaded_dbapi.Error
-        self._hot = HotPath.for_dialect(dialect)
-        self._writer: Any = None  # SQLite: the connection kept between commits
-        self._writer_lock = threading.Lock()
-        # sqlite3 runs with isolation_level=None (see _engine): the commit path must BEGIN itself.
-        self._begin = "BEGIN IMMEDIATE" if self._e.dialect == "sqlite" else None
-        self._integrity_error: type[Any] = dialect.loaded_dbapi.IntegrityError
-        # psycopg's pipeline mode (libpq >= 14): one round trip for the statements of a commit.
-        self._pipeline = self._e.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
+        self._writer = CommitWriter(self._e)
         self._queue = WorkQueue(self._e)
         try:
             with self._guard("opening the store"):
@@ -177,10 +165,7 @@ class Store:
 
     def close(self) -> None:
         """Close every pooled connection. The store must not be used afterwards."""
-        with self._writer_lock:
-            writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        self._writer.close()
         self._e.engine.dispose()
 
     def __enter__(self) -> Store:
@@ -280,82 +265,10 @@ class Store:
         params = encode_commit(
             run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
         )
-        hot = self._hot
+        first = messages[0].seq if messages else None
         with self._guard(f"committing step {expected_head + 1} of run {run_id}", run_id):
-            # The hot path runs the precompiled statements on a pooled DBAPI connection: one
-            # transaction, no per-statement SQLAlchemy execution overhead. On SQLite the connection
-            # of the last successful commit is kept for the next one (no pool round trip).
-            dbapi = self._take_writer()
-            committed = False
-            update_head = hot.update_head[bool(messages), update is not None]
-            try:
-                cursor = dbapi.cursor()
-                if self._pipeline:
-                    moved = self._write_pipelined(dbapi, cursor, update_head, params)
-                else:
-                    if self._begin is not None:
-                        cursor.execute(self._begin)
-                    cursor.execute(update_head.sql, update_head.bind(params.run))
-                    moved = cursor.rowcount == 1
-                    if moved:
-                        self._insert_rows(cursor, params)
-                if not moved:
-                    dbapi.rollback()
-                    cursor.execute(hot.select_lease.sql, hot.select_lease.bind(params.run))
-                    found = cursor.fetchone()
-                    row = None if found is None else LeaseTuple(*found)
-                    first = messages[0].seq if messages else None
-                    raise refusal(run_id, row, expected_head, fencing_token, first)
-                dbapi.commit()
-                committed = True
-            except self._driver_error as exc:
-                if self._e.engine.dialect.is_disconnect(exc, dbapi.dbapi_connection, None):
-                    dbapi.invalidate(exc)  # never hand this connection out again
-                raise
-            finally:
-                self._return_writer(dbapi, committed)
+            self._writer.write(params, expected_head, fencing_token, first, update is not None)
         return expected_head + 1
-
-    def _insert_rows(self, cursor: Any, params: CommitParams) -> None:
-        hot = self._hot
-        cursor.execute(hot.insert_step.sql, hot.insert_step.bind(params.step))
-        if params.messages:
-            insert = hot.insert_message
-            cursor.executemany(insert.sql, [insert.bind(row) for row in params.messages])
-        if params.states:
-            insert = hot.insert_state
-            cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
-
-    def _write_pipelined(self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams) -> bool:
-        """PostgreSQL: send the head move and the inserts in one round trip (psycopg's pipeline
-        mode); whether the head moved. If it did not, the inserts ran for nothing (or failed on a
-        key that the winner already wrote) and the caller rolls them back."""
-        connection = dbapi.dbapi_connection
-        head = connection.cursor()
-        try:
-            with connection.pipeline():
-                head.execute(update_head.sql, update_head.bind(params.run))
-                self._insert_rows(cursor, params)
-        except self._integrity_error:
-            if head.rowcount == 1:
-                raise  # the head moved, so the rows themselves are wrong: not a refusal
-            return False
-        return bool(head.rowcount == 1)
-
-    def _take_writer(self) -> Any:
-        with self._writer_lock:
-            dbapi, self._writer = self._writer, None
-        return dbapi if dbapi is not None else self._e.engine.raw_connection()
-
-    def _return_writer(self, dbapi: Any, committed: bool) -> None:
-        """Keep a SQLite connection that just committed; anything else goes back to the pool
-        (which rolls back whatever is uncommitted)."""
-        if committed and self._e.dialect == "sqlite":
-            with self._writer_lock:
-                if self._writer is None:
-                    self._writer = dbapi
-                    return
-        dbapi.close()
 
     def load(self, run_id: str) -> RunLog:
         """Everything needed to resume ``run_id``, read in one consistent transaction.
@@ -485,8 +398,3 @@ class Store:
     def _guard(self, action: str, run_id: str | None = None) -> AbstractContextManager[None]:
         """Serialise (in-memory SQLite only) and turn database errors into :class:`StoreError`."""
         return guarded(self._e, action, run_id=run_id)
-
-
-def _pipeline_supported(driver: Any) -> bool:
-    pipeline = getattr(driver, "Pipeline", None)
-    return pipeline is not None and bool(pipeline.is_supported())

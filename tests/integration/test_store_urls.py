@@ -35,7 +35,7 @@ def test_synchronous_normal_in_a_sqlite_url_is_in_effect_on_reads_and_commits(sq
     with Store(f"{sqlite_url}?synchronous=normal") as store:
         assert pragmas(store)["synchronous"] == 1
         commit_text(store, "run-1", 0, start(store), 0)
-        writer = store._writer  # the connection the commit path keeps between commits
+        writer = store._writer._kept  # the connection the commit path keeps between commits
         assert writer is not None
         assert writer.cursor().execute("PRAGMA synchronous").fetchone()[0] == 1
 

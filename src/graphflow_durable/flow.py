@@ -132,33 +132,13 @@ class DurableGraphFlow(GraphFlow):
     # -- AutoGen factories -----------------------------------------------------------------------
 
     def _create_group_chat_manager_factory(
-        self,
-        name: str,
-        group_topic_type: str,
-        output_topic_type: str,
-        participant_topic_types: list[str],
-        participant_names: list[str],
-        participant_descriptions: list[str],
-        output_message_queue: Any,
-        termination_condition: TerminationCondition | None,
-        max_turns: int | None,
-        message_factory: Any,
+        self, *args: Any, **kwargs: Any
     ) -> Callable[[], DurableGraphFlowManager]:
+        """GraphFlow's manager factory (same arguments), building the durable manager."""
+
         def _factory() -> DurableGraphFlowManager:
             return DurableGraphFlowManager(
-                name=name,
-                group_topic_type=group_topic_type,
-                output_topic_type=output_topic_type,
-                participant_topic_types=participant_topic_types,
-                participant_names=participant_names,
-                participant_descriptions=participant_descriptions,
-                output_message_queue=output_message_queue,
-                termination_condition=termination_condition,
-                max_turns=max_turns,
-                message_factory=message_factory,
-                graph=self._graph,
-                participants=self._participant_map,
-                link=self._session,
+                *args, graph=self._graph, participants=self._participant_map, link=self._session, **kwargs
             )
 
         return _factory

@@ -185,19 +185,21 @@ def _nested(value: Any, kind: type) -> dict[str, dict[str, Any]] | None:
     return out
 
 
+def _nested_or_finding(p: Parsed, key: str, kind: type, what: str) -> dict[str, dict[str, Any]] | None:
+    """The manager's ``key`` as node -> group -> ``kind``, or ``None`` with a GFD008 finding."""
+    value = _nested(p.manager.get(key), kind)
+    if value is None:
+        p.add("GFD008-bad-shape", f"{M}/{key}", f"{key} must map node -> group -> {what}; repair rebuilds it")
+    return value
+
+
 def _read_plain_scheduler(p: Parsed) -> None:
     m = p.manager
     p.ready = _str_list(m.get("ready"))
     if p.ready is None:
         p.add("GFD008-bad-shape", M + "/ready", "ready must be a list of node names; repair rebuilds it")
-    p.remaining = _nested(m.get("remaining"), int)
-    if p.remaining is None:
-        p.add(
-            "GFD008-bad-shape",
-            M + "/remaining",
-            "remaining must map node -> group -> count; repair rebuilds it",
-        )
-    else:
+    p.remaining = _nested_or_finding(p, "remaining", int, "count")
+    if p.remaining is not None:
         for target, groups in p.remaining.items():
             for group, count in groups.items():
                 if count < 0:
@@ -207,13 +209,7 @@ def _read_plain_scheduler(p: Parsed) -> None:
                         f"remaining[{target!r}][{group!r}] is {count}: {target!r} waits for a negative "
                         "number of parents; checked against the thread when a graph is given",
                     )
-    p.enqueued_any = _nested(m.get("enqueued_any"), bool)
-    if p.enqueued_any is None:
-        p.add(
-            "GFD008-bad-shape",
-            M + "/enqueued_any",
-            "enqueued_any must map node -> group -> true/false; repair rebuilds it",
-        )
+    p.enqueued_any = _nested_or_finding(p, "enqueued_any", bool, "true/false")
     turn = m.get("current_turn", 0)
     if not isinstance(turn, int) or isinstance(turn, bool):
         p.refuse("GFD008-bad-shape", M + "/current_turn", f"current_turn must be an integer, not {turn!r}")

@@ -1,8 +1,6 @@
-"""The link between the durable manager, the participant containers and the run session.
+"""What crosses between the durable manager and the participant containers during a turn.
 
-:class:`RunLink` is what the manager and the containers see of the run session (which implements
-it): where a transition is written, the run's identity, and whether to keep dispatching. The
-manager dispatches a node's turn and records its :class:`~graphflow_durable.ExecutionContext` in
+The manager dispatches a node's turn and records its :class:`~graphflow_durable.ExecutionContext` in
 :class:`Turns`; the node's container runs the agent inside :meth:`Turns.running`, which makes that
 context (and the run's store, for a nested durable team) visible to the agent's code. No AutoGen
 internals here.
@@ -10,17 +8,15 @@ internals here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Protocol
 
 from graphflow_durable import context as _context
 from graphflow_durable.context import ExecutionContext
-from graphflow_durable.scheduler import GraphSpec
-from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, Store
+from graphflow_durable.store import Store
 
-__all__ = ["RunLink", "Turns", "outer_run_store"]
+__all__ = ["Turns", "outer_run_store"]
 
 _outer_store: ContextVar[Store | None] = ContextVar("graphflow_durable_outer_store", default=None)
 
@@ -59,28 +55,3 @@ class Turns:
 def outer_run_store() -> Store | None:
     """The store of the durable run whose agent turn is running in this task, if any."""
     return _outer_store.get()
-
-
-class RunLink(Protocol):
-    """What the manager and the containers use of the run session."""
-
-    run_id: str
-    head: int
-    spec: GraphSpec
-    fingerprint: str
-    halted: bool
-    turns: Turns
-
-    def write(
-        self,
-        step: Step,
-        messages: Sequence[MessageRecord],
-        states: Sequence[AgentStateRecord],
-        update: RunUpdate | None,
-    ) -> int:
-        """Commit one transition; return the new head."""
-        ...
-
-    def fail(self, exc: BaseException) -> None:
-        """The run ends with ``exc``."""
-        ...

@@ -1,7 +1,7 @@
 """The durable GraphFlow manager.
 
 It replaces GraphFlowManager's in-memory bookkeeping by the pure scheduler (``scheduler``) and
-commits every transition through its :class:`~graphflow_durable._runtime.link.RunLink` before
+commits every transition through its run session (``RunSession.write``) before
 anything it decided becomes visible: one commit per agent completion, holding the messages, the
 scheduler state after the decrements, enqueues and the next selection, and the agent's state
 after its turn.
@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autogen_agentchat.base import ChatAgent, Team, TerminationCondition
-from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory, StopMessage
-from autogen_agentchat.teams import DiGraph
+from autogen_agentchat.base import ChatAgent, Team
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMessage
 from autogen_agentchat.teams._group_chat._events import (
     GroupChatAgentResponse,
     GroupChatRequestPublish,
@@ -33,16 +32,16 @@ from autogen_core import CancellationToken, DefaultTopicId, MessageContext, even
 from graphflow_durable import context as _context
 from graphflow_durable._model.cursor import Cursor, without_one
 from graphflow_durable._model.task import task_key
-from graphflow_durable._runtime.link import RunLink
 from graphflow_durable.errors import StateFormatError
 from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
 
+if TYPE_CHECKING:  # the session holds the team that builds this manager
+    from graphflow_durable._runtime.session import RunSession
+
 __all__ = ["DurableGraphFlowManager"]
 
 logger = logging.getLogger(__name__)
-
-OutputQueue = Any  # asyncio.Queue[BaseAgentEvent | BaseChatMessage | GroupChatTermination]
 
 
 def _published(delta: Sequence[BaseAgentEvent | BaseChatMessage], team: bool) -> list[bool]:
@@ -57,33 +56,14 @@ class DurableGraphFlowManager(GraphFlowManager):
 
     def __init__(
         self,
-        name: str,
-        group_topic_type: str,
-        output_topic_type: str,
-        participant_topic_types: list[str],
-        participant_names: list[str],
-        participant_descriptions: list[str],
-        output_message_queue: OutputQueue,
-        termination_condition: TerminationCondition | None,
-        max_turns: int | None,
-        message_factory: MessageFactory,
-        graph: DiGraph,
+        *args: Any,
         participants: Mapping[str, ChatAgent | Team],
-        link: RunLink,
+        link: RunSession,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            name=name,
-            group_topic_type=group_topic_type,
-            output_topic_type=output_topic_type,
-            participant_topic_types=participant_topic_types,
-            participant_names=participant_names,
-            participant_descriptions=participant_descriptions,
-            output_message_queue=output_message_queue,
-            termination_condition=termination_condition,
-            max_turns=max_turns,
-            message_factory=message_factory,
-            graph=graph,
-        )
+        """``args``/``kwargs``: GraphFlowManager's (what GraphFlow passes its manager factory, and
+        the graph), handed on unchanged."""
+        super().__init__(*args, **kwargs)
         self._link = link
         self._participants = participants
         self._spec = link.spec

@@ -183,13 +183,7 @@ class RunSession:
             self.write(Step(StepKind.CREATED, None, cursor.to_json(self.spec)), (), states, None)
             return None
         self.check_graph(run)
-        self.token = store.acquire_lease(
-            self.run_id,
-            self.owner,
-            lease_seconds=self.lease_seconds,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
+        self.token = self._take_lease()
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
         stale = not self.synced or self.head != run.head_seq
         self.head = run.head_seq
@@ -262,6 +256,16 @@ class RunSession:
             differences=tuple(diff),
         )
 
+    def _take_lease(self) -> int:
+        """Acquire the run's lease for this session's owner and process; the new fencing token."""
+        return self.store.acquire_lease(
+            self.run_id,
+            self.owner,
+            lease_seconds=self.lease_seconds,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
     @asynccontextmanager
     async def briefly_leased(self) -> AsyncIterator[RunRecord]:
         """Hold the run's lease for one write outside a run (reset, load_state); yield its record.
@@ -269,13 +273,7 @@ class RunSession:
         Raises RunLockedError when another live process drives the run.
         """
         store = self.store
-        self.token = store.acquire_lease(
-            self.run_id,
-            self.owner,
-            lease_seconds=self.lease_seconds,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
+        self.token = self._take_lease()
         try:
             run = store.get_run(self.run_id)
             if run is None:  # pragma: no cover - a run is never deleted under a held lease

@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -156,28 +157,18 @@ class WorkQueue:
                 local = conn.execute(local_lease_pids(here, now)).scalars().all()
             dead = [int(p) for p in local if not pid_alive(int(p))]
             with self._e.write.begin() as conn:
-                found = self._claim_run(conn, owner, lease_seconds, teams, host, pid, dead, now)
-                if found is None:
-                    found = self._claim_submission(conn, owner, lease_seconds, teams, host, pid, dead, now)
+                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now)
+                found = self._claim_run(conn, want) or self._claim_submission(conn, want)
         if found is not None and found.reason not in ("free", "submitted"):
             _log.info(
                 "run %s: %s claimed it (%s); token %d", found.run_id, owner, found.reason, found.fencing_token
             )
         return found
 
-    def _claim_run(
-        self,
-        conn: sa.Connection,
-        owner: str,
-        lease_seconds: float,
-        teams: Sequence[str] | None,
-        host: str,
-        pid: int,
-        dead: Sequence[int],
-        now: float,
-    ) -> Claim | None:
+    def _claim_run(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
+        owner, lease_seconds, host, pid, now = want.owner, want.lease_seconds, want.host, want.pid, want.now
         here = socket.gethostname()
-        query = claimable_runs(owner=owner, teams=teams, host=here, dead_pids=dead, now=now)
+        query = claimable_runs(owner=owner, teams=want.teams, host=here, dead_pids=want.dead, now=now)
         row = conn.execute(query).first()
         if row is None:
             return None
@@ -188,18 +179,7 @@ class WorkQueue:
         lease = {"p_owner": owner, "p_host": host, "p_pid": pid, "p_expires": expires}
         if conn.execute(S.UPDATE_LEASE, {**params, **lease}).rowcount != 1:
             return None  # changed under us (SQLite cannot lock it); the next poll tries again
-        conn.execute(
-            sa.update(queue)
-            .where(queue.c.run_id == row.run_id)
-            .values(
-                status="claimed",
-                claimed_by=owner,
-                claim_host=host,
-                claim_pid=pid,
-                claim_expires_at=expires,
-                updated_at=now,
-            )
-        )
+        conn.execute(sa.update(queue).where(queue.c.run_id == row.run_id).values(**want.claimed(expires)))
         return Claim(
             run_id=row.run_id,
             kind="run",
@@ -213,19 +193,10 @@ class WorkQueue:
             attempts=int(row.attempts),
         )
 
-    def _claim_submission(
-        self,
-        conn: sa.Connection,
-        owner: str,
-        lease_seconds: float,
-        teams: Sequence[str] | None,
-        host: str,
-        pid: int,
-        dead: Sequence[int],
-        now: float,
-    ) -> Claim | None:
+    def _claim_submission(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
+        owner, lease_seconds, now = want.owner, want.lease_seconds, want.now
         here = socket.gethostname()
-        query = claimable_submissions(teams=teams, host=here, dead_pids=dead, now=now)
+        query = claimable_submissions(teams=want.teams, host=here, dead_pids=want.dead, now=now)
         row = conn.execute(query).mappings().first()
         if row is None:
             return None
@@ -234,15 +205,7 @@ class WorkQueue:
         changed = conn.execute(
             sa.update(queue)
             .where(queue.c.run_id == row["run_id"], queue.c.claim_token == row["claim_token"])
-            .values(
-                status="claimed",
-                claimed_by=owner,
-                claim_host=host,
-                claim_pid=pid,
-                claim_expires_at=expires,
-                claim_token=token,
-                updated_at=now,
-            )
+            .values(**want.claimed(expires), claim_token=token)
         ).rowcount
         if changed != 1:
             return None
@@ -306,3 +269,27 @@ class WorkQueue:
                 )
             )
         return 1
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """One claim call: who claims, for how long, which teams, and what it found dead."""
+
+    owner: str
+    lease_seconds: float
+    teams: Sequence[str] | None
+    host: str
+    pid: int
+    dead: Sequence[int]
+    now: float
+
+    def claimed(self, expires: float) -> dict[str, Any]:
+        """The queue row's columns once this call holds its claim."""
+        return {
+            "status": "claimed",
+            "claimed_by": self.owner,
+            "claim_host": self.host,
+            "claim_pid": self.pid,
+            "claim_expires_at": expires,
+            "updated_at": self.now,
+        }

@@ -48,32 +48,28 @@ def common_ends(old: str, new: str) -> tuple[int, int]:
 
 
 def _common_prefix(a: str, b: str, limit: int) -> int:
-    # Compared block by block (slices compare in C), then bisected inside the first block that
-    # differs; blocks double, so a long equal prefix takes few comparisons.
-    lo, block = 0, 4096
-    while lo < limit:
-        hi = min(lo + block, limit)
-        if a[lo:hi] != b[lo:hi]:
-            while hi - lo > 1:  # a[:lo] == b[:lo]; the first difference is in [lo, hi)
-                mid = (lo + hi) // 2
-                if a[lo:mid] == b[lo:mid]:
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
-        lo, block = hi, block * 2
-    return limit
+    return _agreeing(lambda lo, hi: a[lo:hi] == b[lo:hi], limit)
 
 
 def _common_suffix(a: str, b: str, limit: int) -> int:
     na, nb = len(a), len(b)
+    return _agreeing(lambda lo, hi: a[na - hi : na - lo] == b[nb - hi : nb - lo], limit)
+
+
+def _agreeing(same: Callable[[int, int], bool], limit: int) -> int:
+    """The largest ``n <= limit`` with ``same(0, n)``, where ``same(lo, hi)`` compares the two texts'
+    characters ``lo`` to ``hi`` (counted from their start, or from their end).
+
+    Compared block by block (slices compare in C), then bisected inside the first block that
+    differs; blocks double, so a long agreeing run takes few comparisons.
+    """
     lo, block = 0, 4096
     while lo < limit:
         hi = min(lo + block, limit)
-        if a[na - hi : na - lo] != b[nb - hi : nb - lo]:
-            while hi - lo > 1:  # the last lo characters agree; the last hi do not
+        if not same(lo, hi):
+            while hi - lo > 1:  # the first lo characters agree; the first hi do not
                 mid = (lo + hi) // 2
-                if a[na - mid : na - lo] == b[nb - mid : nb - lo]:
+                if same(lo, mid):
                     lo = mid
                 else:
                     hi = mid

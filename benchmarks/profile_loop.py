@@ -51,14 +51,15 @@ def main() -> None:
         print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[-6000:])
     print("\n=== share of the profiled run (cumulative) ===")
     wanted = {
-        "Store.commit": ("store.py", "commit"),
-        "DurableGraphFlowManager._on_response": ("_manager.py", "_on_response"),
-        "Cursor.to_json": ("_cursor.py", "to_json"),
-        "encode_commit": ("_commit.py", "encode_commit"),
-        "StateLog.encode (agent-state splices)": ("_snapshots.py", "encode"),
-        "state_text": ("_codec.py", "state_text"),
-        "codec dumps": ("_codec.py", "dumps"),
-        "agent save_state (container)": ("_manager.py", "save_state"),
+        "Store.commit": ("graphflow_durable/store.py", "commit"),
+        "CommitWriter.write": ("_storage/writer.py", "write"),
+        "DurableGraphFlowManager._on_response": ("_runtime/manager.py", "_on_response"),
+        "Cursor.to_json": ("_model/cursor.py", "to_json"),
+        "encode_commit": ("_storage/commit.py", "encode_commit"),
+        "StateLog.encode (agent-state splices)": ("_agentstate/writer.py", "encode"),
+        "state_text": ("_model/codec.py", "state_text"),
+        "codec dumps": ("_model/codec.py", "dumps"),
+        "agent save_state (container)": ("_runtime/container.py", "save_state"),
         "sqlite3 commit": ("~", "<method 'commit' of 'sqlite3.Connection' objects>"),
         "sqlite3 execute": ("~", "<method 'execute' of 'sqlite3.Cursor' objects>"),
         "sqlite3 executemany": ("~", "<method 'executemany' of 'sqlite3.Cursor' objects>"),

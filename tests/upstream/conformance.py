@@ -297,6 +297,11 @@ def compare(plain: RunResult, durable: RunResult, allowed: Mapping[str, str], re
         report.problems.append(
             "the swap did not take effect: no DurableGraphFlow was built in the durable run"
         )
+    elif durable.swap_counts is not None and not durable.swap_counts.get("store_files"):
+        report.problems.append(
+            "the per-test stores were not used: DurableGraphFlow teams were built but no test store "
+            "file was created (does the flow still read $GRAPHFLOW_DURABLE_STORE?)"
+        )
     report.problems += [
         f"allow-list entry without a reason: {t}" for t, why in allowed.items() if not why.strip()
     ]

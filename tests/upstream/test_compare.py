@@ -58,3 +58,12 @@ def test_all_passing_with_an_empty_allow_list_is_ok() -> None:
     report = _report({"a": PASS, "b": PASS}, {"a": PASS, "b": PASS}, {})
     assert report.ok
     assert report.summary().endswith("RESULT: OK")
+
+
+def test_durable_teams_built_without_any_test_store_means_the_store_isolation_failed() -> None:
+    report = _report({"a": PASS}, {"a": PASS}, {})
+    report.durable.swap_counts = {"durable_instances": 3, "store_files": 0}
+    report.problems.clear()
+    compare(report.plain, report.durable, {}, report)
+    assert len(report.problems) == 1 and "no test store file was created" in report.problems[0]
+    assert not report.ok

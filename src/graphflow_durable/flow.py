@@ -255,10 +255,11 @@ class DurableGraphFlow(GraphFlow):
 
     def _earlier_messages(self, output_task_messages: bool) -> list[BaseAgentEvent | BaseChatMessage]:
         """What the interrupted round had produced before this team object resumed it."""
-        resumed, self._session.resumed_round = self._session.resumed_round, None
         factory = self._message_factory
         return [
-            factory.create(body) for body, is_task in resumed or () if output_task_messages or not is_task
+            factory.create(body)
+            for body, is_task in self._session.take_resumed_round()
+            if output_task_messages or not is_task
         ]
 
     # -- state, reset, component ----------------------------------------------------------------
@@ -293,15 +294,8 @@ class DurableGraphFlow(GraphFlow):
         )
         if self._is_running:
             raise RuntimeError("The team cannot be loaded while it is running.")
-        session.turns.clear()
-        session.resumed_round = None
         self._driven = True  # a run() after a load returns what it produces, as GraphFlow's does
-        if self.store.get_run(session.run_id) is not None:
-            await session.load_into_existing(loaded)
-            return
-        await GraphFlow.load_state(self, loaded)
-        session.pending_import = loaded
-        session.synced = True
+        await session.load(loaded)
 
     async def reset(self) -> None:
         """Reset the team as GraphFlow does, and start the stored run afresh (its history is kept).
@@ -310,14 +304,9 @@ class DurableGraphFlow(GraphFlow):
         stored run belongs to that turn, and the next outer turn drives a run of its own.
         """
         await GraphFlow.reset(self)
-        session = self._session
-        session.turns.clear()
-        session.pending_import = None
-        session.forget()
-        if session.nested:
+        if self._session.nested:
             self._driven = False
-        else:
-            await session.restart()
+        await self._session.restart()
 
     async def save_state(self) -> Mapping[str, Any]:
         """A JSON-serialisable deep copy of the team's state, in the durable format.

@@ -76,6 +76,7 @@ class RunSession:
         run_id: the run (``None``: a new random id, or the outer turn's run for a nested team).
         owner: the lease owner id (``None``: a new one for this session).
         lease_seconds, allow_graph_change: as :class:`~graphflow_durable.DurableGraphFlow`.
+        spec: the graph's scheduling rules' view of it.
         graph_description: the graph as :func:`graphid.describe_graph` describes it.
     """
 
@@ -285,8 +286,15 @@ class RunSession:
 
     async def restart(self) -> None:
         """After the team's reset: commit a ``reset`` step (a fresh cursor after the run's messages,
-        every participant's state, written whole) under a lease held just for it."""
-        if self.store.get_run(self.run_id) is None:
+        every participant's state, written whole) under a lease held just for it.
+
+        A nested team's run belongs to its outer turn, and the next outer turn drives a run of its
+        own: nothing is written for it.
+        """
+        self.turns.clear()
+        self.pending_import = None
+        self.forget()
+        if self.nested or self.store.get_run(self.run_id) is None:
             return
         async with self.briefly_leased() as run:
             cursor = Cursor.fresh(initial(self.spec), origin=run.message_count)
@@ -298,16 +306,31 @@ class RunSession:
         # run.message_count: the next run must restore the cursor (new origin) from the store.
         self.synced = False
 
-    async def load_into_existing(self, state: Mapping[str, Any]) -> None:
-        """``load_state()`` on a stored run: the state becomes its new starting point at once.
+    async def load(self, state: Mapping[str, Any]) -> None:
+        """``load_state()`` of a state in the durable format.
 
-        The run's earlier history stays in the store (as after ``reset()``); the next run restores
-        the team from the store.
+        On a stored run the state becomes its new starting point at once, under a lease held just
+        for it (its earlier history stays in the store, as after ``reset()``; the next run restores
+        the team from the store). Otherwise the team loads it in memory and the run is seeded with
+        it when it is created.
         """
-        async with self.briefly_leased() as run:
-            self.check_graph(run)
-            await self._import(state, origin=run.message_count)
-        self.synced = False
+        self.turns.clear()
+        self.resumed_round = None
+        if self.store.get_run(self.run_id) is not None:
+            async with self.briefly_leased() as run:
+                self.check_graph(run)
+                await self._import(state, origin=run.message_count)
+            self.synced = False
+            return
+        await self.team.load_plain(state)
+        self.pending_import = state
+        self.synced = True
+
+    def take_resumed_round(self) -> list[tuple[Mapping[str, Any], bool]]:
+        """What the round resumed by the last attach had produced before (message dump, whether it
+        was user input), once; empty when the attach resumed nothing."""
+        resumed, self.resumed_round = self.resumed_round or [], None
+        return resumed
 
     # -- the single crossing into the store during a run ----------------------------------------
 

@@ -48,9 +48,9 @@ from graphflow_durable._storage.commit import (
     encode_run,
     not_found,
 )
-from graphflow_durable._storage.engine import guarded, open_engines
+from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite_tables
 from graphflow_durable._storage.lease import lease_lost, locked, takeover_reason
-from graphflow_durable._storage.migrations import current_version, migrate
+from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
@@ -108,23 +108,38 @@ class Store:
         pool_pre_ping: PostgreSQL: test each pooled connection before use (survives server restarts;
             costs one extra round trip per operation, measured at 0.02-0.08 ms on a local server).
             ``None``: the URL's ``pool_pre_ping``, else true.
+        shared: let the store create its ``graphflow_*`` tables in a database (PostgreSQL: the
+            schema on the search path) that already holds other tables. Without it such a database
+            is refused, and nothing is created in it; a database that already holds a store opens
+            either way. ``None``: the URL's ``shared``, else false.
 
     Raises:
         StoreConfigError: (a ``ValueError`` and a :class:`StoreError`) the URL is malformed or
             unsupported, its query has an unknown option or a bad value, or an argument and the
             same option in the URL disagree. A keyword argument for the other backend is ignored.
+            Also (``option == "shared"``) when the database holds other tables and no store, and
+            ``shared`` is not set; nothing was created.
         StoreError: the database could not be opened or migrated.
     """
 
     def __init__(
-        self, url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None
+        self,
+        url: str,
+        *,
+        synchronous: str | None = None,
+        pool_pre_ping: bool | None = None,
+        shared: bool | None = None,
     ) -> None:
-        self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping)
+        self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
         self._writer = CommitWriter(self._e)
         self._queue = WorkQueue(self._e)
+        shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
-                self._version = migrate(self._e.write, read=self._e.read, url=self._e.url)
+                if not shared:  # before the engine connects (and turns a SQLite file to WAL)
+                    tables = peek_sqlite_tables(self._e.target)
+                    refuse_foreign(tables or (), url=self._e.url, dialect=self._e.dialect)
+                self._version = migrate(self._e.write, read=self._e.read, url=self._e.url, shared=shared)
         except BaseException:
             self._e.engine.dispose()
             raise

@@ -73,7 +73,7 @@ def test_an_unknown_option_is_refused_naming_it_and_the_valid_ones() -> None:
         Store(url)
     assert str(info.value) == (
         "unknown option 'synchronus' in the store URL sqlite:///runs.db?synchronus=NORMAL; "
-        "valid options for SQLite: cached_statements, synchronous, timeout"
+        "valid options for SQLite: cached_statements, shared, synchronous, timeout"
     )
     assert isinstance(info.value, ValueError) and isinstance(info.value, StoreError)
 
@@ -131,7 +131,7 @@ def test_a_postgresql_url_refuses_unknown_options_without_showing_the_password()
         "unknown option 'synchronous' in the store URL postgresql://alice:***@127.0.0.1:1"
     )
     assert "password=***" in message
-    assert "valid options for PostgreSQL: pool_pre_ping and the libpq parameters " in message
+    assert "valid options for PostgreSQL: pool_pre_ping, shared and the libpq parameters " in message
     assert "connect_timeout" in message and "application_name" in message
 
 

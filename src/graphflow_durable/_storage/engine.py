@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,7 +26,7 @@ from sqlalchemy.pool import StaticPool
 from graphflow_durable._storage.urls import StoreUrl, parse_store_url, safe_url
 from graphflow_durable.errors import StoreError
 
-__all__ = ["Engines", "describe", "guarded", "open_engines", "safe_url"]
+__all__ = ["Engines", "describe", "guarded", "open_engines", "peek_sqlite_tables", "safe_url"]
 
 _log = logging.getLogger(__name__)
 
@@ -90,7 +91,13 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip()}"
 
 
-def open_engines(url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None) -> Engines:
+def open_engines(
+    url: str,
+    *,
+    synchronous: str | None = None,
+    pool_pre_ping: bool | None = None,
+    shared: bool | None = None,
+) -> Engines:
     """Create the engine for ``url``.
 
     Args:
@@ -101,12 +108,14 @@ def open_engines(url: str, *, synchronous: str | None = None, pool_pre_ping: boo
             ``None``: the URL's, else ``FULL``.
         pool_pre_ping: PostgreSQL only: test each connection as it leaves the pool; ``None``: the
             URL's, else true.
+        shared: allow the store's tables beside other tables (see ``migrations.refuse_foreign``);
+            ``None``: the URL's ``shared``, else false.
 
     Raises:
         StoreConfigError: the URL is malformed, names a backend/driver this package does not
             support, or carries an option that is unknown, refused, or disagrees with an argument.
     """
-    target = parse_store_url(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping)
+    target = parse_store_url(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
     if target.dialect == "sqlite":
         return _sqlite(target)
     return _postgresql(target)
@@ -152,6 +161,30 @@ def _sqlite(target: StoreUrl) -> Engines:
         serial=threading.RLock() if in_memory else nullcontext(),
         target=target,
     )
+
+
+def peek_sqlite_tables(target: StoreUrl) -> list[str] | None:
+    """The table names of an existing SQLite file, read without the engine; else ``None``.
+
+    Read with a plain ``sqlite3`` connection, so before the engine's connections switch the file to
+    WAL: a database that is then refused keeps its journal mode and gets no ``-wal``/``-shm`` files.
+    ``None`` for PostgreSQL, in-memory SQLite, a file that does not exist yet, or one this cannot read
+    (the engine then opens it and reports the problem; the check under the migration lock still runs).
+    """
+    path = target.engine_url.database
+    if target.dialect != "sqlite" or path in (None, "", ":memory:") or not Path(path).is_file():
+        return None
+    try:
+        conn = sqlite3.connect(path, timeout=target.timeout)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return [str(name) for (name,) in rows]
 
 
 def _enter_wal(cursor: sqlite3.Cursor, timeout: float) -> Any:

@@ -12,6 +12,10 @@ Rules (a test keeps them):
 
 Concurrent openers are serialised: SQLite by ``BEGIN IMMEDIATE`` (the write lock), PostgreSQL by
 a transaction-scoped advisory lock; each migration re-reads the version under that lock.
+
+A database that holds other tables (an application's) and no store yet is refused before any DDL,
+unless the store is ``shared`` (:func:`refuse_foreign`); the check is made again under the lock, in
+the transaction that would create the first table, so a refusal never leaves anything behind.
 """
 
 from __future__ import annotations
@@ -24,15 +28,33 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from graphflow_durable._version import __version__
-from graphflow_durable.errors import SchemaVersionError
+from graphflow_durable.errors import SchemaVersionError, StoreConfigError
 
-__all__ = ["HEAD", "MIGRATIONS", "Migration", "current_version", "migrate"]
+__all__ = [
+    "HEAD",
+    "MIGRATIONS",
+    "Migration",
+    "current_version",
+    "table_names",
+    "migrate",
+    "refuse_foreign",
+]
 
 _log = logging.getLogger(__name__)
 
 Migration = tuple[int, str, Callable[[Connection], None]]
 
 _VERSION_TABLE = "graphflow_schema_version"
+#: Every table of the package is named so; any other table in the database is foreign.
+_PREFIX = "graphflow_"
+#: Tables in the schemas on the search path (where the store creates its own), system schemas left out.
+_PG_TABLES = """
+SELECT c.relname FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = ANY (current_schemas(false)) AND c.relkind IN ('r', 'p', 'f', 'v', 'm')
+AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'
+"""
+_SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
 #: Arbitrary constant key of the PostgreSQL advisory lock held while migrating.
 _PG_LOCK_KEY = 0x67F1_0D0B
 
@@ -176,24 +198,61 @@ def current_version(conn: Connection) -> int | None:
     return 0 if found is None else int(found)
 
 
+def table_names(conn: Connection) -> list[str]:
+    """The names of the tables and views: all of SQLite's, PostgreSQL's in the schemas on the search path."""
+    query = _PG_TABLES if conn.dialect.name == "postgresql" else _SQLITE_TABLES
+    return sorted(str(name) for name in conn.execute(sa.text(query)).scalars())
+
+
+def refuse_foreign(names: Sequence[str], *, url: str, dialect: str) -> None:
+    """Refuse a database whose tables are ``names`` when it holds foreign tables and no store.
+
+    A database with the version table is a store (foreign tables added later are its owner's
+    business); SQLite's own ``sqlite_*`` tables are not foreign.
+
+    Raises:
+        StoreConfigError: (option ``shared``) the database holds other tables and no store.
+    """
+    if _VERSION_TABLE in names:
+        return
+    foreign = sorted(name for name in names if not name.startswith((_PREFIX, "sqlite_")))
+    if not foreign:
+        return
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    own = "a database of its own" if dialect == "sqlite" else "a database or schema of its own"
+    raise StoreConfigError(
+        f"database {url} holds tables that are not graphflow-durable's ({shown}) and no store; "
+        f"nothing was created: point the store at {own}, or add shared=true to the store URL "
+        "(Store(url, shared=True)) to keep the store's graphflow_* tables beside them",
+        url=url,
+        option="shared",
+    )
+
+
 def migrate(
     write: Engine,
     *,
     read: Engine | None = None,
     url: str,
     migrations: Sequence[Migration] = MIGRATIONS,
+    shared: bool = False,
 ) -> int:
     """Bring the database at ``write`` to the last of ``migrations``; return its version.
 
     ``write`` must begin write transactions (SQLite ``BEGIN IMMEDIATE``); ``read`` (default
     ``write``) is used for the up-to-date check. ``url`` (password hidden) is only for messages.
+    Unless ``shared``, a database with foreign tables and no version table is refused before any
+    DDL (checked first without, then again with the lock).
 
     Raises:
         SchemaVersionError: the database's version is newer than the last migration known here.
+        StoreConfigError: the database holds foreign tables and no store, and ``shared`` is false.
     """
     head = migrations[-1][0] if migrations else 0
     with (read or write).connect() as conn:
         version = current_version(conn)
+        if version is None and not shared:
+            refuse_foreign(table_names(conn), url=url, dialect=conn.dialect.name)
         conn.rollback()
     if version is not None:
         _refuse_newer(version, head, url)
@@ -202,9 +261,12 @@ def migrate(
     for number, description, function in migrations:
         with write.begin() as conn:
             _lock(conn)
+            found = current_version(conn)
+            if found is None and not shared:
+                refuse_foreign(table_names(conn), url=url, dialect=conn.dialect.name)
             table = _version_table(sa.MetaData())
             table.create(conn, checkfirst=True)
-            version = current_version(conn) or 0
+            version = found or 0
             _refuse_newer(version, head, url)
             if version >= number:
                 continue

@@ -2,8 +2,8 @@
 
 A store URL is a SQLAlchemy URL. Its query may hold two kinds of options:
 
-- the package's own (SQLite ``synchronous`` and ``timeout``, PostgreSQL ``pool_pre_ping``): read
-  here and removed from the URL before the engine is made;
+- the package's own (SQLite ``synchronous`` and ``timeout``, PostgreSQL ``pool_pre_ping``, both
+  ``shared``): read here and removed from the URL before the engine is made;
 - the driver's: SQLite ``cached_statements`` (the one pysqlite option SQLAlchemy reads from the
   query that does not fight the engine set-up in ``_engine``), PostgreSQL any libpq connection
   parameter (``connect_timeout``, ``sslmode``, ``application_name``, ``options``, ``host``...), which
@@ -33,13 +33,14 @@ SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF", "EXTRA")
 DEFAULT_SYNCHRONOUS = "FULL"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_POOL_PRE_PING = True
+DEFAULT_SHARED = False
 
 #: libpq parameters holding secrets: hidden in messages, never written into a config URL.
 SECRET_KEYS = frozenset(
     {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
 )
 
-_SQLITE_OWN = ("synchronous", "timeout")
+_SQLITE_OWN = ("synchronous", "timeout", "shared")
 _SQLITE_DRIVER = ("cached_statements",)
 #: pysqlite options SQLAlchemy would read from the query, refused because they break the engine set-up.
 _SQLITE_REFUSED = {
@@ -48,7 +49,7 @@ _SQLITE_REFUSED = {
     "check_same_thread": "the store sets it to false itself (a store is shared between threads)",
     "detect_types": "it would change the values the store reads back",
 }
-_PG_OWN = ("pool_pre_ping",)
+_PG_OWN = ("pool_pre_ping", "shared")
 _T = TypeVar("_T")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -65,6 +66,8 @@ class StoreUrl:
         synchronous: SQLite ``PRAGMA synchronous`` in effect (upper case).
         timeout: SQLite busy timeout in seconds.
         pool_pre_ping: PostgreSQL: test pooled connections before use.
+        shared: the store may create its tables in a database (a PostgreSQL schema) that already
+            holds other tables; without it such a database is refused.
         config_url: the URL as given, without its password, with the package options that differ
             from their defaults; ``parse_store_url(config_url)`` describes the same store.
         has_password: the URL carried a password (or another secret libpq parameter) that
@@ -76,6 +79,7 @@ class StoreUrl:
     synchronous: str
     timeout: float
     pool_pre_ping: bool
+    shared: bool
     config_url: str
     has_password: bool
 
@@ -94,7 +98,11 @@ def safe_url(url: str | URL) -> str:
 
 
 def parse_store_url(
-    url: str, *, synchronous: str | None = None, pool_pre_ping: bool | None = None
+    url: str,
+    *,
+    synchronous: str | None = None,
+    pool_pre_ping: bool | None = None,
+    shared: bool | None = None,
 ) -> StoreUrl:
     """Parse ``url``, check its query, and merge the package options with the keyword arguments.
 
@@ -125,22 +133,38 @@ def parse_store_url(
             _number(own["cached_statements"], "cached_statements", given, integer=True)
         sync = _merge("synchronous", synchronous, from_url, DEFAULT_SYNCHRONOUS, given)
         timeout = _number(own["timeout"], "timeout", given) if "timeout" in own else DEFAULT_TIMEOUT
+        share = _shared(own, shared, given)
         extras = {"synchronous": sync} if sync != DEFAULT_SYNCHRONOUS else {}
         if timeout != DEFAULT_TIMEOUT:
             extras["timeout"] = str(int(timeout)) if timeout.is_integer() else repr(timeout)
-        return _result(parsed, parsed, "sqlite", _SQLITE_OWN, extras, sync, timeout, DEFAULT_POOL_PRE_PING)
+        if share:
+            extras["shared"] = "true"
+        return _result(
+            parsed, parsed, "sqlite", _SQLITE_OWN, extras, sync, timeout, DEFAULT_POOL_PRE_PING, share
+        )
     if backend in ("postgresql", "postgres") and (
         parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
     ):
         libpq = _libpq_keywords()
         _check_keys(parsed.query, _PG_OWN + libpq if libpq else None, "PostgreSQL", given)
         own = _own_values(parsed.query, _PG_OWN, given)
-        ping_url = _boolean(own["pool_pre_ping"], "pool_pre_ping", given) if own else None
+        ping_url = _boolean(own["pool_pre_ping"], "pool_pre_ping", given) if "pool_pre_ping" in own else None
         ping = _merge("pool_pre_ping", pool_pre_ping, ping_url, DEFAULT_POOL_PRE_PING, given)
+        share = _shared(own, shared, given)
         extras = {} if ping else {"pool_pre_ping": "false"}
+        if share:
+            extras["shared"] = "true"
         engine_url = parsed.set(drivername="postgresql+psycopg")
         return _result(
-            parsed, engine_url, "postgresql", _PG_OWN, extras, DEFAULT_SYNCHRONOUS, DEFAULT_TIMEOUT, ping
+            parsed,
+            engine_url,
+            "postgresql",
+            _PG_OWN,
+            extras,
+            DEFAULT_SYNCHRONOUS,
+            DEFAULT_TIMEOUT,
+            ping,
+            share,
         )
     raise StoreConfigError(
         f"unsupported database URL {given!r} (backend {backend!r}, driver {driver!r}); "
@@ -159,6 +183,7 @@ def _result(
     synchronous: str,
     timeout: float,
     pool_pre_ping: bool,
+    shared: bool,
 ) -> StoreUrl:
     secrets = [key for key in parsed.query if key in SECRET_KEYS]
     config = (
@@ -170,6 +195,7 @@ def _result(
         synchronous=synchronous,
         timeout=timeout,
         pool_pre_ping=pool_pre_ping,
+        shared=shared,
         config_url=config.render_as_string(hide_password=False),
         has_password=bool(parsed.password) or bool(secrets),
     )
@@ -239,6 +265,11 @@ def _synchronous(value: str, given: str, *, url: str) -> str:
             option="synchronous",
         )
     return mode
+
+
+def _shared(own: Mapping[str, str], argument: bool | None, given: str) -> bool:
+    from_url = _boolean(own["shared"], "shared", given) if "shared" in own else None
+    return _merge("shared", argument, from_url, DEFAULT_SHARED, given)
 
 
 def _boolean(value: str, name: str, given: str) -> bool:

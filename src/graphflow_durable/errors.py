@@ -281,18 +281,29 @@ class RunExistsError(UsageError):
 
 
 class NotSerializableError(GraphflowDurableError, TypeError, ValueError):
-    """A value that must be stored is not JSON-serialisable; the message names where it is.
+    """A value that must be stored is not JSON-serialisable (not a JSON type, a NaN, a lone surrogate
+    UTF-8 cannot encode, nested too deep); the message names the node and where in the value it is.
+    Raised before anything of the commit is written.
 
     Attributes:
         where: the JSON Pointer-like path of the first bad value (``agent_states/A/x/3``), or the
             configuration item (``edge 'A' -> 'B'``).
         type_name: the type of the bad value, when known.
+        node: the node whose message or agent state it is, when known.
     """
 
-    def __init__(self, message: str, *, where: str | None = None, type_name: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        type_name: str | None = None,
+        node: str | None = None,
+    ) -> None:
         GraphflowDurableError.__init__(self, message)
         self.where = where
         self.type_name = type_name
+        self.node = node
 
 
 class GraphMismatchError(UsageError):

@@ -58,7 +58,7 @@ class StateLog:
 
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
-        self._recent: deque[tuple[int, str]] = deque(maxlen=_WINDOW)  # (seq, content)
+        self._recent: deque[tuple[int, str, str | None]] = deque(maxlen=_WINDOW)  # (seq, content, source)
         self._encoded: dict[int, str] = {}  # seq -> JSON encoding of the content, made on demand
         self._count = 0
 
@@ -86,7 +86,7 @@ class StateLog:
         self._note(messages)
         stored: list[AgentStateRow] = []
         for record in records:
-            text = state_text(record.body, where=f"agent_states/{record.node}")
+            text = state_text(record.body, where=f"agent_states/{record.node}", node=record.node)
             last = self._nodes.get(record.node)
             if last is not None and text == last.text:
                 continue  # unchanged: the node's latest row still holds it
@@ -95,8 +95,8 @@ class StateLog:
 
     def _encode_one(self, node: str, text: str, last: _Node | None, step: int) -> AgentStateRow:
         since = -1 if last is None else last.seen
-        newer = [(seq, content) for seq, content in self._recent if seq >= since][-_CANDIDATES:]
-        candidates = [(seq, self._encoding(seq, content)) for seq, content in newer]
+        newer = [entry for entry in self._recent if entry[0] >= since][-_CANDIDATES:]
+        candidates = [(seq, self._encoding(seq, content, source)) for seq, content, source in newer]
         if last is None:
             rope = Rope.of(with_references(text, candidates), self._resolve)
             return self._snapshot(node, text, rope, step)
@@ -124,14 +124,15 @@ class StateLog:
             if isinstance(content, str) and len(content) >= MIN_REFERENCE:
                 if len(self._recent) == self._recent.maxlen:
                     self._encoded.pop(self._recent[0][0], None)
-                self._recent.append((message.seq, content))
+                source = message.body.get("source")
+                self._recent.append((message.seq, content, source if isinstance(source, str) else None))
             self._count = max(self._count, message.seq + 1)
 
-    def _encoding(self, seq: int, content: str) -> str:
+    def _encoding(self, seq: int, content: str, source: str | None) -> str:
         """The JSON encoding of a message's content (what a reference stands for), made once."""
         encoding = self._encoded.get(seq)
         if encoding is None:
-            encoding = self._encoded[seq] = dumps(content)
+            encoding = self._encoded[seq] = dumps(content, where=f"messages/{seq}/body/content", node=source)
         return encoding
 
     def _resolve(self, seq: int) -> str:
@@ -146,5 +147,7 @@ def state_row(record: AgentStateRecord) -> AgentStateRow:
         NotSerializableError: naming the value in ``record.body`` that JSON cannot hold.
     """
     return AgentStateRow(
-        record.node, dumps(record.body, where=f"agent_states/{record.node}"), record.base_step
+        record.node,
+        dumps(record.body, where=f"agent_states/{record.node}", node=record.node),
+        record.base_step,
     )

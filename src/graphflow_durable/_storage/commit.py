@@ -136,7 +136,9 @@ def encode_commit(
                     run_id=run_id,
                     option="messages",
                 )
-            body = dumps(message.body, where=f"messages/{message.seq}/body")
+            source = message.body.get("source") if isinstance(message.body, Mapping) else None
+            node = source if isinstance(source, str) else step.node
+            body = dumps(message.body, where=f"messages/{message.seq}/body", node=node)
             rows.append(
                 {
                     "run_id": run_id,

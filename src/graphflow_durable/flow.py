@@ -58,7 +58,10 @@ class DurableGraphFlow(GraphFlow):
         run_id: the run to create or resume. Default: a new random id (see :attr:`run_id`); inside
             an agent's turn of a durable run (a nested team), the outer turn's idempotency key and
             this team's name, so an interrupted inner team resumes inside when the outer turn runs
-            again. A nested team given no ``store`` stores where the outer run does.
+            again. A nested team given no ``store`` stores where the outer run does. A run id is 1 to
+            500 printable characters (letters, digits, punctuation such as ``-_.:/``, inner spaces;
+            no control characters or line breaks) with no white space at either end; an empty or
+            white-space id is refused (``UsageError``), never replaced by a random one.
         allow_graph_change: resume a stored run even if its graph differs from ``graph``.
         lease_seconds: how long this process's claim on the run lasts without renewal; a crashed
             process's run can be taken over after this (at once on the same host).
@@ -68,6 +71,7 @@ class DurableGraphFlow(GraphFlow):
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
+        UsageError: (a ``ValueError``) ``run_id`` is not a valid run id.
     """
 
     component_config_schema = DurableGraphFlowConfig

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -50,7 +51,7 @@ from graphflow_durable.errors import (
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Claim, Store
 
-__all__ = ["RunOutcome", "TeamFactory", "Worker"]
+__all__ = ["RunOutcome", "TeamFactory", "Worker", "check_options"]
 
 _log = logging.getLogger(__name__)
 
@@ -95,6 +96,30 @@ class RunOutcome:
     error: str | None = None
 
 
+def check_options(
+    *,
+    concurrency: int = 1,
+    poll_interval: float = 0.5,
+    lease_seconds: float = 30.0,
+    grace_seconds: float = 30.0,
+    backoff_seconds: float = 1.0,
+    max_backoff_seconds: float = 300.0,
+) -> None:
+    """Refuse option values a :class:`Worker` cannot work with (:class:`UsageError`, naming the option)."""
+    if concurrency < 1:
+        raise UsageError(f"concurrency must be at least 1, not {concurrency}", option="concurrency")
+    for option, value, positive in (
+        ("poll_interval", poll_interval, True),
+        ("lease_seconds", lease_seconds, True),
+        ("grace_seconds", grace_seconds, False),
+        ("backoff_seconds", backoff_seconds, False),
+        ("max_backoff_seconds", max_backoff_seconds, False),
+    ):
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "greater than 0" if positive else "0 or more"
+            raise UsageError(f"{option} must be a number {bound}, not {value}", option=option)
+
+
 class Worker:
     """Claims runs whose team it knows and drives up to ``concurrency`` of them at a time.
 
@@ -121,7 +146,9 @@ class Worker:
 
     Raises:
         UsageError: (a ``ValueError``) neither or both of ``factories`` and ``team`` were given, or
-            ``concurrency < 1``.
+            ``concurrency < 1``, or ``poll_interval``/``lease_seconds`` are not greater than 0, or
+            ``grace_seconds``/``backoff_seconds``/``max_backoff_seconds`` are negative (or any of
+            them is not finite).
     """
 
     def __init__(
@@ -143,8 +170,14 @@ class Worker:
                 "give Worker either factories={team key: factory} or team=factory, not both",
                 option="factories",
             )
-        if concurrency < 1:
-            raise UsageError(f"concurrency must be at least 1, not {concurrency}", option="concurrency")
+        check_options(
+            concurrency=concurrency,
+            poll_interval=poll_interval,
+            lease_seconds=lease_seconds,
+            grace_seconds=grace_seconds,
+            backoff_seconds=backoff_seconds,
+            max_backoff_seconds=max_backoff_seconds,
+        )
         self._own_store = isinstance(store, str)
         self._store = Store(store) if isinstance(store, str) else store
         self._factories = dict(factories) if factories is not None else {}

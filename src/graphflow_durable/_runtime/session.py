@@ -31,6 +31,7 @@ from graphflow_durable._agentstate.writer import StateLog
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
+from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.context import current_execution
@@ -95,7 +96,7 @@ class RunSession:
         self.team = team
         self.store_arg = store
         self._store: Store | None = store if isinstance(store, Store) else None
-        self.run_id = run_id or uuid.uuid4().hex
+        self.run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
         self.run_id_given = run_id is not None
         self.nested = False  # the run id was derived from an outer durable turn
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

@@ -21,6 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import pid_alive, takeover_reason
@@ -66,7 +67,10 @@ class WorkQueue:
                 team, or a run with this id exists already without having been submitted.
             ConflictError: concurrent submissions of ``run_id`` kept racing (retry).
             NotSerializableError: ``task`` is not JSON.
+            UsageError: ``run_id`` is not a valid run id (empty, white space around it, a
+                non-printable character, too long).
         """
+        check_run_id(run_id)
         text = dumps(task, where=f"the task of run {run_id}")
         now = time.time()
         for _attempt in range(2):

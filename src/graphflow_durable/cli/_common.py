@@ -8,6 +8,7 @@ quietly.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import logging
@@ -15,9 +16,16 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["EXIT_INTERRUPTED", "CliError", "import_attribute", "run_command"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "CliError",
+    "OneLineParser",
+    "import_attribute",
+    "require_value",
+    "run_command",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -33,6 +41,23 @@ class CliError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (``prog: message (see --help)``), exit 2.
+
+    Its sub-command parsers are of the same class, so they report the same way.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see {self.prog} --help)", 2)
+
+
+def require_value(flag: str, value: str | None, what: str) -> str | None:
+    """``value`` unless it was given empty (or white space only): that is a usage error, exit 2."""
+    if value is not None and not value.strip():
+        raise CliError(f"{flag} was given an empty value; give {what}", 2)
+    return value
 
 
 def run_command(

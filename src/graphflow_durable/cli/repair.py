@@ -21,7 +21,13 @@ from typing import Any, TextIO
 from autogen_agentchat.teams import DiGraph
 from pydantic import ValidationError
 
-from graphflow_durable.cli._common import CliError, import_attribute, run_command
+from graphflow_durable.cli._common import (
+    CliError,
+    OneLineParser,
+    import_attribute,
+    require_value,
+    run_command,
+)
 from graphflow_durable.errors import GraphMismatchError, StateFormatError, UnrepairableStateError
 from graphflow_durable.integrity import RepairResult, ValidationReport, repair_state, validate_state
 
@@ -75,7 +81,7 @@ class _Fail(CliError):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="graphflow-repair",
         description="Check a team state saved by GraphFlow or DurableGraphFlow, and repair it.",
         epilog=EPILOG,
@@ -106,6 +112,10 @@ def entry() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    require_value("STATE", args.state, "the path of a saved team state (JSON)")
+    require_value("--graph", args.graph, "a JSON file holding the graph")
+    require_value("--team", args.team, "MODULE:ATTR naming a team, a graph, or a factory")
+    require_value("--output", args.output, "a file to write, or - for stdout")
     state_path = Path(args.state)
     state = _read_state(state_path)
     graph = _load_graph(args)

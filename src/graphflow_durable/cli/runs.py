@@ -16,12 +16,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
-from graphflow_durable.cli._common import CliError, import_attribute, run_command
+from graphflow_durable.cli._common import (
+    CliError,
+    OneLineParser,
+    import_attribute,
+    require_value,
+    run_command,
+)
 from graphflow_durable.errors import GraphflowDurableError, RunExistsError, UsageError
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.store import RUN_STATUSES, Store
-from graphflow_durable.worker import TeamFactory, Worker
+from graphflow_durable.worker import TeamFactory, Worker, check_options
 
 __all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
 
@@ -69,7 +76,7 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="graphflow-durable",
         description="Inspect and submit durable GraphFlow runs; run a worker of a worker pool.",
         epilog=EPILOG,
@@ -122,7 +129,11 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.verbose < 2:  # AutoGen logs every message delivery at INFO
         for name in ("autogen_core", "autogen_agentchat"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    url = getattr(args, "store_sub", None) or args.store or default_store_url()
+    given = getattr(args, "store_sub", None)
+    given = require_value("--store", given if given is not None else args.store, "a database URL")
+    url = given if given is not None else default_store_url()
+    if args.command == "submit":
+        check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
     if args.command == "worker":
         return _worker(args, url)
     with Store(url) as store:
@@ -209,6 +220,7 @@ def _load_factory(spec: str) -> TeamFactory:
 
 
 def _worker(args: argparse.Namespace, url: str) -> int:
+    check_options(**_worker_options(args))  # UsageError, exit 2: before any team module is imported
     specs: list[str] = args.team
     keyed = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs if "=" in spec}
     plain = [spec for spec in specs if "=" not in spec]

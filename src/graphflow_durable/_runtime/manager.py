@@ -316,7 +316,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         return self._link.write(step, messages, states, update)
 
     async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
-        if self._link.halted:
+        # A dispatch needs the lease: a monotonic-clock comparison, a renewal only when it is stale.
+        if self._link.halted or not self._link.lease_valid():
             logger.info("run %s: halted, not dispatching %s", self._link.run_id, list(speakers))
             return
         await self._log_speaker_selection(list(speakers))

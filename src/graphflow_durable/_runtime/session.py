@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -35,7 +37,13 @@ from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.context import current_execution
-from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StateFormatError
+from graphflow_durable.errors import (
+    GraphMismatchError,
+    LeaseLostError,
+    RunNotFoundError,
+    StateFormatError,
+    StoreError,
+)
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     AgentStateRecord,
@@ -79,6 +87,23 @@ class RunSession:
         lease_seconds, allow_graph_change: as :class:`~graphflow_durable.DurableGraphFlow`.
         spec: the graph's scheduling rules' view of it.
         graph_description: the graph as :func:`graphid.describe_graph` describes it.
+
+    The lease: :meth:`renew_lease` renews it every ``lease_seconds / 3`` (at least 0.05 s) and
+    retries through a database outage. The session remembers, by the monotonic clock, when the
+    last acquisition or renewal that succeeded was sent (:attr:`renewed_at`); the lease is
+    *fresh* while less than ``lease_seconds - margin`` has passed since (margin:
+    ``max(lease_seconds / 3, 0.05)``). When it is not fresh the renewer halts the run (no new
+    dispatch; the run is left to be resumed), and before each dispatch the manager calls
+    :meth:`lease_valid`, which asks the database (one renewal) unless the lease is fresh, and
+    halts instead of dispatching when that fails.
+
+    The window that remains: a dispatch decided with a fresh lease may start an agent up to
+    ``margin`` before the lease expires in the database, and an agent already running is not
+    stopped when the lease is lost (its answer is then refused by the fencing token, never
+    recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
+    message itself can still start an agent once after its lease expired; the check makes that
+    window a few statements wide instead of a whole agent turn. The monotonic clock must not stop while the process runs (it does not
+    count a suspended host on every platform).
     """
 
     def __init__(
@@ -106,6 +131,7 @@ class RunSession:
         self.graph_description = graph_description
         self.fingerprint = _graphid.fingerprint(graph_description)
         self.token = 0
+        self.renewed_at = -math.inf  # monotonic time the last successful acquire/renew was sent
         self.head = 0
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
@@ -162,6 +188,7 @@ class RunSession:
         Returns the run's record, or ``None`` when this call created the run.
         """
         store = self.store
+        started = time.monotonic()
         run = store.get_run(self.run_id)
         self.resumed_round = None
         if run is None:
@@ -173,6 +200,7 @@ class RunSession:
                 lease_seconds=self.lease_seconds,
             )
             self.token, self.head, self.synced = run.fencing_token, run.head_seq, True
+            self.renewed_at = started
             self.states.clear()
             if self.pending_import is not None:
                 # A loaded state: the run's status is the state's (a finished one runs nothing).
@@ -202,18 +230,85 @@ class RunSession:
         self.synced = True
         return store.get_run(self.run_id)
 
+    @property
+    def lease_margin(self) -> float:
+        """How long before the lease's expiry this driver stops dispatching (seconds)."""
+        return max(self.lease_seconds / 3, 0.05)
+
+    def lease_fresh(self) -> bool:
+        """Whether the lease is surely still ours by the monotonic clock (no database call)."""
+        return time.monotonic() - self.renewed_at < self.lease_seconds - self.lease_margin
+
+    def _renew(self) -> None:
+        """Renew the lease once (raises what the store raises); on success, note when."""
+        started = time.monotonic()
+        self.store.renew_lease(self.run_id, self.owner, self.token, lease_seconds=self.lease_seconds)
+        self.renewed_at = started
+
+    def _lost(self, exc: StoreError) -> None:
+        logger.error("run %s: %s; this worker stops dispatching", self.run_id, exc)
+        self.halted = True
+        self.fatal = exc
+
+    def lease_valid(self) -> bool:
+        """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
+        renewal); when it is not, or the database cannot say, the run is halted."""
+        if self.lease_fresh():
+            return True
+        try:
+            self._renew()
+        except (LeaseLostError, RunNotFoundError) as exc:
+            self._lost(exc)
+            return False
+        except StoreError as exc:
+            logger.warning(
+                "run %s: the lease could not be confirmed before a dispatch (%s); this worker stops "
+                "dispatching and leaves the run to be resumed",
+                self.run_id,
+                exc,
+            )
+            self.halt()
+            return False
+        return True
+
     async def renew_lease(self) -> None:
-        """Keep the lease alive while running; on losing it, stop dispatching."""
+        """Keep the lease alive while running, through database outages; on losing it, or when it
+        could not be renewed for ``lease_seconds - margin``, stop dispatching."""
         interval = max(self.lease_seconds / 3, 0.05)
+        outage: float | None = None  # monotonic start of the current outage
         while True:
             await asyncio.sleep(interval)
             try:
-                self.store.renew_lease(self.run_id, self.owner, self.token, lease_seconds=self.lease_seconds)
-            except LeaseLostError as exc:
-                logger.error("run %s: %s; this worker stops dispatching", self.run_id, exc)
-                self.halted = True
-                self.fatal = exc
+                self._renew()
+            except (LeaseLostError, RunNotFoundError) as exc:
+                self._lost(exc)
                 return
+            except StoreError as exc:
+                if outage is None:
+                    outage = time.monotonic()
+                    logger.warning(
+                        "run %s: renewing the lease failed (%s); retrying every %.2f s",
+                        self.run_id,
+                        exc,
+                        interval,
+                    )
+                if not self.halted and not self.lease_fresh():
+                    logger.warning(
+                        "run %s: the lease was not renewed for %.2f s (lease %.2f s); this worker stops "
+                        "dispatching and leaves the run to be resumed",
+                        self.run_id,
+                        time.monotonic() - self.renewed_at,
+                        self.lease_seconds,
+                    )
+                    self.halt()
+                continue
+            if outage is not None:
+                logger.info(
+                    "run %s: the lease is renewed again after %.2f s of failures",
+                    self.run_id,
+                    time.monotonic() - outage,
+                )
+                outage = None
 
     def detach(self, clean: bool, failed: bool) -> None:
         """Record how the run ended if the manager did not (interrupted or failed); free the lease."""
@@ -260,13 +355,16 @@ class RunSession:
 
     def _take_lease(self) -> int:
         """Acquire the run's lease for this session's owner and process; the new fencing token."""
-        return self.store.acquire_lease(
+        started = time.monotonic()
+        token = self.store.acquire_lease(
             self.run_id,
             self.owner,
             lease_seconds=self.lease_seconds,
             host=socket.gethostname(),
             pid=os.getpid(),
         )
+        self.renewed_at = started
+        return token
 
     @asynccontextmanager
     async def briefly_leased(self) -> AsyncIterator[RunRecord]:

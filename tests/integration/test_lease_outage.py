@@ -1,0 +1,182 @@
+"""Issue 12, items 3 and 4: the lease through a database outage and a paused driver.
+
+- Item 3: a real PostgreSQL server (a cluster of this module's own) is stopped while an agent
+  runs. Renewal retries through the outage; a driver that could not renew for longer than its
+  lease minus the margin halts (no new dispatch) and leaves the run to be resumed.
+- Item 4: a driver frozen between a commit and its dispatch (its event loop blocked, as under
+  SIGSTOP) past its lease, while another owner took the run over, does not dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from agents import Gate, Scripted, chain, close_stores, durable, stored_transcript
+from graphflow_durable.errors import RunLockedError
+from graphflow_durable.store import Store
+from pgcluster import ClusterUnavailable, PgCluster
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    yield
+    close_stores()
+
+
+class Server:
+    """A throw-away PostgreSQL cluster the test may stop and start again."""
+
+    def __init__(self, cluster: PgCluster) -> None:
+        self.cluster = cluster
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
+
+    def down(self) -> None:
+        self.cluster._run("pg_ctl", "-D", str(self.cluster.data_dir), "-m", "immediate", "-w", "stop")
+
+    def up(self) -> None:
+        c = self.cluster
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -c port={c.port} -c unix_socket_directories={c.root} "
+            "-c fsync=off -c full_page_writes=off"
+        )
+        c._run("pg_ctl", "-D", str(c.data_dir), "-l", str(c.root / "log"), "-w", "-o", opts, "start")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    try:
+        cluster = PgCluster.start()
+    except ClusterUnavailable as exc:
+        pytest.skip(f"PostgreSQL not available: {exc}")
+    try:
+        yield Server(cluster)
+    finally:
+        cluster.stop()
+
+
+async def _outage(server: Server, seconds: float) -> None:
+    await asyncio.to_thread(server.down)
+    await asyncio.sleep(seconds)
+    await asyncio.to_thread(server.up)
+
+
+def _team(url: str, run_id: str, calls: list[str], gate: Gate, lease: float, **kwargs: Any) -> Any:
+    agents = [Scripted(n, calls=calls, before=gate if n == "B" else None) for n in "ABC"]
+    return durable(agents, chain(*agents), url, run_id, lease_seconds=lease, **kwargs)
+
+
+@pytest.mark.postgres
+async def test_lease_renewal_survives_a_postgres_outage_and_keeps_the_run_locked(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = 3.0  # renewed every 1 s; halted only after 2 s without a renewal
+    calls: list[str] = []
+    gate = Gate()
+    team = _team(server.url, "outage-short", calls, gate, lease)
+    caplog.set_level(logging.INFO, logger="graphflow_durable.flow")
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+    with Store(server.url) as other:
+        before = other.get_run("outage-short")
+        assert before is not None
+        await _outage(server, 1.2)  # at least one renewal falls into it
+        # The renewer came back: the lease's expiry moves on past where it stood before.
+        deadline = time.monotonic() + lease
+        while True:
+            run = other.get_run("outage-short")
+            assert run is not None
+            if run.lease_expires_at > before.lease_expires_at + 1.0:
+                break
+            assert time.monotonic() < deadline, "the lease was not renewed after the outage"
+            await asyncio.sleep(0.05)
+        with pytest.raises(RunLockedError):  # no second driver can take the healthy run over
+            other.acquire_lease("outage-short", "intruder", lease_seconds=lease)
+    gate.open()
+    result = await asyncio.wait_for(running, 20)
+    assert [m.source for m in result.messages] == ["user", "A", "B", "C"]
+    assert calls == ["A", "B", "C"]
+    warnings = [r for r in caplog.records if "renewing the lease failed" in r.getMessage()]
+    back = [r for r in caplog.records if "renewed again" in r.getMessage()]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    assert [r.levelno for r in back] == [logging.INFO]
+    assert not any("stops dispatching" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.postgres
+async def test_a_driver_that_cannot_renew_halts_before_its_lease_expires_and_the_run_resumes_once(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = 1.5  # renewed every 0.5 s; halted after 1 s without a renewal
+    calls: list[str] = []
+    gate = Gate()
+    team = _team(server.url, "outage-long", calls, gate, lease)
+    caplog.set_level(logging.INFO, logger="graphflow_durable.flow")
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+    await _outage(server, lease + 1.0)  # past the lease: another driver could have taken over
+    gate.open()
+    await asyncio.wait_for(running, 20)
+    assert calls == ["A", "B"]  # C was not dispatched by the driver that lost contact
+    assert any("stops dispatching" in r.getMessage() for r in caplog.records)
+    with Store(server.url) as store:
+        run = store.get_run("outage-long")
+        assert run is not None and run.status == "interrupted"
+    # The run is left to be resumed: the next driver runs C, once.
+    calls2: list[str] = []
+    again = _team(server.url, "outage-long", calls2, Gate(), lease, lease_owner="next")
+    await asyncio.wait_for(again.run(), 20)
+    assert calls2 == ["C"]
+    assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]
+
+
+async def _frozen_driver(url: str, run_id: str) -> list[str]:
+    """A drives; right after the commit that selects B, the driver freezes past its lease while
+    another owner takes the run over and B is run there; then the frozen driver wakes up."""
+    lease = 0.6
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls) for n in "ABC"]
+    team = durable(agents, chain(*agents), url, run_id, lease_seconds=lease)
+    session = team._session
+    write = session.write
+    taken = threading.Event()
+
+    def take_over() -> None:
+        time.sleep(lease + 0.2)
+        with Store(url) as other:
+            other.acquire_lease(run_id, "successor", lease_seconds=30)
+        taken.set()
+
+    def frozen_write(step: Any, messages: Sequence[Any], states: Sequence[Any], update: Any) -> int:
+        head = write(step, messages, states, update)
+        if step.node == "A":  # A's completion, selecting B, is committed: freeze (as SIGSTOP does)
+            thief = threading.Thread(target=take_over)
+            thief.start()
+            thief.join()  # blocks the event loop: no renewal, no dispatch, until after the takeover
+            assert taken.is_set()
+        return head
+
+    session.write = frozen_write  # type: ignore[method-assign]
+    await asyncio.wait_for(team.run(task="go"), 20)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_driver_frozen_past_its_lease_does_not_dispatch_after_a_takeover(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    url = str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "postgres_database"))
+    calls = await _frozen_driver(url, "frozen")
+    assert calls == ["A"]  # B belongs to the successor now: never started by the frozen driver
+    with Store(url) as store:
+        run = store.get_run("frozen")
+        assert run is not None and run.lease_owner == "successor"

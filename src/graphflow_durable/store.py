@@ -217,10 +217,13 @@ class Store:
             ConflictError: a run with this id exists already.
             NotSerializableError: ``graph`` is not JSON.
         """
+        local = time.time()
         values = encode_run(
-            run_id, graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, time.time()
+            run_id, graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, local
         )
         with self._guard(f"creating run {run_id}", run_id), self._e.write.begin() as conn:
+            # the lease expires by the lease clock (PostgreSQL: the server's), like every lease
+            values["lease_expires_at"] = S.lease_clock(conn, local) + lease_seconds
             try:
                 conn.execute(S.INSERT_RUN, values)
             except sa.exc.IntegrityError as exc:  # the primary key: the run exists
@@ -343,33 +346,40 @@ class Store:
 
         Allowed when the run has no owner, when ``owner`` already holds it, when the lease has
         expired, or when the holder is a process on this host that no longer exists. ``host`` and
-        ``pid`` describe the new owner's process (default: this process).
+        ``pid`` describe the new owner's process (default: this process). Expiry is judged, and
+        stored, by the database server's clock on PostgreSQL (by this host's on SQLite), in the
+        statement that takes the lease.
 
         Raises:
             RunNotFoundError: no such run.
             RunLockedError: another live worker holds an unexpired lease.
         """
         with self._guard(f"acquiring the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            row = conn.execute(S.SELECT_LEASE.with_for_update(), {"p_run_id": run_id}).first()
+            local = time.time()
+            p = {"p_run_id": run_id, "p_now": local}
+            row = conn.execute(S.SELECT_LEASE_NOW.with_for_update(), p).first()
             if row is None:
                 raise not_found(run_id)
-            now = time.time()
-            reason = takeover_reason(row, owner, now)
+            reason = takeover_reason(row, owner, float(row.db_now))
             if reason is None:
                 raise locked(run_id, row)
             token = int(row.fencing_token) + 1
-            conn.execute(
+            taken = conn.execute(
                 S.UPDATE_LEASE,
                 {
-                    "p_run_id": run_id,
+                    **p,
                     "p_old_token": row.fencing_token,
                     "p_token": token,
                     "p_owner": owner,
                     "p_host": socket.gethostname() if host is None else host,
                     "p_pid": os.getpid() if pid is None else pid,
-                    "p_expires": now + lease_seconds,
+                    "p_seconds": lease_seconds,
+                    "p_early": reason.startswith("holder process"),
                 },
-            )
+            ).first()
+            if taken is None:  # the database's clock went back between the two statements
+                row = conn.execute(S.SELECT_LEASE, p).first()
+                raise locked(run_id, row) if row is not None else not_found(run_id)
         if reason not in ("free", "same owner"):
             _log.info(
                 "run %s: %s took the lease from %s (%s); token %d",
@@ -382,21 +392,28 @@ class Store:
         return token
 
     def renew_lease(self, run_id: str, owner: str, fencing_token: int, *, lease_seconds: float) -> float:
-        """Extend a lease this worker holds; return the new expiry (epoch seconds).
+        """Extend a lease this worker holds; return the new expiry (epoch seconds, by the
+        database server's clock on PostgreSQL).
 
         Raises:
             RunNotFoundError: no such run.
             LeaseLostError: the run's token or owner is no longer ``fencing_token`` / ``owner``.
         """
-        expires = time.time() + lease_seconds
-        params = {"p_run_id": run_id, "p_owner": owner, "p_token": fencing_token, "p_expires": expires}
+        params = {
+            "p_run_id": run_id,
+            "p_owner": owner,
+            "p_token": fencing_token,
+            "p_seconds": lease_seconds,
+            "p_now": time.time(),
+        }
         with self._guard(f"renewing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            if conn.execute(S.RENEW_LEASE, params).rowcount != 1:
+            expires = conn.execute(S.RENEW_LEASE, params).scalar()
+            if expires is None:
                 row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
                 if row is None:
                     raise not_found(run_id)
                 raise lease_lost(run_id, fencing_token, row, owner)
-        return expires
+        return float(expires)
 
     def release_lease(self, run_id: str, fencing_token: int) -> bool:
         """Give up the lease if ``fencing_token`` still holds it; return whether it did.

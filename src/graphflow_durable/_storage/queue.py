@@ -13,8 +13,10 @@ Runs with a queue row carry the team key and the retry back-off (``not_before``)
 PostgreSQL the candidate row is locked with ``FOR UPDATE SKIP LOCKED`` so many workers poll at once
 without blocking or double-claiming; on SQLite ``BEGIN IMMEDIATE`` serialises the claimers.
 
-Only the store's :class:`~graphflow_durable._storage.workqueue.WorkQueue` (``store.queue``)
-executes these statements.
+Leases and claims expire by the lease clock (``statements.DB_NOW``: PostgreSQL's own clock; on
+SQLite the ``p_now`` parameter, the claimer's ``time.time()``), so every statement here is executed
+with ``p_now``; the retry back-off (``not_before``) is the workers' time. Only the store's
+:class:`~graphflow_durable._storage.workqueue.WorkQueue` (``store.queue``) executes these statements.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sqlalchemy.engine import RowMapping
 from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage.schema import queue, runs
+from graphflow_durable._storage.statements import DB_NOW
 
 __all__ = [
     "Claim",
@@ -110,16 +113,16 @@ def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
     )
 
 
-def local_lease_pids(host: str, now: float) -> sa.Select[Any]:
+def local_lease_pids(host: str) -> sa.Select[Any]:
     """Pids of this host's processes holding unexpired leases or claims (to test for liveness)."""
     held_runs = sa.select(_R.lease_pid.label("pid")).where(
         _R.lease_host == host,
         _R.lease_pid.is_not(None),
-        _R.lease_expires_at >= now,
+        _R.lease_expires_at >= DB_NOW,
         _R.status.not_in(ENDED_STATUSES),
     )
     held_claims = sa.select(_Q.claim_pid.label("pid")).where(
-        _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= now
+        _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= DB_NOW
     )
     union = sa.union(held_runs, held_claims).subquery()
     return sa.select(union.c.pid).distinct()
@@ -140,11 +143,12 @@ def claimable_runs(
     takeable = sa.or_(
         _R.lease_owner.is_(None),
         _R.lease_expires_at.is_(None),
-        _R.lease_expires_at < now,
+        _R.lease_expires_at < DB_NOW,
         sa.and_(_R.lease_host == host, _R.lease_pid.in_(list(dead_pids))),
     )
     return (
         sa.select(
+            DB_NOW.label("db_now"),
             _R.run_id,
             _R.status,
             _R.fencing_token,
@@ -177,12 +181,12 @@ def claimable_submissions(
     takeable = sa.or_(
         _Q.claimed_by.is_(None),
         _Q.claim_expires_at.is_(None),
-        _Q.claim_expires_at < now,
+        _Q.claim_expires_at < DB_NOW,
         sa.and_(_Q.claim_host == host, _Q.claim_pid.in_(list(dead_pids))),
     )
     no_run = ~sa.exists().where(_R.run_id == _Q.run_id)
     return (
-        sa.select(queue)
+        sa.select(queue, DB_NOW.label("db_now"))
         .where(no_run, takeable, _due(now), _team_filter(teams))
         .order_by(_Q.created_at, _Q.run_id)
         .limit(1)

@@ -18,12 +18,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.expression import ClauseElement
+from sqlalchemy.sql.expression import ClauseElement, FunctionElement
 
 from graphflow_durable._storage.schema import agent_states, messages, runs, steps
 
 __all__ = [
+    "DB_NOW",
     "HotPath",
     "Prepared",
     "INSERT_MESSAGE",
@@ -34,11 +36,13 @@ __all__ = [
     "RENEW_LEASE",
     "SELECT_LATEST_STATES",
     "SELECT_LEASE",
+    "SELECT_LEASE_NOW",
     "SELECT_MESSAGES",
     "SELECT_RUN",
     "SELECT_SCHEDULER",
     "SELECT_STEPS",
     "UPDATE_LEASE",
+    "lease_clock",
 ]
 
 _R = runs.c
@@ -48,6 +52,40 @@ _run_id = sa.bindparam("p_run_id", type_=sa.String)
 def _keep_unless_given(name: str, column: sa.Column[str]) -> sa.ColumnElement[str]:
     """``COALESCE(:name, column)``: a NULL parameter keeps the stored value."""
     return sa.func.coalesce(sa.bindparam(name, type_=column.type), column)
+
+
+class _LeaseNow(FunctionElement[float]):
+    """The time leases are judged by, in epoch seconds: PostgreSQL's own clock
+    (``clock_timestamp()``, read by the server when the statement runs), so that workers whose
+    clocks disagree still agree on who holds a lease; on SQLite (one host, one clock) the bind
+    parameter ``p_now`` (the writing process's ``time.time()``)."""
+
+    type = sa.Double()
+    inherit_cache = True
+    name = "lease_now"
+
+
+@compiles(_LeaseNow)
+def _lease_now_default(element: _LeaseNow, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(sa.bindparam("p_now", type_=sa.Double), **kw)
+
+
+@compiles(_LeaseNow, "postgresql")
+def _lease_now_postgresql(element: _LeaseNow, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+#: The lease clock as a SQL expression (see :class:`_LeaseNow`); statements using it need ``p_now``
+#: on SQLite (PostgreSQL ignores it).
+DB_NOW: sa.ColumnElement[float] = _LeaseNow()
+_SELECT_NOW = sa.select(DB_NOW)
+
+
+def lease_clock(conn: sa.Connection, local: float) -> float:
+    """The lease clock's time now: the database server's on PostgreSQL, ``local`` on SQLite."""
+    if conn.dialect.name != "postgresql":
+        return local
+    return float(conn.execute(_SELECT_NOW).scalar_one())
 
 
 _head_guard = (
@@ -99,6 +137,9 @@ SELECT_LEASE = sa.select(
     _R.lease_expires_at,
 ).where(_R.run_id == _run_id)
 
+#: The lease columns with the lease clock's time (column ``db_now``), for the takeover decision.
+SELECT_LEASE_NOW = SELECT_LEASE.add_columns(DB_NOW.label("db_now"))
+
 SELECT_STEPS = (
     sa.select(steps.c.seq, steps.c.kind, steps.c.node, steps.c.data, steps.c.created_at)
     .where(steps.c.run_id == _run_id)
@@ -133,18 +174,33 @@ SELECT_LATEST_STATES = (
     .order_by(agent_states.c.node, agent_states.c.step_seq)
 )
 
+_expires = DB_NOW + sa.bindparam("p_seconds", type_=sa.Double)
 _lease_values = {
     "lease_owner": sa.bindparam("p_owner", type_=sa.String),
     "lease_host": sa.bindparam("p_host", type_=sa.String),
     "lease_pid": sa.bindparam("p_pid", type_=sa.Integer),
-    "lease_expires_at": sa.bindparam("p_expires", type_=sa.Double),
+    "lease_expires_at": _expires,
 }
-#: Hand the lease to a new owner (guarded by the token read under the write lock).
+#: Hand the lease to a new owner, guarded by the token read under the write lock and by the lease
+#: rule judged in the statement, by the lease clock: free, the same owner, expired, or
+#: ``p_early`` (the caller proved the holder's process dead). Returns the new expiry.
 UPDATE_LEASE = (
     sa.update(runs)
-    .where(_R.run_id == _run_id, _R.fencing_token == sa.bindparam("p_old_token", type_=sa.Integer))
+    .where(
+        _R.run_id == _run_id,
+        _R.fencing_token == sa.bindparam("p_old_token", type_=sa.Integer),
+        sa.or_(
+            sa.bindparam("p_early", type_=sa.Boolean),
+            _R.lease_owner.is_(None),
+            _R.lease_owner == sa.bindparam("p_owner", type_=sa.String),
+            _R.lease_expires_at.is_(None),
+            _R.lease_expires_at < DB_NOW,
+        ),
+    )
     .values(**_lease_values, fencing_token=sa.bindparam("p_token", type_=sa.Integer))
+    .returning(_R.lease_expires_at)
 )
+#: Extend a lease its holder (token and owner) still has, to the lease clock's now + ``p_seconds``.
 RENEW_LEASE = (
     sa.update(runs)
     .where(
@@ -152,7 +208,8 @@ RENEW_LEASE = (
         _R.fencing_token == sa.bindparam("p_token", type_=sa.Integer),
         _R.lease_owner == sa.bindparam("p_owner", type_=sa.String),
     )
-    .values(lease_expires_at=sa.bindparam("p_expires", type_=sa.Double))
+    .values(lease_expires_at=_expires)
+    .returning(_R.lease_expires_at)
 )
 RELEASE_LEASE = (
     sa.update(runs)

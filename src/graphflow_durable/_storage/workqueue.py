@@ -158,7 +158,7 @@ class WorkQueue:
         with self._guard("claiming work"):
             now = time.time()
             with self._e.read.begin() as conn:
-                local = conn.execute(local_lease_pids(here, now)).scalars().all()
+                local = conn.execute(local_lease_pids(here), {"p_now": now}).scalars().all()
             dead = [int(p) for p in local if not pid_alive(int(p))]
             with self._e.write.begin() as conn:
                 want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now)
@@ -173,16 +173,18 @@ class WorkQueue:
         owner, lease_seconds, host, pid, now = want.owner, want.lease_seconds, want.host, want.pid, want.now
         here = socket.gethostname()
         query = claimable_runs(owner=owner, teams=want.teams, host=here, dead_pids=want.dead, now=now)
-        row = conn.execute(query).first()
+        row = conn.execute(query, {"p_now": now}).first()
         if row is None:
             return None
-        reason = takeover_reason(row, owner, now) or "expired"
+        reason = takeover_reason(row, owner, float(row.db_now)) or "expired"
         token = int(row.fencing_token) + 1
-        expires = now + lease_seconds
-        params = {"p_run_id": row.run_id, "p_old_token": row.fencing_token, "p_token": token}
-        lease = {"p_owner": owner, "p_host": host, "p_pid": pid, "p_expires": expires}
-        if conn.execute(S.UPDATE_LEASE, {**params, **lease}).rowcount != 1:
+        params = {"p_run_id": row.run_id, "p_old_token": row.fencing_token, "p_token": token, "p_now": now}
+        lease = {"p_owner": owner, "p_host": host, "p_pid": pid, "p_seconds": lease_seconds}
+        early = reason.startswith("holder process")
+        expires = conn.execute(S.UPDATE_LEASE, {**params, **lease, "p_early": early}).scalar()
+        if expires is None:
             return None  # changed under us (SQLite cannot lock it); the next poll tries again
+        expires = float(expires)
         conn.execute(sa.update(queue).where(queue.c.run_id == row.run_id).values(**want.claimed(expires)))
         return Claim(
             run_id=row.run_id,
@@ -201,11 +203,11 @@ class WorkQueue:
         owner, lease_seconds, now = want.owner, want.lease_seconds, want.now
         here = socket.gethostname()
         query = claimable_submissions(teams=want.teams, host=here, dead_pids=want.dead, now=now)
-        row = conn.execute(query).mappings().first()
+        row = conn.execute(query, {"p_now": now}).mappings().first()
         if row is None:
             return None
         token = int(row["claim_token"]) + 1
-        expires = now + lease_seconds
+        expires = float(row["db_now"]) + lease_seconds  # by the lease clock, as run leases
         changed = conn.execute(
             sa.update(queue)
             .where(queue.c.run_id == row["run_id"], queue.c.claim_token == row["claim_token"])

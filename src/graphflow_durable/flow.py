@@ -8,9 +8,9 @@ store is there, AutoGen's private names are in ``_runtime``, and no SQL is anywh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
+import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +32,7 @@ from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import DEFAULT_STORE_ENV, RunSession, default_store_url
 from graphflow_durable._runtime.team import TeamView
+from graphflow_durable.errors import UsageError
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import ENDED_STATUSES, RunRecord, Store
 
@@ -68,6 +69,14 @@ class DurableGraphFlow(GraphFlow):
         lease_owner: the owner id this team drives the run as. Default: a new id per team. A worker
             that claimed the run (``store.queue.claim()``) passes its own id, so the team takes the
             lease over from the claim (with a new fencing token) instead of being refused.
+        interrupt_grace_seconds: after an interrupt (the run's task cancelled, e.g. by Ctrl+C, or
+            its ``cancellation_token`` cancelled), how long :meth:`run` waits for the agents already
+            running to answer (their answers are recorded). Past it, it stops waiting: the agents'
+            turns still running are cancelled and forgotten (nothing they do later is recorded), the
+            run is left ``interrupted`` with those nodes to run again, the lease is released, and
+            :meth:`run` ends as on any interrupt. A second cancellation of the task stops waiting at
+            once. An agent that ignores cancellation may keep running in the background of this
+            process (a thread cannot be stopped); exit the process to end it.
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -93,7 +102,13 @@ class DurableGraphFlow(GraphFlow):
         allow_graph_change: bool = False,
         lease_seconds: float = 30.0,
         lease_owner: str | None = None,
+        interrupt_grace_seconds: float = 5.0,
     ) -> None:
+        if not math.isfinite(interrupt_grace_seconds) or interrupt_grace_seconds < 0:
+            raise UsageError(
+                f"interrupt_grace_seconds must be a number 0 or more, not {interrupt_grace_seconds}",
+                option="interrupt_grace_seconds",
+            )
         super().__init__(
             participants,
             graph,
@@ -104,8 +119,9 @@ class DurableGraphFlow(GraphFlow):
             runtime=runtime,
             custom_message_types=custom_message_types,
         )
+        self._team_view = TeamView(self)
         self._session = RunSession(
-            TeamView(self),
+            self._team_view,
             store=store,
             run_id=run_id,
             owner=lease_owner,
@@ -116,6 +132,7 @@ class DurableGraphFlow(GraphFlow):
         )
         self._participant_map: dict[str, ChatAgent | Team] = {p.name: p for p in participants}
         self._driven = False  # this object has run (or loaded a state into) the run
+        self._interrupt_grace = float(interrupt_grace_seconds)
 
     # -- public surface --------------------------------------------------------------------------
 
@@ -193,7 +210,7 @@ class DurableGraphFlow(GraphFlow):
         run = await session.attach()
         self._driven = True
         renewer = asyncio.ensure_future(session.renew_lease())
-        finished_cleanly = failed = False
+        finished_cleanly = failed = abandoned = False
         try:
             if run is not None and run.status in ENDED_STATUSES:
                 same_task = messages is not None and first_call and run.task == task_key(messages)
@@ -236,15 +253,14 @@ class DurableGraphFlow(GraphFlow):
                     except asyncio.CancelledError:
                         session.halt()
                         advance.cancel()
-                        with contextlib.suppress(BaseException):
-                            await advance
+                        abandoned = not await self._wind_down(advance)
                         raise
                     if earlier and isinstance(item, TaskResult):
                         item = TaskResult(messages=[*earlier, *item.messages], stop_reason=item.stop_reason)
                     yield item
                 finished_cleanly = True
             finally:
-                if not finished_cleanly:
+                if not finished_cleanly and not abandoned:
                     session.halt()
                     await inner.aclose()
         except RuntimeError as exc:
@@ -256,6 +272,32 @@ class DurableGraphFlow(GraphFlow):
         finally:
             renewer.cancel()
             session.detach(finished_cleanly, failed)
+            if abandoned:
+                # The abandoned turns may still end in this process: no write of theirs may land
+                # on the run another process now drives (a token no lease ever has).
+                session.token = -1
+
+    async def _wind_down(self, advance: asyncio.Future[Any]) -> bool:
+        """After an interrupt: wait up to ``interrupt_grace_seconds`` for GraphFlow's stream to end
+        (the agents already running answer and are recorded). Past it, or on a second cancellation,
+        cancel the turns still running and stop waiting; returns whether the stream ended."""
+        try:
+            await asyncio.wait({advance}, timeout=self._interrupt_grace)
+        except asyncio.CancelledError:
+            pass  # a second interrupt: stop waiting at once
+        if advance.done():
+            if not advance.cancelled():
+                advance.exception()  # retrieved: the interrupt is what the caller sees
+            return True
+        cancelled = self._team_view.cancel_in_flight()
+        logger.warning(
+            "run %s: interrupted, but %d agent turn(s) did not end within interrupt_grace_seconds=%g; "
+            "stopped waiting: the run is left interrupted and those nodes run again on resume",
+            self._session.run_id,
+            cancelled,
+            self._interrupt_grace,
+        )
+        return False
 
     def _earlier_messages(self, output_task_messages: bool) -> list[BaseAgentEvent | BaseChatMessage]:
         """What the interrupted round had produced before this team object resumed it."""
@@ -336,6 +378,7 @@ class DurableGraphFlow(GraphFlow):
             run_id=session.run_id if session.run_id_given else None,
             allow_graph_change=session.allow_graph_change,
             lease_seconds=session.lease_seconds,
+            interrupt_grace_seconds=self._interrupt_grace,
         )
 
     @classmethod
@@ -360,4 +403,5 @@ class DurableGraphFlow(GraphFlow):
             run_id=durable.run_id,
             allow_graph_change=durable.allow_graph_change,
             lease_seconds=durable.lease_seconds,
+            interrupt_grace_seconds=durable.interrupt_grace_seconds,
         )

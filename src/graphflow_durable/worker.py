@@ -135,8 +135,10 @@ class Worker:
             worker keeps its runs before another takes them over (a dead process on the same host
             loses them at once). Renewed every third of it while running.
         grace_seconds: after :meth:`request_stop`, how long in-flight runs may continue before they
-            are halted (their in-flight agents' answers are still recorded; the run is left
-            interrupted for another worker).
+            are halted: no new agent is dispatched, the agents already running may answer (and are
+            recorded) within the team's ``interrupt_grace_seconds``, then the run is left
+            interrupted, its lease released, for another worker. A second :meth:`request_stop`
+            with ``halt`` (a second signal) stops waiting for those agents at once.
         backoff_seconds, max_backoff_seconds: a run whose team raised is retried after
             ``backoff_seconds * 2 ** (failures - 1)``, at most ``max_backoff_seconds``; a run that
             failed on a caller's mistake (:class:`UsageError`) after ``max_backoff_seconds``. After
@@ -304,9 +306,23 @@ class Worker:
             )
             waker.cancel()
             tasks -= done
+        # Halt: each team stops dispatching and waits for its running agents' answers, at most its
+        # interrupt_grace_seconds. A signal during that wait (the second one) halts them at once.
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        recancelled = False
+        while tasks:
+            if self._halting and not recancelled:
+                recancelled = True
+                await asyncio.sleep(0.01)  # the teams took the first cancellation and are waiting
+                for task in tasks:
+                    task.cancel()  # a second one: each team stops waiting for its agents
+                continue
+            self._wake.clear()
+            waker = asyncio.ensure_future(self._wake.wait())
+            done, _ = await asyncio.wait({*tasks, waker}, return_when=asyncio.FIRST_COMPLETED)
+            waker.cancel()
+            tasks -= done
 
     def _database_problem(self, action: str, exc: StoreError) -> float:
         """Log a database error (not any run's fault) and pause claiming; return the pause."""

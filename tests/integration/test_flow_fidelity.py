@@ -208,9 +208,11 @@ async def test_a_component_round_trip_keeps_every_setting(sqlite_url: str) -> No
             run_id="chosen",
             lease_seconds=12.5,
             allow_graph_change=True,
+            interrupt_grace_seconds=2.5,
         )
         config = team.dump_component()
         assert config.config["store"] == f"{sqlite_url}?synchronous=NORMAL"
+        assert config.config["interrupt_grace_seconds"] == 2.5
         loaded = DurableGraphFlow.load_component(config)
         assert loaded.dump_component() == config
         assert (loaded.run_id, loaded._session.lease_seconds, loaded._session.allow_graph_change) == (
@@ -218,6 +220,7 @@ async def test_a_component_round_trip_keeps_every_setting(sqlite_url: str) -> No
             12.5,
             True,
         )
+        assert loaded._interrupt_grace == 2.5
         assert loaded.store.config_url == store.config_url
         await team.run(task="go")
         # the reloaded team drives the same run in the same store: it is finished

@@ -53,6 +53,7 @@ def team(run_id: str, **durable: Any) -> DurableGraphFlow:
         b.build(),
         termination_condition=MaxMessageTermination(60),
         run_id=run_id,
+        interrupt_grace_seconds=float(os.environ.get("GFD_INTERRUPT_GRACE", "5")),
         **durable,
     )
 

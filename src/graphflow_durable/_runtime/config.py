@@ -42,6 +42,7 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     run_id: str | None = None
     allow_graph_change: bool = False
     lease_seconds: float = 30.0
+    interrupt_grace_seconds: float = 5.0
 
 
 def refuse_callables(graph: DiGraph) -> None:

@@ -58,6 +58,17 @@ class TeamView:
         """Load a team state into the team in memory, as GraphFlow does."""
         await GraphFlow.load_state(self._team, state)
 
+    def cancel_in_flight(self) -> int:
+        """Cancel the embedded runtime's message handlers still running (the agents' turns) after an
+        interrupt whose wait ran out; the number cancelled (0 on another runtime: not ours to stop)."""
+        runtime = self._team._runtime
+        if not isinstance(runtime, SingleThreadedAgentRuntime) or not self._team._embedded_runtime:
+            return 0
+        tasks = [t for t in runtime._background_tasks if not t.done()]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
     async def restore(self, at: Plan, agent_states: Mapping[str, Mapping[str, Any]], run_id: str) -> None:
         """Put the team at ``at``. On the embedded runtime every message is created once and shared
         by the thread and the buffers; elsewhere the state goes through ``load_state``."""

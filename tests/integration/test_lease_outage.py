@@ -10,16 +10,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agents import Gate, Scripted, chain, close_stores, durable, stored_transcript
-from graphflow_durable.errors import RunLockedError
+from graphflow_durable.errors import RunLockedError, StoreError
 from graphflow_durable.store import Store
 from pgcluster import ClusterUnavailable, PgCluster
 
@@ -68,6 +71,23 @@ async def _outage(server: Server, seconds: float) -> None:
     await asyncio.to_thread(server.down)
     await asyncio.sleep(seconds)
     await asyncio.to_thread(server.up)
+
+
+def _first_commit_error(team: Any) -> list[BaseException]:
+    """A list that receives every error the team's commits raise, the first one first."""
+    errors: list[BaseException] = []
+    store = team.store
+    commit = store.commit
+
+    def spied(*args: Any, **kwargs: Any) -> int:
+        try:
+            return int(commit(*args, **kwargs))
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    store.commit = spied
+    return errors
 
 
 def _team(url: str, run_id: str, calls: list[str], gate: Gate, lease: float, **kwargs: Any) -> Any:
@@ -180,3 +200,88 @@ async def test_a_driver_frozen_past_its_lease_does_not_dispatch_after_a_takeover
     with Store(url) as store:
         run = store.get_run("frozen")
         assert run is not None and run.lease_owner == "successor"
+
+
+@pytest.mark.postgres
+async def test_a_commit_failing_in_an_outage_raises_its_own_error_and_the_run_resumes_after_expiry(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 14: detach() after the failed commit fails too; the caller sees the commit's error."""
+    lease = 1.0
+    calls: list[str] = []
+    gate = Gate()
+    team = _team(server.url, "outage-commit", calls, gate, lease)
+    errors = _first_commit_error(team)
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+    await asyncio.to_thread(server.down)
+    try:
+        gate.open()  # B answers while the server is down: its commit fails
+        with pytest.raises(StoreError) as raised:
+            await asyncio.wait_for(running, 20)
+    finally:
+        await asyncio.to_thread(server.up)
+    assert raised.value is errors[0]  # the commit's error, not a later one ("reading run ...")
+    assert any(
+        r.levelno == logging.WARNING and "releasing its lease failed too" in r.getMessage()
+        for r in caplog.records
+    )
+    # Once the lease expired, the next driver resumes the run: B again, then C.
+    await asyncio.sleep(lease + 0.2)
+    calls2: list[str] = []
+    opened = Gate()
+    opened.open()
+    again = _team(server.url, "outage-commit", calls2, opened, lease, lease_owner="next")
+    await asyncio.wait_for(again.run(), 20)
+    assert calls2 == ["B", "C"]
+    assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs (needs root to mount; skipped otherwise), unmounted afterwards."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_resumes(
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 14 on a real SQLite file on a full disk: the caller sees the commit's error, not the
+    one of the bookkeeping after it; once space is back the next driver resumes the run."""
+    url = f"sqlite:///{small_disk / 'runs.db'}"
+    lease = 1.0
+    filler = small_disk / "filler"
+
+    async def fill_disk(agent: Scripted, messages: Sequence[Any]) -> None:
+        if agent.turn == 1:
+            with open(filler, "wb") as out, contextlib.suppress(OSError):
+                while True:
+                    out.write(b"\0" * 65536)
+                    out.flush()
+
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls, before=fill_disk if n == "B" else None) for n in "ABC"]
+    team = durable(agents, chain(*agents), url, "full-disk", lease_seconds=lease)
+    errors = _first_commit_error(team)
+    with pytest.raises(StoreError) as raised:
+        await asyncio.wait_for(team.run(task="go"), 20)
+    assert raised.value is errors[0]  # the first error, not the one of the bookkeeping after it
+    assert any(r.levelno == logging.WARNING and "failed too" in r.getMessage() for r in caplog.records)
+    filler.unlink()
+    await asyncio.sleep(lease + 0.2)
+    calls2: list[str] = []
+    agents2 = [Scripted(n, calls=calls2) for n in "ABC"]
+    again = durable(agents2, chain(*agents2), url, "full-disk", lease_seconds=lease, lease_owner="next")
+    await asyncio.wait_for(again.run(), 20)
+    assert calls2 == ["B", "C"]
+    assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]

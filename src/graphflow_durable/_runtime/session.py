@@ -311,21 +311,47 @@ class RunSession:
                 outage = None
 
     def detach(self, clean: bool, failed: bool) -> None:
-        """Record how the run ended if the manager did not (interrupted or failed); free the lease."""
+        """Record how the run ended if the manager did not (interrupted or failed); free the lease.
+
+        Best effort, so that the error that ended the run is the one the caller sees: when the
+        database cannot do a step (the fault that ended the run: an outage, a full disk), it logs
+        a WARNING and goes on. Recording the end and releasing the lease are tried separately: a
+        released lease lets the next driver resume the run at once (it shows ``running`` with no
+        owner until then); a lease that could not be released is no longer renewed, so the next
+        driver's attach takes the run over once it expires, and resumes it.
+        """
         store = self.store
         self.fatal = None
         if not clean:
             self.synced = False
-        run = store.get_run(self.run_id)
-        if run is not None and run.status == "running" and run.fencing_token == self.token:
-            self.head = store.commit(
+        try:
+            run = store.get_run(self.run_id)
+            if run is not None and run.status == "running" and run.fencing_token == self.token:
+                self.head = store.commit(
+                    self.run_id,
+                    expected_head=run.head_seq,
+                    fencing_token=self.token,
+                    step=Step(StepKind.INTERRUPT, None, store.head_scheduler(self.run_id) or {}),
+                    update=RunUpdate(status="failed" if failed else "interrupted"),
+                )
+        except StoreError as exc:
+            self.synced = False
+            logger.warning(
+                "run %s: recording that the run %s failed too (%s); it shows 'running' until it is resumed",
                 self.run_id,
-                expected_head=run.head_seq,
-                fencing_token=self.token,
-                step=Step(StepKind.INTERRUPT, None, store.head_scheduler(self.run_id) or {}),
-                update=RunUpdate(status="failed" if failed else "interrupted"),
+                "failed" if failed else "was interrupted",
+                exc,
             )
-        store.release_lease(self.run_id, self.token)
+        try:
+            store.release_lease(self.run_id, self.token)
+        except StoreError as exc:
+            logger.warning(
+                "run %s: releasing its lease failed too (%s); the next driver can resume it once the "
+                "lease expires (%g s after its last renewal)",
+                self.run_id,
+                exc,
+                self.lease_seconds,
+            )
 
     def halt(self) -> None:
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""

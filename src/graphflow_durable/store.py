@@ -49,7 +49,7 @@ from graphflow_durable._storage.commit import (
     not_found,
 )
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite_tables
-from graphflow_durable._storage.lease import lease_lost, locked, takeover_reason
+from graphflow_durable._storage.lease import lease_lost, locked, process_identity, takeover_reason
 from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.rows import run_record
@@ -210,8 +210,10 @@ class Store:
     ) -> RunRecord:
         """Create a run (status ``running``, head 0, no steps), leased to ``owner`` with token 1.
 
-        ``host``/``pid`` identify the owner's process (default: this process); they let a worker on
-        the same host take the run over at once if that process dies.
+        ``host``/``pid`` identify the owner's process (default: this process; a pid is one of this
+        PID namespace); with the boot id, PID namespace and start time recorded beside them, they
+        let a worker on the same host, boot and PID namespace take the run over at once if that
+        process dies.
 
         Raises:
             ConflictError: a run with this id exists already.
@@ -224,6 +226,7 @@ class Store:
         with self._guard(f"creating run {run_id}", run_id), self._e.write.begin() as conn:
             # the lease expires by the lease clock (PostgreSQL: the server's), like every lease
             values["lease_expires_at"] = S.lease_clock(conn, local) + lease_seconds
+            values["lease_process"] = process_identity(values["lease_pid"])
             try:
                 conn.execute(S.INSERT_RUN, values)
             except sa.exc.IntegrityError as exc:  # the primary key: the run exists
@@ -345,7 +348,8 @@ class Store:
         """Take the run's lease for ``owner``; return the new fencing token (old token + 1).
 
         Allowed when the run has no owner, when ``owner`` already holds it, when the lease has
-        expired, or when the holder is a process on this host that no longer exists. ``host`` and
+        expired, or when the holder is provably dead: a process on this host, of this boot and PID
+        namespace, whose pid is gone or was reused (another start time). ``host`` and
         ``pid`` describe the new owner's process (default: this process). Expiry is judged, and
         stored, by the database server's clock on PostgreSQL (by this host's on SQLite), in the
         statement that takes the lease.
@@ -373,6 +377,7 @@ class Store:
                     "p_owner": owner,
                     "p_host": socket.gethostname() if host is None else host,
                     "p_pid": os.getpid() if pid is None else pid,
+                    "p_process": process_identity(os.getpid() if pid is None else pid),
                     "p_seconds": lease_seconds,
                     "p_early": reason.startswith("holder process"),
                 },

@@ -1,20 +1,34 @@
 """Lease rules, without I/O on the database: who may take a run over, and the errors that say no.
 
 The store reads the run's lease columns under its write lock, asks :func:`takeover_reason`, and
-writes the new owner and token in the same transaction.
+writes the new owner and token in the same transaction. A holder counts as dead before its lease
+expires only when :func:`owner_gone` proves it from the identity stored with the lease
+(:func:`process_identity`: boot id, PID namespace, start time), never from host name and pid alone.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import json
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any, Protocol
 
 from graphflow_durable.errors import LeaseLostError, RunLockedError
 
-__all__ = ["LeaseRow", "iso", "lease_lost", "locked", "pid_alive", "takeover_reason"]
+__all__ = [
+    "LeaseRow",
+    "iso",
+    "lease_lost",
+    "locked",
+    "owner_gone",
+    "pid_alive",
+    "process_identity",
+    "takeover_reason",
+]
 
 
 class LeaseRow(Protocol):
@@ -30,6 +44,8 @@ class LeaseRow(Protocol):
     def lease_pid(self) -> Any: ...
     @property
     def lease_expires_at(self) -> Any: ...
+    @property
+    def lease_process(self) -> Any: ...
 
 
 def pid_alive(pid: int) -> bool:
@@ -55,6 +71,64 @@ def _zombie(pid: int) -> bool:
         return False
 
 
+@functools.cache
+def _boot_id() -> str | None:
+    """This machine's boot id (Linux; ``None`` elsewhere): a new one after every reboot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
+@functools.cache
+def _pid_namespace() -> str | None:
+    """This process's PID namespace (``"pid:[4026531836]"``; ``None`` off Linux)."""
+    try:
+        return str(Path("/proc/self/ns/pid").readlink())
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot (``/proc/PID/stat`` field 22), or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # fields after "pid (comm)": the state is field 3, so field 22 is the 20th after ")"
+            return int(stat.read().rpartition(b")")[2].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_identity(pid: int) -> str:
+    """What identifies process ``pid`` of this PID namespace beyond host name and pid, as stored
+    with a lease (JSON): the boot id, the PID namespace, and the process's start time."""
+    identity = {"boot": _boot_id(), "pidns": _pid_namespace(), "start": _start_time(pid)}
+    return json.dumps(identity, sort_keys=True, separators=(",", ":"))
+
+
+def owner_gone(row: LeaseRow) -> bool:
+    """Whether the lease holder is provably dead: a process on this host, of this boot and this PID
+    namespace, whose pid no longer exists or now belongs to a process started at another time.
+    An unknown identity (a lease written before schema version 5), another boot or another PID
+    namespace (another container with the same host name) proves nothing: wait for expiry."""
+    if row.lease_host != socket.gethostname() or row.lease_pid is None or not row.lease_process:
+        return False
+    try:
+        recorded = json.loads(row.lease_process)
+    except ValueError:
+        return False
+    if not isinstance(recorded, dict):
+        return False
+    if recorded.get("boot") != _boot_id() or recorded.get("pidns") != _pid_namespace():
+        return False
+    pid = int(row.lease_pid)
+    if not pid_alive(pid):
+        return True
+    started, now_started = recorded.get("start"), _start_time(pid)
+    return started is not None and now_started is not None and started != now_started
+
+
 def takeover_reason(row: LeaseRow, owner: str, now: float) -> str | None:
     """Why ``owner`` may take the lease now (``"free"``, ``"same owner"``, ``"expired"``,
     ``"holder process N is gone"``), or ``None`` if the current holder keeps it."""
@@ -64,7 +138,7 @@ def takeover_reason(row: LeaseRow, owner: str, now: float) -> str | None:
         return "same owner"
     if row.lease_expires_at is None or row.lease_expires_at < now:
         return "expired"
-    if row.lease_host == socket.gethostname() and row.lease_pid is not None and not pid_alive(row.lease_pid):
+    if owner_gone(row):
         return f"holder process {row.lease_pid} on this host is gone"
     return None
 

@@ -177,12 +177,20 @@ def _m0004_state_splices(conn: Connection) -> None:
     version tells older releases, which cannot read such rows, to refuse the database."""
 
 
+def _m0005_lease_process(conn: Connection) -> None:
+    """Version 5: ``graphflow_runs.lease_process``, the lease holder's process identity (JSON: boot
+    id, pid-namespace id, process start time), so that a worker takes a lease over early only when
+    the holder provably died, not merely because its pid is missing from another PID namespace."""
+    conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN lease_process TEXT"))
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
     (2, "agent states stored as deltas against the previous row (base_step)", _m0002_agent_state_deltas),
     (3, "create the worker-pool queue (submissions, claims, retry back-off)", _m0003_create_queue),
     (4, "agent states as text splices that reference messages (base_step 0: whole)", _m0004_state_splices),
+    (5, "the lease holder's process identity (boot id, pid namespace, start time)", _m0005_lease_process),
 )
 
 #: The schema version this package writes.

@@ -114,18 +114,22 @@ def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
 
 
 def local_lease_pids(host: str) -> sa.Select[Any]:
-    """Pids of this host's processes holding unexpired leases or claims (to test for liveness)."""
-    held_runs = sa.select(_R.lease_pid.label("pid")).where(
+    """Pids of this host's processes holding unexpired leases or claims (to test for liveness), each
+    with its holder's identity: a run lease's ``lease_process`` (``""`` when unknown), ``NULL`` for
+    a submission claim."""
+    held_runs = sa.select(
+        _R.lease_pid.label("pid"), sa.func.coalesce(_R.lease_process, "").label("process")
+    ).where(
         _R.lease_host == host,
         _R.lease_pid.is_not(None),
         _R.lease_expires_at >= DB_NOW,
         _R.status.not_in(ENDED_STATUSES),
     )
-    held_claims = sa.select(_Q.claim_pid.label("pid")).where(
+    held_claims = sa.select(_Q.claim_pid.label("pid"), sa.null().label("process")).where(
         _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= DB_NOW
     )
     union = sa.union(held_runs, held_claims).subquery()
-    return sa.select(union.c.pid).distinct()
+    return sa.select(union.c.pid, union.c.process).distinct()
 
 
 def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
@@ -156,6 +160,7 @@ def claimable_runs(
             _R.lease_host,
             _R.lease_pid,
             _R.lease_expires_at,
+            _R.lease_process,
             _Q.team,
             _Q.task,
             sa.func.coalesce(_Q.attempts, 0).label("attempts"),

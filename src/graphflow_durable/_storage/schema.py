@@ -45,6 +45,8 @@ runs = sa.Table(
     sa.Column("parent_run_id", sa.String, nullable=True),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+    # the holder's process identity, JSON {"boot", "pidns", "start"} (version 5; NULL: unknown)
+    sa.Column("lease_process", sa.Text, nullable=True),
     sa.Index("graphflow_runs_status", "status"),
     sa.Index("graphflow_runs_parent", "parent_run_id"),
 )

@@ -135,6 +135,7 @@ SELECT_LEASE = sa.select(
     _R.lease_host,
     _R.lease_pid,
     _R.lease_expires_at,
+    _R.lease_process,
 ).where(_R.run_id == _run_id)
 
 #: The lease columns with the lease clock's time (column ``db_now``), for the takeover decision.
@@ -180,6 +181,7 @@ _lease_values = {
     "lease_host": sa.bindparam("p_host", type_=sa.String),
     "lease_pid": sa.bindparam("p_pid", type_=sa.Integer),
     "lease_expires_at": _expires,
+    "lease_process": sa.bindparam("p_process", type_=sa.Text),
 }
 #: Hand the lease to a new owner, guarded by the token read under the write lock and by the lease
 #: rule judged in the statement, by the lease clock: free, the same owner, expired, or
@@ -218,7 +220,7 @@ RELEASE_LEASE = (
         _R.fencing_token == sa.bindparam("p_token", type_=sa.Integer),
         _R.lease_owner.is_not(None),
     )
-    .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None)
+    .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None, lease_process=None)
 )
 
 

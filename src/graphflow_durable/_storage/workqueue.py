@@ -24,7 +24,7 @@ from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import pid_alive, takeover_reason
+from graphflow_durable._storage.lease import owner_gone, pid_alive, process_identity, takeover_reason
 from graphflow_durable._storage.queue import (
     Claim,
     Submission,
@@ -158,8 +158,8 @@ class WorkQueue:
         with self._guard("claiming work"):
             now = time.time()
             with self._e.read.begin() as conn:
-                local = conn.execute(local_lease_pids(here), {"p_now": now}).scalars().all()
-            dead = [int(p) for p in local if not pid_alive(int(p))]
+                local = conn.execute(local_lease_pids(here), {"p_now": now}).all()
+            dead = _dead_pids(here, local)
             with self._e.write.begin() as conn:
                 want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now)
                 found = self._claim_run(conn, want) or self._claim_submission(conn, want)
@@ -176,10 +176,18 @@ class WorkQueue:
         row = conn.execute(query, {"p_now": now}).first()
         if row is None:
             return None
-        reason = takeover_reason(row, owner, float(row.db_now)) or "expired"
+        reason = takeover_reason(row, owner, float(row.db_now))
+        if reason is None:  # a pid another holder (another PID namespace) still uses: not this one
+            return None
         token = int(row.fencing_token) + 1
         params = {"p_run_id": row.run_id, "p_old_token": row.fencing_token, "p_token": token, "p_now": now}
-        lease = {"p_owner": owner, "p_host": host, "p_pid": pid, "p_seconds": lease_seconds}
+        lease = {
+            "p_owner": owner,
+            "p_host": host,
+            "p_pid": pid,
+            "p_process": process_identity(pid),
+            "p_seconds": lease_seconds,
+        }
         early = reason.startswith("holder process")
         expires = conn.execute(S.UPDATE_LEASE, {**params, **lease, "p_early": early}).scalar()
         if expires is None:
@@ -275,6 +283,33 @@ class WorkQueue:
                 )
             )
         return 1
+
+
+def _dead_pids(host: str, held: Sequence[Any]) -> list[int]:
+    """Of this host's pids holding unexpired leases/claims (rows ``pid, process``: a run lease with
+    its holder's identity, a submission claim with ``None``), those whose every holder is dead: a
+    run lease's holder only when :func:`owner_gone` proves it (same boot and PID namespace)."""
+    verdict: dict[int, bool] = {}
+    for pid, process in held:
+        if process is None:  # a submission claim: host and pid only
+            gone = not pid_alive(int(pid))
+        else:
+            lease = _Holder(host, int(pid), process)
+            gone = owner_gone(lease)
+        verdict[int(pid)] = verdict.get(int(pid), True) and gone
+    return [pid for pid, gone in verdict.items() if gone]
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """A lease's holder columns, as :func:`owner_gone` reads them."""
+
+    lease_host: str
+    lease_pid: int
+    lease_process: str
+    fencing_token: Any = None
+    lease_owner: Any = None
+    lease_expires_at: Any = None
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,17 @@ from autogen_core import AgentRuntime, CancellationToken
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.task import task_key, task_messages
 from graphflow_durable._runtime.config import (
+    DEFAULT_STORE_ENV,
     DurableGraphFlowConfig,
     GraphFlowConfig,
     config_store_url,
+    default_store_url,
     durable_state,
     refuse_callables,
 )
 from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
-from graphflow_durable._runtime.session import DEFAULT_STORE_ENV, RunSession, default_store_url
+from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.errors import UsageError
 from graphflow_durable.scheduler import GraphSpec
@@ -209,7 +211,7 @@ class DurableGraphFlow(GraphFlow):
         first_call = not self._driven
         run = await session.attach()
         self._driven = True
-        renewer = asyncio.ensure_future(session.renew_lease())
+        renewer = asyncio.ensure_future(session.lease.keep())
         finished_cleanly = failed = abandoned = False
         try:
             if run is not None and run.status in ENDED_STATUSES:
@@ -275,7 +277,7 @@ class DurableGraphFlow(GraphFlow):
             if abandoned:
                 # The abandoned turns may still end in this process: no write of theirs may land
                 # on the run another process now drives (a token no lease ever has).
-                session.token = -1
+                session.lease.token = -1
 
     async def _wind_down(self, advance: asyncio.Future[Any]) -> bool:
         """After an interrupt: wait up to ``interrupt_grace_seconds`` for GraphFlow's stream to end

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from autogen_agentchat.teams import DiGraph
@@ -19,14 +21,29 @@ from graphflow_durable.integrity import repair_state
 from graphflow_durable.store import Store
 
 __all__ = [
+    "DEFAULT_STORE_ENV",
     "DurableGraphFlowConfig",
     "GraphFlowConfig",
     "config_store_url",
+    "default_store_url",
     "durable_state",
     "refuse_callables",
 ]
 
 logger = logging.getLogger("graphflow_durable.flow")
+
+DEFAULT_STORE_ENV = "GRAPHFLOW_DURABLE_STORE"
+"""Environment variable naming the store URL used when ``store=`` is not given."""
+
+
+def default_store_url() -> str:
+    """``$GRAPHFLOW_DURABLE_STORE``, else ``sqlite:///./.graphflow_durable/runs.db`` (created on use)."""
+    url = os.environ.get(DEFAULT_STORE_ENV)
+    if url:
+        return url
+    path = Path.cwd() / ".graphflow_durable" / "runs.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
 
 
 class DurableGraphFlowConfig(GraphFlowConfig):

@@ -317,7 +317,7 @@ class DurableGraphFlowManager(GraphFlowManager):
 
     async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
         # A dispatch needs the lease: a monotonic-clock comparison, a renewal only when it is stale.
-        if self._link.halted or not self._link.lease_valid():
+        if self._link.halted or not self._link.lease.valid():
             logger.info("run %s: halted, not dispatching %s", self._link.run_id, list(speakers))
             return
         await self._log_speaker_selection(list(speakers))

@@ -13,9 +13,7 @@ states) goes through :class:`~graphflow_durable._runtime.team.TeamView`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import os
 import socket
 import time
@@ -23,7 +21,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from autogen_agentchat.base import TaskResult
@@ -34,16 +31,12 @@ from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._runtime.config import default_store_url
+from graphflow_durable._runtime.lease import RunLease
 from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.context import current_execution
-from graphflow_durable.errors import (
-    GraphMismatchError,
-    LeaseLostError,
-    RunNotFoundError,
-    StateFormatError,
-    StoreError,
-)
+from graphflow_durable.errors import GraphMismatchError, StateFormatError, StoreError
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     AgentStateRecord,
@@ -56,23 +49,10 @@ from graphflow_durable.store import (
     Store,
 )
 
-__all__ = ["DEFAULT_STORE_ENV", "RunSession", "default_store_url"]
+__all__ = ["RunSession"]
 
 #: The session acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
-
-DEFAULT_STORE_ENV = "GRAPHFLOW_DURABLE_STORE"
-"""Environment variable naming the store URL used when ``store=`` is not given."""
-
-
-def default_store_url() -> str:
-    """``$GRAPHFLOW_DURABLE_STORE``, else ``sqlite:///./.graphflow_durable/runs.db`` (created on use)."""
-    url = os.environ.get(DEFAULT_STORE_ENV)
-    if url:
-        return url
-    path = Path.cwd() / ".graphflow_durable" / "runs.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
 
 
 class RunSession:
@@ -88,22 +68,7 @@ class RunSession:
         spec: the graph's scheduling rules' view of it.
         graph_description: the graph as :func:`graphid.describe_graph` describes it.
 
-    The lease: :meth:`renew_lease` renews it every ``lease_seconds / 3`` (at least 0.05 s) and
-    retries through a database outage. The session remembers, by the monotonic clock, when the
-    last acquisition or renewal that succeeded was sent (:attr:`renewed_at`); the lease is
-    *fresh* while less than ``lease_seconds - margin`` has passed since (margin:
-    ``max(lease_seconds / 3, 0.05)``). When it is not fresh the renewer halts the run (no new
-    dispatch; the run is left to be resumed), and before each dispatch the manager calls
-    :meth:`lease_valid`, which asks the database (one renewal) unless the lease is fresh, and
-    halts instead of dispatching when that fails.
-
-    The window that remains: a dispatch decided with a fresh lease may start an agent up to
-    ``margin`` before the lease expires in the database, and an agent already running is not
-    stopped when the lease is lost (its answer is then refused by the fencing token, never
-    recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
-    message itself can still start an agent once after its lease expired; the check makes that
-    window a few statements wide instead of a whole agent turn. The monotonic clock must not stop while the process runs (it does not
-    count a suspended host on every platform).
+    The lease and what remains of the one-driver window are :class:`RunLease`'s (``self.lease``).
     """
 
     def __init__(
@@ -130,8 +95,7 @@ class RunSession:
         self.spec = spec
         self.graph_description = graph_description
         self.fingerprint = _graphid.fingerprint(graph_description)
-        self.token = 0
-        self.renewed_at = -math.inf  # monotonic time the last successful acquire/renew was sent
+        self.lease = RunLease(self)
         self.head = 0
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
@@ -199,8 +163,8 @@ class RunSession:
                 owner=self.owner,
                 lease_seconds=self.lease_seconds,
             )
-            self.token, self.head, self.synced = run.fencing_token, run.head_seq, True
-            self.renewed_at = started
+            self.head, self.synced = run.head_seq, True
+            self.lease.created(run.fencing_token, started)
             self.states.clear()
             if self.pending_import is not None:
                 # A loaded state: the run's status is the state's (a finished one runs nothing).
@@ -213,7 +177,7 @@ class RunSession:
             self.write(Step(StepKind.CREATED, None, cursor.to_json(self.spec)), (), states, None)
             return None
         self.check_graph(run)
-        self.token = self._take_lease()
+        self.lease.take()
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
         stale = not self.synced or self.head != run.head_seq
         self.head = run.head_seq
@@ -229,86 +193,6 @@ class RunSession:
                 self.resumed_round = [(e.body, e.completes is None) for e in at.entries[start:]]
         self.synced = True
         return store.get_run(self.run_id)
-
-    @property
-    def lease_margin(self) -> float:
-        """How long before the lease's expiry this driver stops dispatching (seconds)."""
-        return max(self.lease_seconds / 3, 0.05)
-
-    def lease_fresh(self) -> bool:
-        """Whether the lease is surely still ours by the monotonic clock (no database call)."""
-        return time.monotonic() - self.renewed_at < self.lease_seconds - self.lease_margin
-
-    def _renew(self) -> None:
-        """Renew the lease once (raises what the store raises); on success, note when."""
-        started = time.monotonic()
-        self.store.renew_lease(self.run_id, self.owner, self.token, lease_seconds=self.lease_seconds)
-        self.renewed_at = started
-
-    def _lost(self, exc: StoreError) -> None:
-        logger.error("run %s: %s; this worker stops dispatching", self.run_id, exc)
-        self.halted = True
-        self.fatal = exc
-
-    def lease_valid(self) -> bool:
-        """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
-        renewal); when it is not, or the database cannot say, the run is halted."""
-        if self.lease_fresh():
-            return True
-        try:
-            self._renew()
-        except (LeaseLostError, RunNotFoundError) as exc:
-            self._lost(exc)
-            return False
-        except StoreError as exc:
-            logger.warning(
-                "run %s: the lease could not be confirmed before a dispatch (%s); this worker stops "
-                "dispatching and leaves the run to be resumed",
-                self.run_id,
-                exc,
-            )
-            self.halt()
-            return False
-        return True
-
-    async def renew_lease(self) -> None:
-        """Keep the lease alive while running, through database outages; on losing it, or when it
-        could not be renewed for ``lease_seconds - margin``, stop dispatching."""
-        interval = max(self.lease_seconds / 3, 0.05)
-        outage: float | None = None  # monotonic start of the current outage
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self._renew()
-            except (LeaseLostError, RunNotFoundError) as exc:
-                self._lost(exc)
-                return
-            except StoreError as exc:
-                if outage is None:
-                    outage = time.monotonic()
-                    logger.warning(
-                        "run %s: renewing the lease failed (%s); retrying every %.2f s",
-                        self.run_id,
-                        exc,
-                        interval,
-                    )
-                if not self.halted and not self.lease_fresh():
-                    logger.warning(
-                        "run %s: the lease was not renewed for %.2f s (lease %.2f s); this worker stops "
-                        "dispatching and leaves the run to be resumed",
-                        self.run_id,
-                        time.monotonic() - self.renewed_at,
-                        self.lease_seconds,
-                    )
-                    self.halt()
-                continue
-            if outage is not None:
-                logger.info(
-                    "run %s: the lease is renewed again after %.2f s of failures",
-                    self.run_id,
-                    time.monotonic() - outage,
-                )
-                outage = None
 
     def detach(self, clean: bool, failed: bool) -> None:
         """Record how the run ended if the manager did not (interrupted or failed); free the lease.
@@ -326,11 +210,11 @@ class RunSession:
             self.synced = False
         try:
             run = store.get_run(self.run_id)
-            if run is not None and run.status == "running" and run.fencing_token == self.token:
+            if run is not None and run.status == "running" and run.fencing_token == self.lease.token:
                 self.head = store.commit(
                     self.run_id,
                     expected_head=run.head_seq,
-                    fencing_token=self.token,
+                    fencing_token=self.lease.token,
                     step=Step(StepKind.INTERRUPT, None, store.head_scheduler(self.run_id) or {}),
                     update=RunUpdate(status="failed" if failed else "interrupted"),
                 )
@@ -343,7 +227,7 @@ class RunSession:
                 exc,
             )
         try:
-            store.release_lease(self.run_id, self.token)
+            store.release_lease(self.run_id, self.lease.token)
         except StoreError as exc:
             logger.warning(
                 "run %s: releasing its lease failed too (%s); the next driver can resume it once the "
@@ -352,6 +236,12 @@ class RunSession:
                 exc,
                 self.lease_seconds,
             )
+
+    def lost(self, exc: StoreError) -> None:
+        """The lease is gone (another driver took the run, or the run was removed): stop, with it."""
+        logger.error("run %s: %s; this worker stops dispatching", self.run_id, exc)
+        self.halted = True
+        self.fatal = exc
 
     def halt(self) -> None:
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
@@ -379,19 +269,6 @@ class RunSession:
             differences=tuple(diff),
         )
 
-    def _take_lease(self) -> int:
-        """Acquire the run's lease for this session's owner and process; the new fencing token."""
-        started = time.monotonic()
-        token = self.store.acquire_lease(
-            self.run_id,
-            self.owner,
-            lease_seconds=self.lease_seconds,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-        )
-        self.renewed_at = started
-        return token
-
     @asynccontextmanager
     async def briefly_leased(self) -> AsyncIterator[RunRecord]:
         """Hold the run's lease for one write outside a run (reset, load_state); yield its record.
@@ -399,7 +276,7 @@ class RunSession:
         Raises RunLockedError when another live process drives the run.
         """
         store = self.store
-        self.token = self._take_lease()
+        self.lease.take()
         try:
             run = store.get_run(self.run_id)
             if run is None:  # pragma: no cover - a run is never deleted under a held lease
@@ -407,7 +284,7 @@ class RunSession:
             self.head = run.head_seq
             yield run
         finally:
-            store.release_lease(self.run_id, self.token)
+            store.release_lease(self.run_id, self.lease.token)
 
     async def restart(self) -> None:
         """After the team's reset: commit a ``reset`` step (a fresh cursor after the run's messages,
@@ -471,7 +348,7 @@ class RunSession:
             head = self.store.commit(
                 self.run_id,
                 expected_head=self.head,
-                fencing_token=self.token,
+                fencing_token=self.lease.token,
                 step=step,
                 messages=messages,
                 agent_states=self.states.encode(states, messages, self.head + 1),

@@ -1,0 +1,151 @@
+"""The run's lease as one driver holds it: its fencing token, when it was last confirmed, renewal.
+
+:class:`RunLease` is held by the :class:`~graphflow_durable._runtime.session.RunSession` and is the
+one owner of the token and of the monotonic time of the last successful acquisition or renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from graphflow_durable.errors import LeaseLostError, RunNotFoundError, StoreError
+
+if TYPE_CHECKING:  # the session holds its lease
+    from graphflow_durable._runtime.session import RunSession
+
+__all__ = ["RunLease"]
+
+#: The lease acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
+logger = logging.getLogger("graphflow_durable.flow")
+
+
+class RunLease:
+    """The lease of a session's run.
+
+    :meth:`keep` renews it every ``lease_seconds / 3`` (at least 0.05 s) and retries through a
+    database outage. The lease remembers, by the monotonic clock, when the last acquisition or
+    renewal that succeeded was sent (:attr:`confirmed_at`); it is *fresh* while less than
+    ``lease_seconds - margin`` has passed since (margin: ``max(lease_seconds / 3, 0.05)``). When it
+    is not fresh the renewer halts the run (no new dispatch; the run is left to be resumed), and
+    before each dispatch the manager calls :meth:`valid`, which asks the database (one renewal)
+    unless the lease is fresh, and halts instead of dispatching when that fails.
+
+    The window that remains: a dispatch decided with a fresh lease may start an agent up to
+    ``margin`` before the lease expires in the database, and an agent already running is not
+    stopped when the lease is lost (its answer is then refused by the fencing token, never
+    recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
+    message itself can still start an agent once after its lease expired; the check makes that
+    window a few statements wide instead of a whole agent turn. The monotonic clock must not stop
+    while the process runs (it does not count a suspended host on every platform).
+    """
+
+    def __init__(self, session: RunSession) -> None:
+        self._session = session
+        self.token = 0
+        self.confirmed_at = -math.inf  # monotonic time the last successful acquire/renew was sent
+
+    @property
+    def seconds(self) -> float:
+        return self._session.lease_seconds
+
+    @property
+    def margin(self) -> float:
+        """How long before the lease's expiry this driver stops dispatching (seconds)."""
+        return max(self.seconds / 3, 0.05)
+
+    def fresh(self) -> bool:
+        """Whether the lease is surely still ours by the monotonic clock (no database call)."""
+        return time.monotonic() - self.confirmed_at < self.seconds - self.margin
+
+    def created(self, token: int, at: float) -> None:
+        """The session created the run, leased to it with ``token``, in a call sent at ``at``."""
+        self.token, self.confirmed_at = token, at
+
+    def take(self) -> int:
+        """Acquire the run's lease for the session's owner and process; the new fencing token."""
+        session = self._session
+        started = time.monotonic()
+        self.token = session.store.acquire_lease(
+            session.run_id,
+            session.owner,
+            lease_seconds=self.seconds,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+        self.confirmed_at = started
+        return self.token
+
+    def renew(self) -> None:
+        """Renew the lease once (raises what the store raises); on success, note when."""
+        session = self._session
+        started = time.monotonic()
+        session.store.renew_lease(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
+        self.confirmed_at = started
+
+    def valid(self) -> bool:
+        """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
+        renewal); when it is not, or the database cannot say, the run is halted."""
+        if self.fresh():
+            return True
+        session = self._session
+        try:
+            self.renew()
+        except (LeaseLostError, RunNotFoundError) as exc:
+            session.lost(exc)
+            return False
+        except StoreError as exc:
+            logger.warning(
+                "run %s: the lease could not be confirmed before a dispatch (%s); this worker stops "
+                "dispatching and leaves the run to be resumed",
+                session.run_id,
+                exc,
+            )
+            session.halt()
+            return False
+        return True
+
+    async def keep(self) -> None:
+        """Keep the lease alive while running, through database outages; on losing it, or when it
+        could not be renewed for ``lease_seconds - margin``, stop dispatching."""
+        session = self._session
+        interval = max(self.seconds / 3, 0.05)
+        outage: float | None = None  # monotonic start of the current outage
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.renew()
+            except (LeaseLostError, RunNotFoundError) as exc:
+                session.lost(exc)
+                return
+            except StoreError as exc:
+                if outage is None:
+                    outage = time.monotonic()
+                    logger.warning(
+                        "run %s: renewing the lease failed (%s); retrying every %.2f s",
+                        session.run_id,
+                        exc,
+                        interval,
+                    )
+                if not session.halted and not self.fresh():
+                    logger.warning(
+                        "run %s: the lease was not renewed for %.2f s (lease %.2f s); this worker stops "
+                        "dispatching and leaves the run to be resumed",
+                        session.run_id,
+                        time.monotonic() - self.confirmed_at,
+                        self.seconds,
+                    )
+                    session.halt()
+                continue
+            if outage is not None:
+                logger.info(
+                    "run %s: the lease is renewed again after %.2f s of failures",
+                    session.run_id,
+                    time.monotonic() - outage,
+                )
+                outage = None

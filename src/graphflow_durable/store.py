@@ -49,7 +49,8 @@ from graphflow_durable._storage.commit import (
     not_found,
 )
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite_tables
-from graphflow_durable._storage.lease import lease_lost, locked, process_identity, takeover_reason
+from graphflow_durable._storage.lease import process_identity
+from graphflow_durable._storage.leasing import acquire, release, renew
 from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.rows import run_record
@@ -358,41 +359,13 @@ class Store:
             RunNotFoundError: no such run.
             RunLockedError: another live worker holds an unexpired lease.
         """
+        host = socket.gethostname() if host is None else host
+        pid = os.getpid() if pid is None else pid
         with self._guard(f"acquiring the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            local = time.time()
-            p = {"p_run_id": run_id, "p_now": local}
-            row = conn.execute(S.SELECT_LEASE_NOW.with_for_update(), p).first()
-            if row is None:
-                raise not_found(run_id)
-            reason = takeover_reason(row, owner, float(row.db_now))
-            if reason is None:
-                raise locked(run_id, row)
-            token = int(row.fencing_token) + 1
-            taken = conn.execute(
-                S.UPDATE_LEASE,
-                {
-                    **p,
-                    "p_old_token": row.fencing_token,
-                    "p_token": token,
-                    "p_owner": owner,
-                    "p_host": socket.gethostname() if host is None else host,
-                    "p_pid": os.getpid() if pid is None else pid,
-                    "p_process": process_identity(os.getpid() if pid is None else pid),
-                    "p_seconds": lease_seconds,
-                    "p_early": reason.startswith("holder process"),
-                },
-            ).first()
-            if taken is None:  # the database's clock went back between the two statements
-                row = conn.execute(S.SELECT_LEASE, p).first()
-                raise locked(run_id, row) if row is not None else not_found(run_id)
+            token, reason, previous = acquire(conn, run_id, owner, lease_seconds, host, pid)
         if reason not in ("free", "same owner"):
             _log.info(
-                "run %s: %s took the lease from %s (%s); token %d",
-                run_id,
-                owner,
-                row.lease_owner,
-                reason,
-                token,
+                "run %s: %s took the lease from %s (%s); token %d", run_id, owner, previous, reason, token
             )
         return token
 
@@ -404,21 +377,8 @@ class Store:
             RunNotFoundError: no such run.
             LeaseLostError: the run's token or owner is no longer ``fencing_token`` / ``owner``.
         """
-        params = {
-            "p_run_id": run_id,
-            "p_owner": owner,
-            "p_token": fencing_token,
-            "p_seconds": lease_seconds,
-            "p_now": time.time(),
-        }
         with self._guard(f"renewing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            expires = conn.execute(S.RENEW_LEASE, params).scalar()
-            if expires is None:
-                row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
-                if row is None:
-                    raise not_found(run_id)
-                raise lease_lost(run_id, fencing_token, row, owner)
-        return float(expires)
+            return renew(conn, run_id, owner, fencing_token, lease_seconds)
 
     def release_lease(self, run_id: str, fencing_token: int) -> bool:
         """Give up the lease if ``fencing_token`` still holds it; return whether it did.
@@ -427,8 +387,7 @@ class Store:
         to release then.
         """
         with self._guard(f"releasing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            released = conn.execute(S.RELEASE_LEASE, {"p_run_id": run_id, "p_token": fencing_token}).rowcount
-        return bool(released)
+            return release(conn, run_id, fencing_token)
 
     # -- plumbing -----------------------------------------------------------------------------
 

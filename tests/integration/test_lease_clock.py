@@ -1,7 +1,8 @@
 """Leases on PostgreSQL are judged by the database's clock, not by the clock of each worker.
 
-A "process" with a skewed clock is simulated by replacing the ``time`` module the store and the
-queue read (``graphflow_durable.store.time``, ``..._storage.workqueue.time``) with one whose
+A "process" with a skewed clock is simulated by replacing the ``time`` module the store, its
+leases and the queue read (``graphflow_durable.store.time``, ``..._storage.leasing.time``,
+``..._storage.workqueue.time``) with one whose
 ``time()`` is off by a fixed amount, only while that worker acts.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import graphflow_durable._storage.leasing as leasing_module
 import graphflow_durable.store as store_module
 from graphflow_durable._storage import workqueue as workqueue_module
 from graphflow_durable.errors import RunLockedError
@@ -42,6 +44,7 @@ def skewed_clock(monkeypatch: pytest.MonkeyPatch) -> Any:
         with monkeypatch.context() as patch:
             fake = _SkewedTime(seconds)
             patch.setattr(store_module, "time", fake)
+            patch.setattr(leasing_module, "time", fake)
             patch.setattr(workqueue_module, "time", fake)
             assert abs(store_module.time.time() - _time.time() - seconds) < 1
             yield

@@ -114,13 +114,19 @@ def reference(tmp: Path, tasks: dict[str, str]) -> dict[str, list[tuple[str, str
         del os.environ["GFD_AGENT_DELAY"]
 
 
+#: Tracebacks AutoGen's runtime logs on the expected paths of a chaos run: a fenced writer's
+#: LeaseLostError (a continued worker's commit refused), and QueueShutDown (a message published by
+#: a turn that ends after its runtime stopped, while a paused worker that lost its lease winds
+#: down; seen once in CI). Both are log noise of issue 12, item 15; the outcome checks below stay.
+EXPECTED_TRACEBACKS = ("graphflow_durable.errors.LeaseLostError", "autogen_core._queue.QueueShutDown")
+
+
 def unexpected_tracebacks(log: str) -> list[str]:
-    """The exception lines of logged tracebacks other than a fenced writer's LeaseLostError (which
-    AutoGen's runtime logs when a continued worker's commit is refused: the expected outcome)."""
+    """The exception lines of logged tracebacks other than the :data:`EXPECTED_TRACEBACKS`."""
     found = []
     for block in log.split("Traceback (most recent call last):")[1:]:
         last = next((line for line in block.splitlines()[1:] if line and not line[0].isspace()), "")
-        if not last.startswith("graphflow_durable.errors.LeaseLostError"):
+        if not last.startswith(EXPECTED_TRACEBACKS):
             found.append(last)
     return found
 

@@ -26,7 +26,7 @@ from sqlalchemy.pool import StaticPool
 from graphflow_durable._storage.urls import StoreUrl, parse_store_url, safe_url
 from graphflow_durable.errors import StoreError
 
-__all__ = ["Engines", "describe", "guarded", "open_engines", "peek_sqlite_tables", "safe_url"]
+__all__ = ["Engines", "describe", "guarded", "open_engines", "peek_sqlite_tables", "safe_url", "store_error"]
 
 _log = logging.getLogger(__name__)
 
@@ -76,12 +76,19 @@ def guarded(engines: Engines, action: str, *, run_id: str | None = None) -> Iter
         try:
             yield
         except (sa.exc.SQLAlchemyError, engines.driver_error) as exc:
-            raise StoreError(
-                f"{action} failed on {engines.url}: {describe(exc)}",
-                url=engines.url,
-                run_id=run_id,
-                action=action,
-            ) from exc
+            raise store_error(engines, action, exc, run_id=run_id) from exc
+
+
+def store_error(
+    engines: Engines, action: str, exc: BaseException, *, run_id: str | None = None
+) -> StoreError:
+    """The :class:`StoreError` :func:`guarded` raises for a database or driver error ``exc``
+    (for code that reports an error instead of raising it, such as the commit writer's thread)."""
+    error = StoreError(
+        f"{action} failed on {engines.url}: {describe(exc)}", url=engines.url, run_id=run_id, action=action
+    )
+    error.__cause__ = exc
+    return error
 
 
 def describe(exc: BaseException) -> str:

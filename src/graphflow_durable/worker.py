@@ -28,6 +28,7 @@ What a worker does when a run raises depends on the error's category (see :mod:`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from graphflow_durable._storage.urls import safe_url
 from graphflow_durable.errors import (
     ConflictError,
     LeaseLostError,
@@ -125,6 +127,10 @@ class Worker:
 
     Args:
         store: a store URL or an open :class:`Store` (a URL is opened here and closed at the end).
+            When the database cannot be reached yet (a worker started before its database, as
+            containers often are), the worker logs it and keeps trying with the claim back-off
+            once it runs, until the store opens or the worker is stopped; a bad URL, a database
+            of another application or a newer schema raise here at once.
         factories: team key -> :class:`TeamFactory`; only runs submitted with one of these keys
             are claimed.
         team: a single factory instead, for a pool that runs one kind of team: every claimable
@@ -150,7 +156,9 @@ class Worker:
         UsageError: (a ``ValueError``) neither or both of ``factories`` and ``team`` were given, or
             ``concurrency < 1``, or ``poll_interval``/``lease_seconds`` are not greater than 0, or
             ``grace_seconds``/``backoff_seconds``/``max_backoff_seconds`` are negative (or any of
-            them is not finite).
+            them is not finite); or the store URL is invalid, or names a database the store refuses
+            (:class:`~graphflow_durable.errors.StoreConfigError`).
+        SchemaVersionError: the database was written by a newer graphflow-durable.
     """
 
     def __init__(
@@ -181,7 +189,9 @@ class Worker:
             max_backoff_seconds=max_backoff_seconds,
         )
         self._own_store = isinstance(store, str)
-        self._store = Store(store) if isinstance(store, str) else store
+        self._url = safe_url(store) if isinstance(store, str) else store.url
+        self._store_arg = store
+        self._store: Store | None = None if isinstance(store, str) else store
         self._factories = dict(factories) if factories is not None else {}
         self._single = team
         self._concurrency = concurrency
@@ -196,11 +206,36 @@ class Worker:
         self._halting = False
         self._wake: asyncio.Event | None = None
         self._db_failures = 0  # database errors in a row (claims and runs), for the claim back-off
+        self._db_since = 0.0  # monotonic time of the first of them
         self._db_resume_at = 0.0  # monotonic time before which nothing is claimed
+        if isinstance(store, str):
+            try:
+                self._store = Store(store)
+                self._url = self._store.url
+            except StoreError as exc:
+                if not _passing(exc):
+                    raise
+                self._database_problem("opening the store", exc)  # run_forever() tries again
+
+    @property
+    def url(self) -> str:
+        """The store's URL, password hidden."""
+        return self._url
 
     @property
     def store(self) -> Store:
-        """The worker's store."""
+        """The worker's store.
+
+        Raises:
+            StoreError: the store is not open yet (its database could not be reached so far).
+        """
+        if self._store is None:
+            raise StoreError(
+                f"the store at {self._url} is not open yet: its database could not be reached so far "
+                "(the running worker keeps trying)",
+                url=self._url,
+                action="opening the store",
+            )
         return self._store
 
     @property
@@ -251,24 +286,49 @@ class Worker:
 
     # -- the loop ------------------------------------------------------------------------------
 
+    async def _open(self) -> Store | None:
+        """The store, opened from its URL if need be: a database problem is retried after the claim
+        back-off until the store opens, or ``None`` once the worker was stopped meanwhile."""
+        assert self._wake is not None
+        while self._store is None and not self._stopping:
+            pause = self._db_resume_at - time.monotonic()
+            if pause > 0:
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), pause)
+                continue
+            try:
+                # In a thread: a connect that hangs (a partition) must not hold off the signals.
+                self._store = await asyncio.to_thread(Store, str(self._store_arg))
+            except StoreError as exc:
+                if not _passing(exc):
+                    raise
+                self._database_problem("opening the store", exc)
+        if self._store is not None:
+            self._database_back()
+        return self._store
+
     async def _loop(self, *, until_idle: bool) -> None:
         self._wake = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
-        _log.info("worker %s: started (teams %s, concurrency %d)", self.owner, self.teams, self._concurrency)
         try:
+            store = await self._open()
+            if store is None:
+                return
+            _log.info(
+                "worker %s: started (teams %s, concurrency %d)", self.owner, self.teams, self._concurrency
+            )
             while not self._stopping:
                 claimed = False
                 paused = time.monotonic() < self._db_resume_at
                 while len(tasks) < self._concurrency and not self._stopping and not paused:
                     try:
-                        claim = self._store.queue.claim(
-                            self.owner, lease_seconds=self._lease, teams=self.teams
-                        )
+                        claim = store.queue.claim(self.owner, lease_seconds=self._lease, teams=self.teams)
                     except StoreError as exc:
                         self._database_problem("claiming work", exc)
                         paused = True
                         break
-                    self._db_failures = 0
+                    self._database_back()
                     if claim is None:
                         break
                     claimed = True
@@ -287,7 +347,7 @@ class Worker:
         finally:
             await self._drain(tasks)
             _log.info("worker %s: stopped", self.owner)
-            if self._own_store:
+            if self._own_store and self._store is not None:
                 self._store.close()
 
     async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
@@ -325,37 +385,61 @@ class Worker:
             tasks -= done
 
     def _database_problem(self, action: str, exc: StoreError) -> float:
-        """Log a database error (not any run's fault) and pause claiming; return the pause."""
-        self._db_failures += 1
-        pause = min(self._backoff * 2.0 ** (self._db_failures - 1), self._max_backoff)
-        self._db_resume_at = max(self._db_resume_at, time.monotonic() + pause)
+        """Log a database error (not any run's fault) in one line and pause claiming; return the pause.
+
+        The pause doubles with each problem in a row; problems during a pause (the other runs in
+        flight hitting the same outage) do not lengthen it.
+        """
+        now = time.monotonic()
+        if now < self._db_resume_at:
+            pause = self._db_resume_at - now
+        else:
+            if self._db_failures == 0:
+                self._db_since = now
+            self._db_failures += 1
+            pause = min(self._backoff * 2.0 ** (self._db_failures - 1), self._max_backoff)
+            self._db_resume_at = now + pause
         _log.error(
-            "worker %s: database problem while %s (claims paused %g s): %s", self.owner, action, pause, exc
+            "worker %s: database problem while %s (claims paused %.3g s): %s",
+            self.owner,
+            action,
+            pause,
+            _one_line(exc),
         )
         return pause
+
+    def _database_back(self) -> None:
+        """The database answered: after problems, say so once and reset the back-off."""
+        if self._db_failures:
+            _log.warning(
+                "worker %s: the database is back after %.1f s of problems; claims resumed",
+                self.owner,
+                time.monotonic() - self._db_since,
+            )
+        self._db_failures = 0
 
     def _give_back(self, claim: Claim) -> None:
         """Release the claim; if the database fails here, say so (the lease or claim then expires)."""
         try:
-            self._store.queue.release_claim(claim)
+            self.store.queue.release_claim(claim)
         except StoreError as exc:
             _log.error(
                 "worker %s: database problem while releasing the claim on run %s (it expires in %g s): %s",
                 self.owner,
                 claim.run_id,
                 max(claim.expires_at - time.time(), 0.0),
-                exc,
+                _one_line(exc),
             )
 
     def _record_failure(self, claim: Claim, error: str, delay: float) -> None:
         try:
-            self._store.queue.record_failure(claim.run_id, error=error, retry_at=time.time() + delay)
+            self.store.queue.record_failure(claim.run_id, error=error, retry_at=time.time() + delay)
         except StoreError as exc:
             _log.error(
                 "worker %s: database problem while recording a failure of run %s (not recorded): %s",
                 self.owner,
                 claim.run_id,
-                exc,
+                _one_line(exc),
             )
 
     def _factory(self, claim: Claim) -> TeamFactory:
@@ -375,7 +459,7 @@ class Worker:
         _log.info("worker %s: claimed run %s (%s, %s)", self.owner, run_id, claim.kind, claim.reason)
         try:
             team = self._factory(claim)(
-                run_id, store=self._store, lease_owner=self.owner, lease_seconds=self._lease
+                run_id, store=self.store, lease_owner=self.owner, lease_seconds=self._lease
             )
             if team.run_id != run_id:
                 raise UsageError(
@@ -384,7 +468,7 @@ class Worker:
                     run_id=run_id,
                     option="run_id",
                 )
-            run = self._store.get_run(run_id)
+            run = self.store.get_run(run_id)
             # A submitted task starts the run; once its round has started, resuming needs no task
             # (and the same task again would be recognised and not added twice anyway).
             start = claim.task if claim.task is not None and (run is None or run.task is None) else None
@@ -418,13 +502,13 @@ class Worker:
             # worker's claims, and give the claim back (the run is claimed again later).
             pause = self._database_problem(f"driving run {run_id}", exc)
             self._give_back(claim)
-            done("deferred", f"database problem: {exc} (claims paused {pause:g} s; no attempt counted)")
+            done("deferred", f"database problem (claims paused {pause:.3g} s; no attempt counted)")
             return
         except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
             self._failed(claim, exc, done)
             return
         try:
-            final = self._store.get_run(run_id)
+            final = self.store.get_run(run_id)
         except StoreError as exc:
             self._database_problem(f"reading run {run_id}", exc)
             done("interrupted", f"the run's status could not be read: {exc}")
@@ -448,3 +532,14 @@ class Worker:
         self._record_failure(claim, error, delay)
         _log.debug("run %s failed", claim.run_id, exc_info=exc)
         done("failed", f"{error} (retry in {delay:g} s)")
+
+
+def _passing(exc: StoreError) -> bool:
+    """Whether ``exc`` is a database problem that may pass (not a bad URL, a foreign database, a
+    newer schema or corrupt rows: those stay until someone acts)."""
+    return not isinstance(exc, (UsageError, SchemaVersionError, StoreCorruptError))
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message on one log line (libpq's messages span several)."""
+    return " ".join(str(exc).split())

@@ -24,7 +24,7 @@ import pytest
 from agents import Gate, Scripted, chain, close_stores, durable, stored_transcript
 from graphflow_durable.errors import RunLockedError, StoreError
 from graphflow_durable.store import Store
-from pgcluster import ClusterUnavailable, PgCluster
+from pgserver import Server
 
 
 @pytest.fixture(autouse=True)
@@ -33,38 +33,9 @@ def _close_stores() -> Iterator[None]:
     close_stores()
 
 
-class Server:
-    """A throw-away PostgreSQL cluster the test may stop and start again."""
-
-    def __init__(self, cluster: PgCluster) -> None:
-        self.cluster = cluster
-
-    @property
-    def url(self) -> str:
-        return self.cluster.url
-
-    def down(self) -> None:
-        self.cluster._run("pg_ctl", "-D", str(self.cluster.data_dir), "-m", "immediate", "-w", "stop")
-
-    def up(self) -> None:
-        c = self.cluster
-        opts = (
-            f"-c listen_addresses=127.0.0.1 -c port={c.port} -c unix_socket_directories={c.root} "
-            "-c fsync=off -c full_page_writes=off"
-        )
-        c._run("pg_ctl", "-D", str(c.data_dir), "-l", str(c.root / "log"), "-w", "-o", opts, "start")
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    try:
-        cluster = PgCluster.start()
-    except ClusterUnavailable as exc:
-        pytest.skip(f"PostgreSQL not available: {exc}")
-    try:
-        yield Server(cluster)
-    finally:
-        cluster.stop()
+    yield from Server.serve()
 
 
 async def _outage(server: Server, seconds: float) -> None:

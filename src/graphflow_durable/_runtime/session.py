@@ -31,12 +31,13 @@ from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._runtime import logs
 from graphflow_durable._runtime.config import default_store_url
 from graphflow_durable._runtime.lease import RunLease
 from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.context import current_execution
-from graphflow_durable.errors import GraphMismatchError, StateFormatError, StoreError
+from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StateFormatError, StoreError
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     AgentStateRecord,
@@ -102,6 +103,8 @@ class RunSession:
         self.turns = Turns(lambda: self.store)
         self.halted = False
         self.fatal: BaseException | None = None
+        self.said_lost = False  # the one line about a lost lease was logged (once per attach)
+        logs.install()  # a lost lease or an outage: no library tracebacks in the ERROR log
         self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
 
@@ -154,7 +157,7 @@ class RunSession:
         store = self.store
         started = time.monotonic()
         run = store.get_run(self.run_id)
-        self.resumed_round = None
+        self.resumed_round, self.said_lost = None, False
         if run is None:
             run = store.create_run(
                 self.run_id,
@@ -238,10 +241,22 @@ class RunSession:
             )
 
     def lost(self, exc: StoreError) -> None:
-        """The lease is gone (another driver took the run, or the run was removed): stop, with it."""
-        logger.error("run %s: %s; this worker stops dispatching", self.run_id, exc)
+        """The lease is gone (another driver took the run, or the run was removed): stop, with it.
+
+        A normal event in a pool: one WARNING line, once, whether the renewal, the check before a
+        dispatch or a refused commit found it first.
+        """
         self.halted = True
         self.fatal = exc
+        if not self.said_lost:
+            self.said_lost = True
+            if not isinstance(exc, LeaseLostError):
+                gone = f"lease lost ({exc})"
+            elif exc.owner is None:  # the driver that took the run over released it since
+                gone = f"lease lost to another driver (fencing token {exc.current_token}, since released)"
+            else:
+                gone = f"lease lost to {exc.owner}"
+            logger.warning("run %s: %s; stopped dispatching", self.run_id, gone)
 
     def halt(self) -> None:
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
@@ -249,6 +264,8 @@ class RunSession:
 
     def fail(self, exc: BaseException) -> None:
         """The manager hit an error it cannot record: the run ends with it."""
+        if isinstance(exc, LeaseLostError):  # a commit refused by the fencing token
+            self.lost(exc)
         self.fatal = exc
 
     def check_graph(self, run: RunRecord) -> None:

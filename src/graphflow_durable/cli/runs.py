@@ -237,7 +237,7 @@ def _worker(args: argparse.Namespace, url: str) -> int:
     async def go() -> None:
         worker.install_signal_handlers()
         # The first line on stdout says the worker is up and handles SIGTERM gracefully.
-        _out(json.dumps({"worker": worker.owner, "teams": worker.teams, "store": worker.store.url}))
+        _out(json.dumps({"worker": worker.owner, "teams": worker.teams, "store": worker.url}))
         if args.until_idle:
             await worker.run_until_idle()
         else:

@@ -1,0 +1,219 @@
+"""Issue 12, item 5: worker PROCESSES survive PostgreSQL outages and never lose a claimed run.
+
+A throw-away PostgreSQL cluster of this module's own is stopped (``pg_ctl -m immediate``: every
+connection cut, as in a crash) and started again on the same port, while real
+``graphflow-durable worker`` processes drive runs of the pool test team (tests/pool/poolteam.py)
+and while they poll with nothing to do; one worker is even started while the server is down.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from graphflow_durable.store import Store
+from pgserver import Server
+
+POOL = Path(__file__).resolve().parents[1] / "pool"
+sys.path.insert(0, str(POOL))
+
+from poolteam import EXPECTED_COMPLETIONS  # noqa: E402
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+LEASE = 3.0  # renewed every 1 s; a driver that cannot renew for 2 s stops dispatching
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from Server.serve()
+
+
+@pytest.fixture
+def database(server: Server) -> Iterator[str]:
+    """A new database in the module's cluster (dropped afterwards)."""
+    name = f"gfd_outage_{time.monotonic_ns()}"
+    admin = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    yield sa.make_url(server.url).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+class Workers:
+    """``graphflow-durable worker`` processes; their stdout/stderr in files under ``tmp``."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url, self.tmp = url, tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        n = len(self.procs)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(POOL), os.environ.get("PYTHONPATH", "")]),
+            "GFD_AGENT_DELAY": "0.15",
+            "GFD_EXEC_LOG": str(self.tmp / "exec.log"),
+        }
+        args = [
+            sys.executable, "-m", "graphflow_durable.cli.runs", "worker", "--store", self.url,
+            "--team", "t=poolteam:team", "--concurrency", "2", "--lease-seconds", str(LEASE),
+            "--poll-interval", "0.05", "--grace-seconds", "10",
+        ]  # fmt: skip
+        with open(self.tmp / f"worker-{n}.out", "wb") as out, open(self.tmp / f"worker-{n}.err", "wb") as err:
+            proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
+        self.procs.append(proc)
+        return proc
+
+    def stderr(self, n: int) -> str:
+        return (self.tmp / f"worker-{n}.err").read_text(errors="replace")
+
+    def wait_for(self, n: int, text: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.stderr(n):
+            assert self.procs[n].poll() is None, f"worker {n} exited:\n{self.stderr(n)}"
+            assert time.monotonic() < deadline, f"worker {n} never logged {text!r}:\n{self.stderr(n)}"
+            time.sleep(0.05)
+
+    def alive(self) -> None:
+        for n, proc in enumerate(self.procs):
+            assert proc.poll() is None, f"worker {n} exited with {proc.returncode}:\n{self.stderr(n)}"
+
+    def terminate(self) -> list[int | None]:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=40))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(None)
+        return codes
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def workers(database: str, tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(database, tmp_path)
+    try:
+        yield pool
+    finally:
+        pool.kill_all()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def outage(server: Server, seconds: float) -> None:
+    server.down()
+    time.sleep(seconds)
+    server.up()
+
+
+def finished(url: str) -> int:
+    with Store(url) as store:
+        return len(store.list_runs("finished"))
+
+
+def in_flight(url: str) -> int:
+    with Store(url) as store:
+        return len([r for r in store.list_runs("running") if r.lease_owner is not None])
+
+
+def check_every_run_once(url: str, run_ids: list[str]) -> None:
+    """Every run finished, each node's completion recorded once per activation, no lease left."""
+    with Store(url) as store:
+        for run_id in run_ids:
+            run = store.get_run(run_id)
+            assert run is not None and run.status == "finished", (run_id, run)
+            assert run.lease_owner is None, (run_id, run.lease_owner)
+            done = Counter(s.node for s in store.load(run_id).steps if s.kind == "complete")
+            assert done == EXPECTED_COMPLETIONS, (run_id, done)
+        assert store.list_runs("running") == [] and store.list_runs("interrupted") == []
+
+
+def test_worker_processes_survive_postgres_outages_and_finish_every_run_once(
+    server: Server, database: str, workers: Workers
+) -> None:
+    runs = [f"run-{i}" for i in range(8)]
+    with Store(database) as store:
+        for run_id in runs:
+            store.queue.submit(run_id, task=f"task {run_id}", team="t")
+    workers.start()
+    workers.start()
+    workers.wait_for(0, "started (teams")
+    workers.wait_for(1, "started (teams")
+    wait_until(lambda: in_flight(database) >= 3, 30, "the runs were not claimed")
+
+    outage(server, 2.0)  # shorter than the lease: runs in flight, renewals and commits fail
+    workers.alive()
+    wait_until(lambda: in_flight(database) >= 1, 30, "no run in flight after the first outage")
+    outage(server, LEASE + 2.0)  # longer than the lease: the drivers stop dispatching
+    workers.alive()
+    wait_until(lambda: finished(database) == len(runs), 120, "not every run finished")
+
+    outage(server, 2.0)  # the workers poll with nothing to do
+    workers.alive()
+    # A worker started while the database is down waits for it.
+    server.down()
+    try:
+        late = len(workers.procs)
+        workers.start()
+        workers.wait_for(late, "database problem while opening the store")
+        workers.alive()
+    finally:
+        server.up()
+    workers.wait_for(late, "started (teams")
+    more = ["after-0", "after-1", "after-2"]
+    with Store(database) as store:
+        for run_id in more:
+            store.queue.submit(run_id, task=f"task {run_id}", team="t")
+    wait_until(lambda: finished(database) == len(runs) + len(more), 60, "runs submitted after the outages")
+    workers.alive()
+    codes = workers.terminate()
+    logs = [workers.stderr(n) for n in range(len(workers.procs))]
+    assert codes == [0] * len(workers.procs), (codes, logs)
+
+    check_every_run_once(database, runs + more)
+    everything = "\n".join(logs)
+    assert "Traceback" not in everything, everything
+    for n, log in enumerate(logs):
+        problems = [line for line in log.splitlines() if "database problem while" in line]
+        assert problems, f"worker {n} logged no database problem:\n{log}"
+        assert any("(claims paused" in line for line in problems), problems
+        assert "database is back" in log, f"worker {n} logged no recovery:\n{log}"
+
+
+def test_a_worker_started_while_postgres_is_down_stops_on_sigterm(
+    server: Server, database: str, workers: Workers
+) -> None:
+    server.down()
+    try:
+        proc = workers.start()
+        workers.wait_for(0, "database problem while opening the store")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, workers.stderr(0)
+    finally:
+        server.up()
+    assert "Traceback" not in workers.stderr(0)

@@ -148,6 +148,9 @@ class StoreCorruptError(StoreError):
         run_id: the run whose rows are inconsistent.
         node: the node whose rows are at fault, if one is.
         step: the step (sequence number) of the row at fault, if one is.
+        table: the table of the row at fault (``"graphflow_messages"``...), when a row's checksum
+            named it.
+        seq: the message's seq in the thread, when the row at fault is a message.
     """
 
     def __init__(
@@ -158,10 +161,14 @@ class StoreCorruptError(StoreError):
         run_id: str | None = None,
         node: str | None = None,
         step: int | None = None,
+        table: str | None = None,
+        seq: int | None = None,
     ) -> None:
         StoreError.__init__(self, message, url=url, run_id=run_id)
         self.node = node
         self.step = step
+        self.table = table
+        self.seq = seq
 
 
 class ConflictError(StoreError):

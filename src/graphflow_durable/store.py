@@ -24,9 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._agentstate.reader import fold_states, references
 from graphflow_durable._agentstate.writer import state_row
-from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import (
     ENDED_STATUSES,
     RUN_STATUSES,
@@ -43,6 +41,7 @@ from graphflow_durable._model.records import (
     StoredMessage,
 )
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.commit import (
     encode_commit,
     encode_run,
@@ -53,6 +52,7 @@ from graphflow_durable._storage.lease import process_identity
 from graphflow_durable._storage.leasing import acquire, release, renew
 from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
 from graphflow_durable._storage.queue import Claim, Submission
+from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.workqueue import WorkQueue
@@ -64,6 +64,7 @@ __all__ = [
     "RUN_STATUSES",
     "AgentStateRecord",
     "Claim",
+    "Damage",
     "MessageRecord",
     "RunLog",
     "RunRecord",
@@ -75,6 +76,7 @@ __all__ = [
     "Store",
     "StoredMessage",
     "Submission",
+    "Verification",
     "WorkQueue",
 ]
 
@@ -255,6 +257,12 @@ class Store:
             rows = conn.execute(query).mappings().all()
         return [run_record(row) for row in rows]
 
+    def lease_clock(self) -> float:
+        """The time leases are judged by, now (epoch seconds): the database server's clock on
+        PostgreSQL, this host's on SQLite. Compare a run's ``lease_expires_at`` with it."""
+        with self._guard("reading the lease clock"), self._e.read.begin() as conn:
+            return S.lease_clock(conn, time.time())
+
     # -- the hot path ---------------------------------------------------------------------------
 
     def commit(
@@ -295,45 +303,40 @@ class Store:
     def load(self, run_id: str) -> RunLog:
         """Everything needed to resume ``run_id``, read in one consistent transaction.
 
+        Every step, message and agent-state row read is checked against the checksum stored with
+        it (rows written before schema version 6 have none and are not checked).
+
         Raises:
             RunNotFoundError: no such run.
+            StoreCorruptError: a row does not match its checksum (or the agent-state rows do not
+                fold); the error names the run, table, step and message seq or node.
         """
         with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
-            p = {"p_run_id": run_id}
-            row = conn.execute(S.SELECT_RUN, p).mappings().first()
-            if row is None:
-                raise not_found(run_id)
-            run = run_record(row)
-            steps = [
-                StepRecord(
-                    seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
-                )
-                for s in conn.execute(S.SELECT_STEPS, p)
-            ]
-            scheduler_text = conn.execute(S.SELECT_SCHEDULER, {**p, "p_seq": run.head_seq}).scalar()
-            thread = [
-                StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
-                for m in conn.execute(S.SELECT_MESSAGES, p)
-            ]
-            rows = conn.execute(S.SELECT_LATEST_STATES, p)
-            states, state_steps = fold_states(run_id, rows, references(thread))
-        return RunLog(
-            run=run,
-            steps=steps,
-            messages=thread,
-            scheduler=None if scheduler_text is None else loads(scheduler_text),
-            agent_states=states,
-            agent_state_steps=state_steps,
-        )
+            return read_log(conn, run_id, self._e.url)
 
     def head_scheduler(self, run_id: str) -> Mapping[str, Any] | None:
-        """The scheduler JSON of the run's head step (``None`` before the first step), read alone."""
+        """The scheduler JSON of the run's head step (``None`` before the first step), read alone
+        and checked against the step's checksum (:class:`StoreCorruptError` if it does not match)."""
         with self._guard(f"reading the head of run {run_id}", run_id), self._e.read.begin() as conn:
-            run = conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).mappings().first()
-            if run is None:
-                raise not_found(run_id)
-            text = conn.execute(S.SELECT_SCHEDULER, {"p_run_id": run_id, "p_seq": run["head_seq"]}).scalar()
-        return None if text is None else loads(text)
+            found: Mapping[str, Any] | None = head_scheduler(conn, run_id, self._e.url)
+        return found
+
+    def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
+        """Check every step, message and agent-state row of the runs (default: every run) against
+        its checksum, and report the damaged rows instead of raising. Each run is read in its own
+        transaction. Rows written before schema version 6 have no checksum: counted, not checked.
+
+        Raises:
+            RunNotFoundError: one of ``run_ids`` does not exist (nothing is reported then).
+        """
+        ids = [run.run_id for run in self.list_runs()] if run_ids is None else list(dict.fromkeys(run_ids))
+        if missing := [run_id for run_id in ids if run_ids is not None and self.get_run(run_id) is None]:
+            raise not_found(missing[0])
+        scans = []
+        for run_id in ids:
+            with self._guard(f"verifying run {run_id}", run_id), self._e.read.begin() as conn:
+                scans.append(scan_run(conn, run_id))
+        return Verification.of(ids, scans)
 
     # -- leases -------------------------------------------------------------------------------
 

@@ -188,7 +188,10 @@ async def test_a_splice_referring_to_a_message_the_log_lacks_is_reported_as_corr
         patch = json.loads(body)
         patch["put"] = [999999 if isinstance(p, int) else p for p in patch["put"]]
         conn.execute(
-            sa.text("UPDATE graphflow_agent_states SET body = :b WHERE node = 'A' AND step_seq = :s"),
+            # checksum NULL (as a row written before schema 6): this test is about the fold check
+            sa.text(
+                "UPDATE graphflow_agent_states SET body = :b, checksum = NULL WHERE node = 'A' AND step_seq = :s"
+            ),
             {"b": json.dumps(patch), "s": step},
         )
     engine.dispose()

@@ -151,6 +151,8 @@ class RunRecord:
     updated_at: float
     lease_host: str | None = None
     lease_pid: int | None = None
+    lease_process: str | None = None
+    """The lease holder's process identity as stored (JSON: boot id, PID namespace, start time)."""
 
 
 @dataclass(frozen=True)

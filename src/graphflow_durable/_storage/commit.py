@@ -21,6 +21,7 @@ from graphflow_durable._model.records import (
     Step,
     StepKind,
 )
+from graphflow_durable._storage.checksum import add_sums
 from graphflow_durable._storage.lease import lease_lost
 from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError, UsageError
 
@@ -90,7 +91,8 @@ def encode_commit(
 ) -> CommitParams:
     """Encode everything a commit writes; raise before any SQL if something is wrong with it.
 
-    The agent-state rows come encoded (by ``_agentstate``): their text is written as it is.
+    The agent-state rows come encoded (by ``_agentstate``): their text is written as it is. Every
+    step, message and state row gets its checksum (``_storage.checksum``) here.
     """
     new_head = expected_head + 1
     run: dict[str, Any] = {
@@ -170,6 +172,7 @@ def encode_commit(
                 "base_step": state.base_step,
             }
         )
+    add_sums(run_id, step_row, rows, states)
     return CommitParams(run=run, step=step_row, messages=rows, states=states)
 
 

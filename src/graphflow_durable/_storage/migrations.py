@@ -184,6 +184,15 @@ def _m0005_lease_process(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN lease_process TEXT"))
 
 
+def _m0006_row_checksums(conn: Connection) -> None:
+    """Version 6: ``checksum`` on steps, messages and agent states, a CRC of each row's keys and
+    content written with the row and checked when it is read. Rows already stored keep NULL (not
+    checked): a backfill would certify whatever they hold now, damage included, and rewrite every
+    row of the store under the migration lock."""
+    for table in ("graphflow_steps", "graphflow_messages", "graphflow_agent_states"):
+        conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN checksum BIGINT"))
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
@@ -191,6 +200,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (3, "create the worker-pool queue (submissions, claims, retry back-off)", _m0003_create_queue),
     (4, "agent states as text splices that reference messages (base_step 0: whole)", _m0004_state_splices),
     (5, "the lease holder's process identity (boot id, pid namespace, start time)", _m0005_lease_process),
+    (6, "a checksum of each step, message and agent-state row, checked on read", _m0006_row_checksums),
 )
 
 #: The schema version this package writes.

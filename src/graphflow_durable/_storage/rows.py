@@ -33,4 +33,5 @@ def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:
         updated_at=row["updated_at"],
         lease_host=row["lease_host"],
         lease_pid=row["lease_pid"],
+        lease_process=row.get("lease_process"),
     )

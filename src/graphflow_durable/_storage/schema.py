@@ -67,6 +67,8 @@ steps = sa.Table(
     sa.Column("scheduler", sa.Text, nullable=False),
     sa.Column("data", sa.Text, nullable=False),
     sa.Column("created_at", sa.Double, nullable=False),
+    # CRC of the row's keys and content (version 6; NULL: written before, not checked); see _storage/checksum
+    sa.Column("checksum", sa.BigInteger, nullable=True),
 )
 
 #: The thread: append-only, each message once, ``seq`` contiguous from 0 within a run.
@@ -78,6 +80,8 @@ messages = sa.Table(
     sa.Column("step_seq", sa.Integer, nullable=False),
     sa.Column("published", sa.Boolean, nullable=False),
     sa.Column("body", sa.Text, nullable=False),
+    # CRC of the row's keys and content (version 6; NULL: written before, not checked); see _storage/checksum
+    sa.Column("checksum", sa.BigInteger, nullable=True),
     sa.ForeignKeyConstraint(
         ["run_id", "step_seq"],
         ["graphflow_steps.run_id", "graphflow_steps.seq"],
@@ -98,6 +102,8 @@ agent_states = sa.Table(
     # NULL: body is the whole state. 0: body is a splice of the empty text (a whole state whose
     # pieces may reference messages). Otherwise body is a delta against the row at this step.
     sa.Column("base_step", sa.Integer, nullable=True),
+    # CRC of the row's keys and content (version 6; NULL: written before, not checked); see _storage/checksum
+    sa.Column("checksum", sa.BigInteger, nullable=True),
     sa.ForeignKeyConstraint(
         ["run_id", "step_seq"],
         ["graphflow_steps.run_id", "graphflow_steps.seq"],

@@ -41,6 +41,8 @@ __all__ = [
     "SELECT_RUN",
     "SELECT_SCHEDULER",
     "SELECT_STEPS",
+    "SCAN_STATES",
+    "SCAN_STEPS",
     "UPDATE_LEASE",
     "lease_clock",
 ]
@@ -142,15 +144,15 @@ SELECT_LEASE = sa.select(
 SELECT_LEASE_NOW = SELECT_LEASE.add_columns(DB_NOW.label("db_now"))
 
 SELECT_STEPS = (
-    sa.select(steps.c.seq, steps.c.kind, steps.c.node, steps.c.data, steps.c.created_at)
+    sa.select(steps.c.seq, steps.c.kind, steps.c.node, steps.c.data, steps.c.created_at, steps.c.checksum)
     .where(steps.c.run_id == _run_id)
     .order_by(steps.c.seq)
 )
-SELECT_SCHEDULER = sa.select(steps.c.scheduler).where(
+SELECT_SCHEDULER = sa.select(steps.c.scheduler, steps.c.checksum).where(
     steps.c.run_id == _run_id, steps.c.seq == sa.bindparam("p_seq", type_=sa.Integer)
 )
 SELECT_MESSAGES = (
-    sa.select(messages.c.seq, messages.c.step_seq, messages.c.published, messages.c.body)
+    sa.select(messages.c.seq, messages.c.step_seq, messages.c.published, messages.c.body, messages.c.checksum)
     .where(messages.c.run_id == _run_id)
     .order_by(messages.c.seq)
 )
@@ -166,13 +168,37 @@ _latest = (
 )
 #: Per node of a run: its latest whole state and the deltas after it, in step order.
 SELECT_LATEST_STATES = (
-    sa.select(agent_states.c.node, agent_states.c.step_seq, agent_states.c.base_step, agent_states.c.body)
+    sa.select(
+        agent_states.c.node,
+        agent_states.c.step_seq,
+        agent_states.c.base_step,
+        agent_states.c.body,
+        agent_states.c.checksum,
+    )
     .join(
         _latest,
         sa.and_(agent_states.c.node == _latest.c.node, agent_states.c.step_seq >= _latest.c.step_seq),
     )
     .where(agent_states.c.run_id == _run_id)
     .order_by(agent_states.c.node, agent_states.c.step_seq)
+)
+
+#: Every row of a run, with everything its checksum covers (``Store.verify``).
+SCAN_STEPS = (
+    sa.select(steps.c.seq, steps.c.kind, steps.c.node, steps.c.data, steps.c.scheduler, steps.c.checksum)
+    .where(steps.c.run_id == _run_id)
+    .order_by(steps.c.seq)
+)
+SCAN_STATES = (
+    sa.select(
+        agent_states.c.node,
+        agent_states.c.step_seq,
+        agent_states.c.base_step,
+        agent_states.c.body,
+        agent_states.c.checksum,
+    )
+    .where(agent_states.c.run_id == _run_id)
+    .order_by(agent_states.c.step_seq, agent_states.c.node)
 )
 
 _expires = DB_NOW + sa.bindparam("p_seconds", type_=sa.Double)

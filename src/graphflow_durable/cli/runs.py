@@ -1,4 +1,4 @@
-"""``graphflow-durable``: list runs, submit runs, and run a worker of a worker pool.
+"""``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker pool.
 
 A thin shell over :class:`graphflow_durable.store.Store` and :class:`graphflow_durable.worker.Worker`.
 Data goes to stdout, diagnostics (logging) to stderr. Run ``graphflow-durable --help`` (or ``python
@@ -12,12 +12,11 @@ import asyncio
 import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable._storage.lease import iso
+from graphflow_durable.cli import _inspect
 from graphflow_durable.cli._common import (
     CliError,
     OneLineParser,
@@ -25,12 +24,13 @@ from graphflow_durable.cli._common import (
     require_value,
     run_command,
 )
+from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
 from graphflow_durable.errors import GraphflowDurableError, RunExistsError, UsageError
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.store import RUN_STATUSES, Store
 from graphflow_durable.worker import TeamFactory, Worker, check_options
 
-__all__ = ["EXIT_CONFLICT", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
+__all__ = ["EXIT_CONFLICT", "EXIT_DAMAGED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
 
 EXIT_OK = 0
 """Done: listed, submitted (or already submitted with the same task), or the worker stopped cleanly."""
@@ -41,15 +41,19 @@ EXIT_USAGE = 2
 or bad option."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
+EXIT_DAMAGED = _inspect.EXIT_DAMAGED
+"""``runs verify``: rows that do not match their checksums were found (one line each on stdout)."""
 
-#: ``runs list --status`` value for submissions whose run does not exist yet.
-SUBMITTED = "submitted"
 _STATUSES = (*RUN_STATUSES, SUBMITTED)
 
 EPILOG = f"""\
 commands:
   worker   claim runs and drive them until SIGTERM/SIGINT (a second signal halts in-flight runs)
-  runs list [--status S] [--json]    list runs (and submissions not started yet: status 'submitted')
+  runs list [--status S] [--json]    list runs (and submissions not started yet: status 'submitted');
+                                     a run whose driver died shows 'running (owner gone)' or
+                                     'running (lease expired)'
+  runs verify [RUN ...] [--json]     check every step, message and agent-state row of the runs
+                                     (default: all) against its checksum; one line per damaged row
   submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
 
 --team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
@@ -65,6 +69,7 @@ exit codes:
   1  the store failed, or a team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission
+  4  runs verify: damaged rows were found (each printed on one line)
 """
 
 #: How the library's errors end the command (first match wins: subclasses first).
@@ -105,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--store", dest="store_sub", help="database URL")
     listing.add_argument("--status", action="append", choices=_STATUSES, help="only these (repeatable)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    checking = runs_commands.add_parser("verify", help="check every stored row against its checksum")
+    checking.add_argument("--store", dest="store_sub", help="database URL")
+    checking.add_argument("run_ids", nargs="*", metavar="RUN", help="the runs to check (default: all)")
+    checking.add_argument("--json", action="store_true", help="one JSON object per damaged row")
 
     submit = commands.add_parser("submit", help="queue a run for the worker pool")
     submit.add_argument("--store", dest="store_sub", help="database URL")
@@ -136,9 +145,14 @@ def _main(argv: Sequence[str] | None) -> int:
         check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
     if args.command == "worker":
         return _worker(args, url)
+    if args.command == "runs" and args.runs_command == "verify":
+        for run_id in args.run_ids:
+            check_run_id(run_id, option="RUN")
     with Store(url) as store:
         if args.command == "submit":
             return _submit(store, args)
+        if args.runs_command == "verify":
+            return verify(store, args.run_ids, args.json, _out)
         return _list(store, args)
 
 
@@ -159,54 +173,7 @@ def _submit(store: Store, args: argparse.Namespace) -> int:
 
 
 def _list(store: Store, args: argparse.Namespace) -> int:
-    wanted = set(args.status or _STATUSES)
-    teams = {s.run_id: s for s in store.queue.list_submissions()}
-    rows: list[dict[str, Any]] = []
-    real = [s for s in wanted if s != SUBMITTED]
-    for run in store.list_runs(real) if real else []:
-        sub = teams.get(run.run_id)
-        rows.append(
-            {
-                "run_id": run.run_id,
-                "status": run.status,
-                "team": None if sub is None else sub.team,
-                "head": run.head_seq,
-                "messages": run.message_count,
-                "lease_owner": run.lease_owner,
-                "lease_expires_at": run.lease_expires_at,
-                "attempts": 0 if sub is None else sub.attempts,
-                "last_error": None if sub is None else sub.last_error,
-            }
-        )
-    if SUBMITTED in wanted:
-        for sub in store.queue.list_submissions(waiting=True):
-            rows.append(
-                {
-                    "run_id": sub.run_id,
-                    "status": SUBMITTED,
-                    "team": sub.team,
-                    "head": None,
-                    "messages": 0,
-                    "lease_owner": sub.claimed_by,
-                    "lease_expires_at": sub.claim_expires_at,
-                    "attempts": sub.attempts,
-                    "last_error": sub.last_error,
-                }
-            )
-    if args.json:
-        for row in rows:
-            _out(json.dumps(row, sort_keys=True))
-        return EXIT_OK
-    now = time.time()
-    _out(f"{'RUN':<24} {'STATUS':<12} {'TEAM':<12} {'HEAD':>5} {'LEASE'}")
-    for row in rows:
-        lease = "-"
-        if row["lease_owner"] is not None:
-            expires = row["lease_expires_at"]
-            state = "expired" if expires is not None and expires < now else "until"
-            lease = f"{row['lease_owner']} ({state} {iso(expires)})"
-        head = "-" if row["head"] is None else str(row["head"])
-        _out(f"{row['run_id']:<24} {row['status']:<12} {row['team'] or '-':<12} {head:>5} {lease}")
+    print_rows(list_rows(store, set(args.status or _STATUSES)), args.json, _out)
     return EXIT_OK
 
 

@@ -142,7 +142,7 @@ class Store:
                 if not shared:  # before the engine connects (and turns a SQLite file to WAL)
                     tables = peek_sqlite_tables(self._e.target)
                     refuse_foreign(tables or (), url=self._e.url, dialect=self._e.dialect)
-                self._version = migrate(self._e.write, read=self._e.read, url=self._e.url, shared=shared)
+                self._version = migrate(self._e.migrate, read=self._e.read, url=self._e.url, shared=shared)
         except BaseException:
             self._e.engine.dispose()
             raise

@@ -131,7 +131,10 @@ def test_a_postgresql_url_refuses_unknown_options_without_showing_the_password()
         "unknown option 'synchronous' in the store URL postgresql://alice:***@127.0.0.1:1"
     )
     assert "password=***" in message
-    assert "valid options for PostgreSQL: pool_pre_ping, shared and the libpq parameters " in message
+    assert (
+        "valid options for PostgreSQL: pool_pre_ping, shared, statement_timeout, lock_timeout and the "
+        "libpq parameters " in message
+    )
     assert "connect_timeout" in message and "application_name" in message
 
 

@@ -3,12 +3,20 @@
 :func:`open_engines` returns a :class:`Engines` bundle: one pool, two views of it. ``write`` starts
 transactions that take the write lock at once (SQLite ``BEGIN IMMEDIATE``, so a transaction never
 fails half-way with "database is locked" when upgrading a read lock); ``read`` starts plain,
-consistent read transactions (SQLite deferred ``BEGIN`` under WAL; PostgreSQL ``REPEATABLE READ``).
+consistent read transactions (SQLite deferred ``BEGIN`` under WAL; PostgreSQL ``REPEATABLE READ``);
+``migrate`` starts the migration's transactions, which PostgreSQL runs without the store's time
+limits (a migration may wait on the migration lock, or rewrite a big table, for long).
+
+A PostgreSQL connection is bounded in time, so that a network partition is an error within seconds
+instead of a hang: ``connect_timeout``, TCP keepalives and ``tcp_user_timeout`` (libpq, defaults in
+``urls``), ``statement_timeout`` and ``lock_timeout`` set on each new connection, and a client-side
+bound on each wait for the server's answer (``pgconnect``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -23,7 +31,13 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from graphflow_durable._storage.urls import StoreUrl, parse_store_url, safe_url
+from graphflow_durable._storage.urls import (
+    PG_NETWORK_DEFAULTS,
+    StoreUrl,
+    libpq_keywords,
+    parse_store_url,
+    safe_url,
+)
 from graphflow_durable.errors import StoreError
 
 __all__ = ["Engines", "describe", "guarded", "open_engines", "peek_sqlite_tables", "safe_url", "store_error"]
@@ -32,6 +46,8 @@ _log = logging.getLogger(__name__)
 
 #: Execution option carrying the SQLite BEGIN mode ("IMMEDIATE" for writers).
 _BEGIN_OPTION = "graphflow_sqlite_begin"
+#: Execution option of the PostgreSQL migration view: no statement/lock timeout, no answer bound.
+_UNBOUNDED_OPTION = "graphflow_unbounded"
 
 
 @dataclass(frozen=True)
@@ -42,6 +58,8 @@ class Engines:
         engine: the underlying engine (dispose it to close the pool).
         write: begins write transactions (SQLite ``BEGIN IMMEDIATE``).
         read: begins read transactions with one snapshot for all their statements.
+        migrate: begins the migration's write transactions (PostgreSQL: without the store's
+            statement/lock timeouts and answer bound; SQLite: ``write``).
         dialect: ``"sqlite"`` or ``"postgresql"``.
         url: the URL with its password hidden, for messages.
         serial: a lock every operation must hold (a real lock only for in-memory SQLite, where all
@@ -52,6 +70,7 @@ class Engines:
     engine: Engine
     write: Engine
     read: Engine
+    migrate: Engine
     dialect: str
     url: str
     serial: AbstractContextManager[Any]
@@ -92,10 +111,16 @@ def store_error(
 
 
 def describe(exc: BaseException) -> str:
-    """A short description of a database error (the driver's message, not the SQL or values)."""
+    """A short description of a database error (the driver's message, not the SQL or values), on
+    one line: the server's ``CONTEXT:`` line and libpq's indented continuations are joined to it."""
     if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
         exc = exc.orig
-    return f"{type(exc).__name__}: {str(exc).strip()}"
+    text = ""
+    for line in str(exc).strip().splitlines():
+        if line.strip():
+            words = " ".join(line.split())
+            text += (" " if line[:1].isspace() else "; ") + words if text else words
+    return f"{type(exc).__name__}: {text}"
 
 
 def open_engines(
@@ -159,10 +184,12 @@ def _sqlite(target: StoreUrl) -> Engines:
         begin = conn.get_execution_options().get(_BEGIN_OPTION, "BEGIN")
         conn.exec_driver_sql(begin)
 
+    write = engine.execution_options(**{_BEGIN_OPTION: "BEGIN IMMEDIATE"})
     return Engines(
         engine=engine,
-        write=engine.execution_options(**{_BEGIN_OPTION: "BEGIN IMMEDIATE"}),
+        write=write,
         read=engine,
+        migrate=write,
         dialect="sqlite",
         url=safe_url(url),
         serial=threading.RLock() if in_memory else nullcontext(),
@@ -216,12 +243,53 @@ def _enter_wal(cursor: sqlite3.Cursor, timeout: float) -> Any:
 
 
 def _postgresql(target: StoreUrl) -> Engines:
+    # psycopg is optional (SQLite needs none): imported only for a PostgreSQL store.
+    from graphflow_durable._storage.pgconnect import GRACE, BoundedConnection
+
     url = target.engine_url
-    engine = sa.create_engine(url, pool_pre_ping=target.pool_pre_ping, hide_parameters=True)
+    # The URL's own libpq parameters win; the defaults go in connect_args, so messages show the URL.
+    known = libpq_keywords()
+    network = {k: v for k, v in PG_NETWORK_DEFAULTS.items() if k not in url.query and k in known}
+    engine = sa.create_engine(
+        url, pool_pre_ping=target.pool_pre_ping, hide_parameters=True, connect_args=network
+    )
+    # The client's bound exceeds the server's statement_timeout, so a slow statement is cancelled
+    # by the server, which says why, and only a silent server meets the bound.
+    answer_within = target.statement_timeout + GRACE if target.statement_timeout > 0 else None
+    settings = {  # whole milliseconds, rounded up: a positive timeout must not become 0 (none)
+        "statement_timeout": math.ceil(target.statement_timeout * 1000),
+        "lock_timeout": math.ceil(target.lock_timeout * 1000),
+    }
+
+    @event.listens_for(engine, "do_connect")
+    def _do_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:
+        return BoundedConnection.connect(*cargs, **cparams)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: object) -> None:
+        dbapi_connection.answer_within = answer_within
+        with dbapi_connection.cursor() as cursor:
+            for name, milliseconds in settings.items():
+                cursor.execute(f"SET {name} = {milliseconds}")
+        dbapi_connection.commit()
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(dbapi_connection: Any, _record: object) -> None:
+        if dbapi_connection is not None:  # back from a migration: bounded again
+            dbapi_connection.answer_within = answer_within
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(_UNBOUNDED_OPTION):
+            conn.connection.dbapi_connection.answer_within = None  # type: ignore[union-attr]
+            conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
+            conn.exec_driver_sql("SET LOCAL lock_timeout = 0")
+
     return Engines(
         engine=engine,
         write=engine,
         read=engine.execution_options(isolation_level="REPEATABLE READ"),
+        migrate=engine.execution_options(**{_UNBOUNDED_OPTION: True}),
         dialect="postgresql",
         url=safe_url(url),
         serial=nullcontext(),

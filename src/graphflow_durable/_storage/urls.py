@@ -2,22 +2,29 @@
 
 A store URL is a SQLAlchemy URL. Its query may hold two kinds of options:
 
-- the package's own (SQLite ``synchronous`` and ``timeout``, PostgreSQL ``pool_pre_ping``, both
-  ``shared``): read here and removed from the URL before the engine is made;
+- the package's own (SQLite ``synchronous`` and ``timeout``, PostgreSQL ``pool_pre_ping``,
+  ``statement_timeout`` and ``lock_timeout``, both ``shared``): read here and removed from the URL
+  before the engine is made;
 - the driver's: SQLite ``cached_statements`` (the one pysqlite option SQLAlchemy reads from the
   query that does not fight the engine set-up in ``_engine``), PostgreSQL any libpq connection
   parameter (``connect_timeout``, ``sslmode``, ``application_name``, ``options``, ``host``...), which
   SQLAlchemy's psycopg dialect passes to ``psycopg.connect`` as they are.
 
 Anything else is refused with :class:`StoreConfigError`, naming the option and the valid ones.
+
+PostgreSQL connections get defaults that turn a network partition into an error within seconds
+(:data:`PG_NETWORK_DEFAULTS`: ``connect_timeout``, TCP keepalives, ``tcp_user_timeout``), each
+passed to the driver by the engine when the URL does not give it (never written into a URL).
 :func:`parse_store_url` also builds the *config URL*: the URL to write into a component config,
 with the package options that differ from their defaults and without any password.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -27,13 +34,39 @@ from sqlalchemy.engine import URL
 
 from graphflow_durable.errors import StoreConfigError
 
-__all__ = ["DEFAULT_TIMEOUT", "SECRET_KEYS", "StoreUrl", "parse_store_url", "safe_url"]
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_STATEMENT_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "PG_NETWORK_DEFAULTS",
+    "SECRET_KEYS",
+    "StoreUrl",
+    "libpq_keywords",
+    "parse_store_url",
+    "safe_url",
+]
 
 SYNCHRONOUS_MODES = ("FULL", "NORMAL", "OFF", "EXTRA")
 DEFAULT_SYNCHRONOUS = "FULL"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_POOL_PRE_PING = True
 DEFAULT_SHARED = False
+#: PostgreSQL ``statement_timeout`` / ``lock_timeout`` set on each connection (seconds; 0: none).
+DEFAULT_STATEMENT_TIMEOUT = 15.0
+DEFAULT_LOCK_TIMEOUT = 10.0
+#: libpq parameters added to a PostgreSQL URL that does not give them: a partition (packets dropped)
+#: becomes a connection error instead of a hang. ``connect_timeout``: seconds for a new connection;
+#: keepalives: an idle connection whose peer is gone is dropped after 5 + 3 * 2 s;
+#: ``tcp_user_timeout`` (ms, Linux): sent data unacknowledged for 10 s drops the connection (the
+#: case keepalives miss: a query sent into a partition).
+PG_NETWORK_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
 
 #: libpq parameters holding secrets: hidden in messages, never written into a config URL.
 SECRET_KEYS = frozenset(
@@ -49,7 +82,9 @@ _SQLITE_REFUSED = {
     "check_same_thread": "the store sets it to false itself (a store is shared between threads)",
     "detect_types": "it would change the values the store reads back",
 }
-_PG_OWN = ("pool_pre_ping", "shared")
+_PG_OWN = ("pool_pre_ping", "shared", "statement_timeout", "lock_timeout")
+#: Server settings the store sets itself, refused inside libpq ``options`` (one place to give them).
+_PG_SETTINGS = re.compile(r"(statement|lock)[_-]timeout", re.IGNORECASE)
 _T = TypeVar("_T")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -66,6 +101,9 @@ class StoreUrl:
         synchronous: SQLite ``PRAGMA synchronous`` in effect (upper case).
         timeout: SQLite busy timeout in seconds.
         pool_pre_ping: PostgreSQL: test pooled connections before use.
+        statement_timeout: PostgreSQL ``statement_timeout`` in seconds (0: none); the client also
+            gives a connection up when the server has not answered within it plus a grace.
+        lock_timeout: PostgreSQL ``lock_timeout`` in seconds (0: none).
         shared: the store may create its tables in a database (a PostgreSQL schema) that already
             holds other tables; without it such a database is refused.
         config_url: the URL as given, without its password, with the package options that differ
@@ -82,6 +120,8 @@ class StoreUrl:
     shared: bool
     config_url: str
     has_password: bool
+    statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
 
 
 def safe_url(url: str | URL) -> str:
@@ -145,7 +185,7 @@ def parse_store_url(
     if backend in ("postgresql", "postgres") and (
         parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
     ):
-        libpq = _libpq_keywords()
+        libpq = libpq_keywords()
         _check_keys(parsed.query, _PG_OWN + libpq if libpq else None, "PostgreSQL", given)
         own = _own_values(parsed.query, _PG_OWN, given)
         ping_url = _boolean(own["pool_pre_ping"], "pool_pre_ping", given) if "pool_pre_ping" in own else None
@@ -154,8 +194,9 @@ def parse_store_url(
         extras = {} if ping else {"pool_pre_ping": "false"}
         if share:
             extras["shared"] = "true"
+        timeouts = _pg_timeouts(parsed.query, own, extras, given)
         engine_url = parsed.set(drivername="postgresql+psycopg")
-        return _result(
+        result = _result(
             parsed,
             engine_url,
             "postgresql",
@@ -166,6 +207,7 @@ def parse_store_url(
             ping,
             share,
         )
+        return dataclasses.replace(result, statement_timeout=timeouts[0], lock_timeout=timeouts[1])
     raise StoreConfigError(
         f"unsupported database URL {given!r} (backend {backend!r}, driver {driver!r}); "
         "graphflow-durable supports sqlite:///path (the standard sqlite3 module) and "
@@ -202,13 +244,40 @@ def _result(
 
 
 @functools.cache
-def _libpq_keywords() -> tuple[str, ...]:
+def libpq_keywords() -> tuple[str, ...]:
     """The connection parameters the installed libpq knows (empty when psycopg is not installed)."""
     try:
         from psycopg import pq
     except ImportError:
         return ()  # the engine will say that psycopg is missing
     return tuple(sorted(option.keyword.decode() for option in pq.Conninfo.get_defaults()))
+
+
+def _pg_timeouts(
+    query: Mapping[str, str | tuple[str, ...]], own: Mapping[str, str], extras: dict[str, str], given: str
+) -> tuple[float, float]:
+    """``statement_timeout`` and ``lock_timeout`` (seconds) from the URL; non-defaults go to ``extras``."""
+    options = query.get("options", ())
+    for value in (options,) if isinstance(options, str) else options:
+        found = _PG_SETTINGS.search(value)
+        if found:
+            name = found.group(0).lower().replace("-", "_")
+            raise StoreConfigError(
+                f"{name} in the libpq options of the store URL {given} is set by the store itself; "
+                f"give it as a store URL option instead ({name}=SECONDS, 0 for none)",
+                url=given,
+                option=name,
+            )
+    values: list[float] = []
+    for name, default in (
+        ("statement_timeout", DEFAULT_STATEMENT_TIMEOUT),
+        ("lock_timeout", DEFAULT_LOCK_TIMEOUT),
+    ):
+        seconds = _number(own[name], name, given) if name in own else default
+        if seconds != default:
+            extras[name] = str(int(seconds)) if seconds.is_integer() else repr(seconds)
+        values.append(seconds)
+    return values[0], values[1]
 
 
 def _check_keys(query: Mapping[str, object], valid: tuple[str, ...] | None, backend: str, given: str) -> None:

@@ -289,10 +289,9 @@ class CommitSpy:
     def __init__(self, team: DurableGraphFlow) -> None:
         self.commits: list[dict[str, Any]] = []
         store = team.store
-        original = store.commit
+        commit, submit_commit = store.commit, store.submit_commit
 
-        def commit(*args: Any, **kwargs: Any) -> int:
-            head = original(*args, **kwargs)
+        def record(args: tuple[Any, ...], kwargs: dict[str, Any], head: int) -> None:
             step = kwargs["step"]
             written = [s.node for s in kwargs.get("agent_states", ())]
             # The states as the store holds them after this commit (rows may be splices).
@@ -308,9 +307,24 @@ class CommitSpy:
                     "head": head,
                 }
             )
+
+        def spied_commit(*args: Any, **kwargs: Any) -> int:
+            head = commit(*args, **kwargs)
+            record(args, kwargs, head)
             return head
 
-        store.commit = commit  # type: ignore[method-assign]
+        def spied_submit(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
+            future = submit_commit(*args, **kwargs)
+
+            def done(f: asyncio.Future[int]) -> None:  # runs before the committer resumes
+                if not f.cancelled() and f.exception() is None:
+                    record(args, kwargs, f.result())
+
+            future.add_done_callback(done)
+            return future
+
+        store.commit = spied_commit  # type: ignore[method-assign]
+        store.submit_commit = spied_submit  # type: ignore[method-assign]
 
     def completed(self, node: str) -> bool:
         return any(c["kind"] == "complete" and c["node"] == node for c in self.commits)

@@ -14,6 +14,8 @@ worker-pool queue is an object the store holds, :attr:`Store.queue` (a :class:`W
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
@@ -284,21 +286,58 @@ class Store:
         is a record (its body a JSON value, encoded here) or a row made by the flow's agent-state
         writer (its body already JSON text, written as it is).
 
+        The store's writer thread writes it, with whatever other commits (of any run) are waiting
+        at that moment, in one transaction; this call blocks until it is durable. From a coroutine
+        use :meth:`submit_commit`, which leaves the event loop free meanwhile.
+
         Raises:
             RunNotFoundError: no such run.
             LeaseLostError: ``fencing_token`` is no longer the run's token (another worker took over).
             ConflictError: the run's head is not ``expected_head``, or the messages do not start at
                 the run's message count / are not contiguous.
             NotSerializableError: a value is not JSON (raised before touching the database).
+            StoreError: the database failed (nothing of this commit was written).
         """
+        return self._submit(
+            run_id, expected_head, fencing_token, step, messages, agent_states, update
+        ).result()
+
+    def submit_commit(
+        self,
+        run_id: str,
+        *,
+        expected_head: int,
+        fencing_token: int,
+        step: Step,
+        messages: Sequence[MessageRecord] = (),
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
+        update: RunUpdate | None = None,
+    ) -> asyncio.Future[int]:
+        """:meth:`commit` for coroutines: hand the commit to the writer thread and return at once.
+
+        Call it from a running event loop. The returned future gives the new head once the commit
+        is durable, or raises what :meth:`commit` raises; a value that is not JSON raises
+        :class:`NotSerializableError` here, before anything is handed over. Cancelling the future
+        (or the task awaiting it) does not stop the commit: it lands or fails all the same (await
+        ``asyncio.shield(future)`` to learn which after a cancellation).
+        """
+        future = self._submit(run_id, expected_head, fencing_token, step, messages, agent_states, update)
+        return asyncio.wrap_future(future)
+
+    def _submit(
+        self,
+        run_id: str,
+        expected_head: int,
+        fencing_token: int,
+        step: Step,
+        messages: Sequence[MessageRecord],
+        agent_states: Sequence[AgentStateRecord | AgentStateRow],
+        update: RunUpdate | None,
+    ) -> concurrent.futures.Future[int]:
         rows = [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
-        params = encode_commit(
-            run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
+        return self._writer.submit(
+            encode_commit(run_id, expected_head, fencing_token, time.time(), step, messages, rows, update)
         )
-        first = messages[0].seq if messages else None
-        with self._guard(f"committing step {expected_head + 1} of run {run_id}", run_id):
-            self._writer.write(params, expected_head, fencing_token, first, update is not None)
-        return expected_head + 1
 
     def load(self, run_id: str) -> RunLog:
         """Everything needed to resume ``run_id``, read in one consistent transaction.

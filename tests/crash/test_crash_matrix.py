@@ -42,7 +42,7 @@ def executions(exec_log: Path, pid: int | None = None) -> list[tuple[str, int]]:
     if not exec_log.exists():
         return []
     rows = [line.split() for line in exec_log.read_text().splitlines()]
-    return [(node, int(turn)) for p, node, turn in rows if pid is None or int(p) == pid]
+    return [(node, int(turn)) for p, node, turn, *_ in rows if pid is None or int(p) == pid]
 
 
 def committed_turns(url: str) -> set[tuple[str, int]]:

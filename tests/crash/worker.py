@@ -4,7 +4,7 @@ Usage: ``python tests/crash/worker.py STORE_URL RUN_ID [KILL]`` where KILL is on
 ``commit:K:before`` (entering the K-th commit), ``commit:K:inside`` (inside its transaction,
 before COMMIT), ``commit:K:after`` (after it returned), ``agent:J`` (during the J-th agent turn).
 
-Every agent turn is appended to the file named by ``$GFD_EXEC_LOG`` as ``pid node turn``. On a
+Every agent turn is appended to the file named by ``$GFD_EXEC_LOG`` as ``pid node turn run_id``. On a
 normal end the transcript is printed to stdout as JSON: ``[[source, content], ...]``.
 """
 
@@ -23,6 +23,7 @@ from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import DiGraph, DiGraphBuilder
 
+from graphflow_durable.context import current_execution
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Store
 
@@ -44,14 +45,16 @@ async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> N
     log = os.environ.get("GFD_EXEC_LOG")
     if log:
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {agent.name} {agent.turn}\n")
+            execution = current_execution()
+            run_id = execution.run_id if execution is not None else "-"
+            f.write(f"{os.getpid()} {agent.name} {agent.turn} {run_id}\n")
             f.flush()
             os.fsync(f.fileno())
     if KILL_AGENT_CALL is not None and AGENT_CALLS == KILL_AGENT_CALL:
         die()
 
 
-def crash_team(url: str, run_id: str) -> DurableGraphFlow:
+def crash_team(url: str | Store, run_id: str) -> DurableGraphFlow:
     """Fan-out S->(P1,P2), join ->J, inner loop J->R->J ("any", when R says "again"), outer loop
     R->S (when R says "restart": the fan-out runs again), exit R->E (when R says "done")."""
     s, p1, p2, j, e = (Scripted(n, before=record_turn) for n in ("S", "P1", "P2", "J", "E"))
@@ -87,18 +90,18 @@ def arm(store: Store, kill: str) -> None:
     target = int(number)
     calls = 0
     inside = False
-    original = store.commit
+    submit_commit = store.submit_commit
 
-    def commit(*args: Any, **kwargs: Any) -> int:
+    def submit(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
         nonlocal calls, inside
         calls += 1
         if calls == target and phase == "before":
             die()
-        inside = calls == target and phase == "inside"
-        head = original(*args, **kwargs)
-        if calls == target and phase == "after":
-            die()
-        return head
+        inside = calls == target and phase == "inside"  # read by the writer thread's COMMIT
+        future = submit_commit(*args, **kwargs)
+        if calls == target and phase == "after":  # durable, before the committer goes on
+            future.add_done_callback(lambda f: die() if f.exception() is None else None)
+        return future
 
     class KillOnCommit:
         """The pooled DBAPI connection, dying when COMMIT is about to be sent inside the target commit."""
@@ -117,7 +120,7 @@ def arm(store: Store, kill: str) -> None:
     engine = store._e.engine
     raw_connection = engine.raw_connection
     engine.raw_connection = lambda: KillOnCommit(raw_connection())  # type: ignore[method-assign]
-    store.commit = commit  # type: ignore[method-assign]
+    store.submit_commit = submit  # type: ignore[method-assign]
 
 
 async def main(argv: list[str]) -> int:

@@ -48,16 +48,19 @@ def _first_commit_error(team: Any) -> list[BaseException]:
     """A list that receives every error the team's commits raise, the first one first."""
     errors: list[BaseException] = []
     store = team.store
-    commit = store.commit
+    submit_commit = store.submit_commit
 
-    def spied(*args: Any, **kwargs: Any) -> int:
-        try:
-            return int(commit(*args, **kwargs))
-        except BaseException as exc:
-            errors.append(exc)
-            raise
+    def spied(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
+        future = submit_commit(*args, **kwargs)
 
-    store.commit = spied
+        def done(f: asyncio.Future[int]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                errors.append(f.exception())  # type: ignore[arg-type]
+
+        future.add_done_callback(done)
+        return future
+
+    store.submit_commit = spied
     return errors
 
 
@@ -147,8 +150,8 @@ async def _frozen_driver(url: str, run_id: str) -> list[str]:
             other.acquire_lease(run_id, "successor", lease_seconds=30)
         taken.set()
 
-    def frozen_write(step: Any, messages: Sequence[Any], states: Sequence[Any], update: Any) -> int:
-        head = write(step, messages, states, update)
+    async def frozen_write(step: Any, messages: Sequence[Any], states: Sequence[Any], update: Any) -> int:
+        head = await write(step, messages, states, update)
         if step.node == "A":  # A's completion, selecting B, is committed: freeze (as SIGSTOP does)
             thief = threading.Thread(target=take_over)
             thief.start()

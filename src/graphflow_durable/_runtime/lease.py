@@ -119,7 +119,8 @@ class RunLease:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.renew()
+                # In a thread: the event loop (every other run of the process) does not wait on it.
+                await asyncio.to_thread(self.renew)
             except (LeaseLostError, RunNotFoundError) as exc:
                 session.lost(exc)
                 return

@@ -144,7 +144,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         stop = await self._condition_stop(task) if task else None
         if stop is not None:
             self._cursor = cursor.ended(cursor.sched, stopped=True)
-            self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
+            await self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
             await self._signal_termination(stop)
             return
 
@@ -174,7 +174,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         else:
             stop = StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name)
             self._cursor = cursor.ended(finish(self._spec, cursor.sched), stopped=False)
-            self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
+            await self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
             await self._signal_termination(stop)
             return
         self._cursor = cursor
@@ -185,7 +185,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             if resumed
             else {"dispatched": list(speakers), "at": first + len(task)}
         )
-        head = self._commit(
+        head = await self._commit(
             Step(kind, None, cursor.to_json(self._spec), data),
             records,
             (),
@@ -228,7 +228,7 @@ class DurableGraphFlowManager(GraphFlowManager):
 
         if sched.in_flight:
             self._cursor = self._cursor.answered(name, sched)
-            self._commit(
+            await self._commit(
                 Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)), records, states, None
             )
             return
@@ -237,7 +237,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         stop, sched, natural = await self._batch_stop(sched)
         if stop is not None:
             self._cursor = self._cursor.answered(name, sched).ended(sched, stopped=not natural)
-            self._commit(
+            await self._commit(
                 Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)), records, states, stop
             )
             await self._signal_termination(stop)
@@ -246,7 +246,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         at = self._thread_len()
         self._cursor = self._cursor.answered(name, sched).dispatched(sched, speakers, at, self._link.head + 1)
         self._batch_delta = []
-        head = self._commit(
+        head = await self._commit(
             Step(
                 StepKind.COMPLETE,
                 name,
@@ -296,7 +296,7 @@ class DurableGraphFlowManager(GraphFlowManager):
 
     # -- commit and dispatch ------------------------------------------------------------------
 
-    def _commit(
+    async def _commit(
         self,
         step: Step,
         messages: Sequence[MessageRecord],
@@ -313,7 +313,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             )
             self._stop_reason = stop.content
         self._current_turn = self._cursor.sched.turn
-        return self._link.write(step, messages, states, update)
+        return await self._link.write(step, messages, states, update)
 
     async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
         # A dispatch needs the lease: a monotonic-clock comparison, a renewal only when it is stale.

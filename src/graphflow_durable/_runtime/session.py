@@ -13,6 +13,8 @@ states) goes through :class:`~graphflow_durable._runtime.team.TeamView`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -177,7 +179,7 @@ class RunSession:
             await self.team.reset_if_used()
             cursor = Cursor.fresh(initial(self.spec))
             states = await self.team.agent_states()
-            self.write(Step(StepKind.CREATED, None, cursor.to_json(self.spec)), (), states, None)
+            await self.write(Step(StepKind.CREATED, None, cursor.to_json(self.spec)), (), states, None)
             return None
         self.check_graph(run)
         self.lease.take()
@@ -320,7 +322,7 @@ class RunSession:
             self.states.clear()
             states = await self.team.agent_states()
             update = RunUpdate(status="interrupted", task=[])
-            self.write(Step(StepKind.RESET, None, cursor.to_json(self.spec)), (), states, update)
+            await self.write(Step(StepKind.RESET, None, cursor.to_json(self.spec)), (), states, update)
         # The team's reset left the manager's cursor at origin 0, but the stored thread continues at
         # run.message_count: the next run must restore the cursor (new origin) from the store.
         self.synced = False
@@ -353,16 +355,21 @@ class RunSession:
 
     # -- the single crossing into the store during a run ----------------------------------------
 
-    def write(
+    async def write(
         self,
         step: Step,
         messages: Sequence[MessageRecord],
         states: Sequence[AgentStateRecord],
         update: RunUpdate | None,
     ) -> int:
-        """Commit one transition at the expected head under this session's fencing token."""
+        """Commit one transition at the expected head under this session's fencing token.
+
+        The event loop runs on while the store's writer thread commits. A cancellation that arrives
+        meanwhile waits for the commit's outcome before it is raised, so :attr:`head` always says
+        what is in the store.
+        """
         try:
-            head = self.store.commit(
+            future = self.store.submit_commit(
                 self.run_id,
                 expected_head=self.head,
                 fencing_token=self.lease.token,
@@ -371,6 +378,13 @@ class RunSession:
                 agent_states=self.states.encode(states, messages, self.head + 1),
                 update=update,
             )
+            try:
+                head = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                await _settled(future)
+                if not future.cancelled() and future.exception() is None:
+                    self.head = future.result()
+                raise
         except BaseException:
             self.states.clear()  # it remembered this commit's states: write the next ones whole
             raise
@@ -428,9 +442,17 @@ class RunSession:
         status: RunStatus = "interrupted" if cursor.status == "running" else cursor.status
         reason = ext.get("stop_reason") if cursor.finished else None
         self.states.clear()  # the loaded agent states are written whole
-        self.write(
+        await self.write(
             Step(StepKind.IMPORT, None, cursor.to_json(self.spec), {"dispatches": ext.get("dispatches", {})}),
             records,
             states,
             RunUpdate(status=status, result={"stop_reason": reason}),
         )
+
+
+async def _settled(future: asyncio.Future[int]) -> None:
+    """Wait until ``future`` is done, through any number of cancellations (they were noted by the
+    caller, which raises one once the future settled)."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([future])

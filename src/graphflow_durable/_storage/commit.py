@@ -71,12 +71,14 @@ def encode_run(
 
 @dataclass(frozen=True)
 class CommitParams:
-    """Bind parameters of one commit: the head update, the step row, message and state rows."""
+    """Bind parameters of one commit: the head update, the step row, message and state rows;
+    whether it changes the run's lifecycle (status, task, result)."""
 
     run: dict[str, Any]
     step: dict[str, Any]
     messages: list[dict[str, Any]]
     states: list[dict[str, Any]]
+    updates_run: bool
 
 
 def encode_commit(
@@ -173,7 +175,7 @@ def encode_commit(
             }
         )
     add_sums(run_id, step_row, rows, states)
-    return CommitParams(run=run, step=step_row, messages=rows, states=states)
+    return CommitParams(run=run, step=step_row, messages=rows, states=states, updates_run=update is not None)
 
 
 def refusal(

@@ -1,25 +1,63 @@
-"""The commit hot path: one step, its messages and agent-state rows in one guarded transaction.
+"""The commit hot path: a writer thread per store that commits in groups.
 
-:class:`CommitWriter` is held by the :class:`~graphflow_durable.store.Store` and is the only owner
-of the SQLite connection kept between commits. It runs the precompiled statements of
-``statements.HotPath`` on a raw DBAPI connection (no per-statement SQLAlchemy execution overhead);
-on PostgreSQL the head move and the inserts go in one round trip (psycopg's pipeline mode).
+:class:`CommitWriter` is held by the :class:`~graphflow_durable.store.Store`. It owns one thread
+(started on the first commit) and the connection that thread keeps between commits. Callers hand
+it encoded commits (:class:`CommitParams`) and get a future; the thread takes every commit that is
+waiting when it is free and writes them as one group: one transaction, so one fsync (SQLite) or one
+``COMMIT`` (PostgreSQL) for the whole group. While it writes, the callers' event loops run on, and
+the commits that arrive meanwhile form the next group.
+
+Each commit of a group runs after a ``SAVEPOINT``: one refused by its run's guard (a stale head, a
+lost lease) or failing on its own rows is rolled back to it, and the group's other commits are
+written. A future resolves only after the group's transaction committed: a caller never sees its
+commit before it is durable. Commits are written in the order they were handed over, so one run's
+commits (a run hands over one at a time anyway) stay ordered.
+
+It runs precompiled statements (``statements.HotPath``) on a raw DBAPI connection; on PostgreSQL
+each commit's head move and inserts go in one round trip (psycopg's pipeline mode).
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphflow_durable._storage.commit import CommitParams, refusal
-from graphflow_durable._storage.engine import Engines
+from graphflow_durable._storage.engine import Engines, store_error
 from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
 
 __all__ = ["CommitWriter"]
 
+#: At most this many commits go in one group (bounds a group's transaction and its latency).
+MAX_GROUP = 64
+
+
+@dataclass
+class _Commit:
+    """One commit handed to the writer, and what became of it."""
+
+    params: CommitParams
+    future: Future[int] = field(default_factory=Future)
+    error: BaseException | None = None
+
+    @property
+    def run_id(self) -> str:
+        return str(self.params.run["p_run_id"])
+
+    @property
+    def expected_head(self) -> int:
+        return int(self.params.run["p_expected"])
+
+    @property
+    def action(self) -> str:
+        return f"committing step {self.expected_head + 1} of run {self.run_id}"
+
 
 class CommitWriter:
-    """Writes encoded commits (:class:`CommitParams`) on the store's engines."""
+    """Writes encoded commits on the store's engines, from one thread, in groups."""
 
     def __init__(self, engines: Engines) -> None:
         self._e = engines
@@ -27,47 +65,99 @@ class CommitWriter:
         self._driver_error: type[Any] = dialect.loaded_dbapi.Error
         self._integrity_error: type[Any] = dialect.loaded_dbapi.IntegrityError
         self._hot = HotPath.for_dialect(dialect)
-        self._kept: Any = None  # SQLite: the connection of the last successful commit
-        self._lock = threading.Lock()
+        self._kept: Any = None  # SQLite: the writer thread's connection, kept between groups
         # sqlite3 runs with isolation_level=None (see engine): the commit path must BEGIN itself.
         self._begin = "BEGIN IMMEDIATE" if engines.dialect == "sqlite" else None
         # psycopg's pipeline mode (libpq >= 14): one round trip for the statements of a commit.
         self._pipeline = engines.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
+        self._inbox: queue.SimpleQueue[_Commit | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+        self.groups = 0  # groups written (for tests and benchmarks: commits per group)
+        self.commits = 0
 
-    def write(
-        self,
-        params: CommitParams,
-        expected_head: int,
-        fencing_token: int,
-        first_seq: int | None,
-        updates_run: bool,
-    ) -> None:
-        """Move the head and insert the rows in one transaction; raise why if the head did not move.
+    def submit(self, params: CommitParams) -> Future[int]:
+        """Hand one encoded commit to the writer thread; the future gives the new head once it is
+        durable, or raises why not: a :class:`StoreError` (a database error, its driver error
+        chained) or the guard's refusal (``LeaseLostError``, ``ConflictError``...)."""
+        item = _Commit(params)
+        item.future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
+        with self._start_lock:
+            if self._closed:
+                raise RuntimeError("the store is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._work, name="graphflow-durable-writer", daemon=True
+                )
+                self._thread.start()
+            self._inbox.put(item)
+        return item.future
 
-        Driver errors propagate (the store's guard turns them into ``StoreError``).
-        """
-        hot = self._hot
-        run_id = params.run["p_run_id"]
-        dbapi = self._take()
+    def close(self) -> None:
+        """Write what was handed over, stop the thread, close its connection."""
+        with self._start_lock:
+            self._closed, thread = True, self._thread
+            if thread is not None:
+                self._inbox.put(None)
+        if thread is not None:
+            thread.join()
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
+
+    # -- the writer thread -------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            first = self._inbox.get()
+            if first is None:
+                return
+            group = [first]
+            stop = False
+            while len(group) < MAX_GROUP:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                group.append(item)
+            self._write_group(group)
+            if stop:
+                return
+
+    def _write_group(self, group: list[_Commit]) -> None:
+        try:
+            with self._e.serial:  # in-memory SQLite: one connection for every thread
+                self._transaction(group)
+        except BaseException as exc:  # noqa: BLE001 -- every caller learns it; the thread lives on
+            for item in group:
+                if item.error is None:
+                    item.error = exc
+        self.groups += 1
+        self.commits += len(group)
+        for item in group:
+            if item.error is None:
+                item.future.set_result(item.expected_head + 1)
+            elif isinstance(item.error, self._driver_error):
+                item.future.set_exception(store_error(self._e, item.action, item.error, run_id=item.run_id))
+            else:
+                item.future.set_exception(item.error)
+
+    def _transaction(self, group: list[_Commit]) -> None:
+        """Write the group in one transaction; note each refused or failed commit on its item."""
+        dbapi, self._kept = self._kept, None
+        if dbapi is None:
+            dbapi = self._e.engine.raw_connection()
         committed = False
-        update_head = hot.update_head[bool(params.messages), updates_run]
         try:
             cursor = dbapi.cursor()
-            if self._pipeline:
-                moved = self._write_pipelined(dbapi, cursor, update_head, params)
-            else:
-                if self._begin is not None:
-                    cursor.execute(self._begin)
-                cursor.execute(update_head.sql, update_head.bind(params.run))
-                moved = cursor.rowcount == 1
-                if moved:
-                    self._insert_rows(cursor, params)
-            if not moved:
-                dbapi.rollback()
-                cursor.execute(hot.select_lease.sql, hot.select_lease.bind(params.run))
-                found = cursor.fetchone()
-                row = None if found is None else LeaseTuple(*found)
-                raise refusal(run_id, row, expected_head, fencing_token, first_seq)
+            if self._begin is not None:
+                cursor.execute(self._begin)
+            for item in group:
+                item.error = self._apply(dbapi, cursor, item)
             dbapi.commit()
             committed = True
         except self._driver_error as exc:
@@ -75,14 +165,40 @@ class CommitWriter:
                 dbapi.invalidate(exc)  # never hand this connection out again
             raise
         finally:
-            self._give_back(dbapi, committed)
+            if committed and self._e.dialect == "sqlite":
+                self._kept = dbapi
+            else:
+                # Back to the pool, which rolls back whatever is uncommitted. PostgreSQL connections
+                # always go back: the pool's pre-ping finds one a server restart broke.
+                dbapi.close()
 
-    def close(self) -> None:
-        """Close the kept connection."""
-        with self._lock:
-            kept, self._kept = self._kept, None
-        if kept is not None:
-            kept.close()
+    def _apply(self, dbapi: Any, cursor: Any, item: _Commit) -> BaseException | None:
+        """One commit of the group, after a savepoint: ``None`` when it was written, else why not
+        (rolled back to the savepoint, the group's other commits untouched)."""
+        params = item.params
+        update_head = self._hot.update_head[bool(params.messages), params.updates_run]
+        try:
+            if self._pipeline:
+                moved = self._apply_pipelined(dbapi, cursor, update_head, params)
+            else:
+                cursor.execute("SAVEPOINT graphflow_commit")
+                cursor.execute(update_head.sql, update_head.bind(params.run))
+                moved = cursor.rowcount == 1
+                if moved:
+                    self._insert_rows(cursor, params)
+        except self._integrity_error as exc:  # the head moved, so the rows themselves are wrong
+            cursor.execute("ROLLBACK TO SAVEPOINT graphflow_commit")
+            failed: BaseException = exc
+            return failed
+        if moved:
+            return None
+        cursor.execute("ROLLBACK TO SAVEPOINT graphflow_commit")
+        select = self._hot.select_lease
+        cursor.execute(select.sql, select.bind(params.run))
+        found = cursor.fetchone()
+        row = None if found is None else LeaseTuple(*found)
+        first_seq = params.messages[0]["seq"] if params.messages else None
+        return refusal(item.run_id, row, item.expected_head, int(params.run["p_token"]), first_seq)
 
     def _insert_rows(self, cursor: Any, params: CommitParams) -> None:
         hot = self._hot
@@ -94,36 +210,22 @@ class CommitWriter:
             insert = hot.insert_state
             cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
 
-    def _write_pipelined(self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams) -> bool:
-        """PostgreSQL: send the head move and the inserts in one round trip; whether the head
-        moved. If it did not, the inserts ran for nothing (or failed on a key that the winner
-        already wrote) and the caller rolls them back."""
+    def _apply_pipelined(self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams) -> bool:
+        """PostgreSQL: the savepoint, the head move and the inserts in one round trip; whether the
+        head moved. If it did not, the inserts ran for nothing (or failed on a key that the winner
+        already wrote): the caller rolls back to the savepoint."""
         connection = dbapi.dbapi_connection
         head = connection.cursor()
         try:
             with connection.pipeline():
+                cursor.execute("SAVEPOINT graphflow_commit")
                 head.execute(update_head.sql, update_head.bind(params.run))
                 self._insert_rows(cursor, params)
         except self._integrity_error:
             if head.rowcount == 1:
-                raise  # the head moved, so the rows themselves are wrong: not a refusal
+                raise
             return False
         return bool(head.rowcount == 1)
-
-    def _take(self) -> Any:
-        with self._lock:
-            dbapi, self._kept = self._kept, None
-        return dbapi if dbapi is not None else self._e.engine.raw_connection()
-
-    def _give_back(self, dbapi: Any, committed: bool) -> None:
-        """Keep a SQLite connection that just committed; anything else goes back to the pool
-        (which rolls back whatever is uncommitted)."""
-        if committed and self._e.dialect == "sqlite":
-            with self._lock:
-                if self._kept is None:
-                    self._kept = dbapi
-                    return
-        dbapi.close()
 
 
 def _pipeline_supported(driver: Any) -> bool:

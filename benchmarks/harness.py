@@ -112,8 +112,11 @@ class Case:
         return {"shape": self.shape, "n": self.n, "size": self.size, "agent": self.agent}
 
 
-def build_team(case: Case, *, durable: Store | None = None, run_id: str | None = None) -> GraphFlow:
-    """The case's team: plain GraphFlow, or DurableGraphFlow on ``durable``.
+def build_team(
+    case: Case, *, durable: Store | None = None, run_id: str | None = None, **options: Any
+) -> GraphFlow:
+    """The case's team: plain GraphFlow, or DurableGraphFlow on ``durable`` (with ``options``:
+    ``lease_owner``, ``lease_seconds``... as a worker's team factory receives them).
 
     - loop: A -> B -> A (conditional, exit to X), bounded by MaxMessageTermination(N + 1);
     - chain: a0 -> a1 -> ... -> a(N-1), ends by itself after N completions;
@@ -170,6 +173,7 @@ def build_team(case: Case, *, durable: Store | None = None, run_id: str | None =
         max_turns=max_turns,
         store=durable,
         run_id=run_id,
+        **options,
     )
 
 

@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/run.py [--quick] [--out DIR] [--postgres URL] [--repeats R]
+    python benchmarks/run.py --concurrency [...]   # only concurrency.py's workload (issue 13)
 
 Writes ``DIR/results.json`` and ``DIR/results.md`` (default DIR: ``benchmarks/results/``). Every
 case runs all its configurations interleaved, ``R`` times, in one process; numbers are medians and
@@ -326,6 +327,11 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 async def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--concurrency" in argv:  # the other options go to concurrency.py, which takes the same ones
+        from concurrency import main as concurrency_main
+
+        return await concurrency_main([a for a in argv if a != "--concurrency"])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, small messages (smoke check)")
     p.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
@@ -337,6 +343,9 @@ async def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-langgraph", action="store_true", help="skip LangGraph even if installed")
     p.add_argument("--big", action="store_true", help="also the 500 x 10 KB chain and assistant loop")
     p.add_argument("--shapes", default="loop,chain,fanout", help="comma-separated shapes to run")
+    p.add_argument(
+        "--concurrency", action="store_true", help="only the concurrency workload (concurrency.py)"
+    )
     args = p.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 3)
     assistant = has_replay_client()

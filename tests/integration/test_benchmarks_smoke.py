@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,74 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     for r in result["resume"]:
         assert r["durable_ms"] > 0
         assert r["plain_ms"] > 0
+
+
+def _concurrency(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    """``run.py --concurrency --quick`` (R = 1, 3; 10 transitions per run); its JSON result."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--concurrency",
+            "--quick",
+            "--out",
+            str(tmp_path),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+        env={**os.environ, "GRAPHFLOW_BENCH_POSTGRES_URL": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not (tmp_path / "results.json").exists(), "--concurrency ran the per-transition benchmark too"
+    result: dict[str, Any] = json.loads((tmp_path / "concurrency.json").read_text())
+    md = (tmp_path / "concurrency.md").read_text()
+    assert md.startswith("Machine:") and "loop lag p50 / p99 / max ms" in md
+    assert result["mode"] == "quick" and result["rs"] == [1, 3] and result["n"] == 10
+    assert result["memory_method"].startswith("tracemalloc")
+    configs = set(result["configs"])
+    # Every R reports every configuration, with the same work done durably as in memory.
+    by = {(row["r"], row["config"]): row for row in result["concurrency"]}
+    assert set(by) == {(r, c) for r in (1, 3) for c in configs}
+    for (r, _config), row in by.items():
+        assert row["transitions"] == r * 10, row
+        assert row["transitions_per_s"] > 0
+        assert row["ratio_to_plain"] == pytest.approx(
+            row["transitions_per_s"] / by[(r, "plain")]["transitions_per_s"]
+        )
+        assert row["lag_samples"] > 0
+        assert row["lag_p50_ms"] <= row["lag_p99_ms"] <= row["lag_max_ms"]
+    memory = {(row["r"], row["config"]): row for row in result["memory"]}
+    assert set(memory) == {(3, c) for c in configs}  # not at R = 1
+    for row in memory.values():
+        assert row["peak_mb"] > 0
+        assert row["per_run_kb"] == pytest.approx(row["peak_mb"] * 1e3 / 3)
+    return result
+
+
+@pytest.mark.timeout(180)
+def test_quick_concurrency_benchmark_reports_its_fields(tmp_path: Path) -> None:
+    result = _concurrency(tmp_path)
+    assert result["configs"] == ["plain", "sqlite-full", "sqlite-normal"]
+    assert result["pool"] == []
+    assert any("worker pool" in s and "PostgreSQL" in s for s in result["skipped"]), result["skipped"]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_quick_concurrency_benchmark_with_postgres_and_a_worker_pool(
+    tmp_path: Path, postgres_database: str
+) -> None:
+    result = _concurrency(tmp_path, "--postgres", postgres_database)
+    assert "postgres" in result["configs"]
+    # Real worker processes drained the submitted runs: every run's transitions were recorded.
+    pool = result["pool"]
+    assert [row["workers"] for row in pool] == [1, 2]
+    for row in pool:
+        assert row["transitions"] == row["runs"] * row["n"] == 4 * 10, row
+        assert row["transitions_per_s"] > 0
+    assert pool[0]["speedup"] == 1.0
+    assert "### Worker pool on PostgreSQL" in (tmp_path / "concurrency.md").read_text()

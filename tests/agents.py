@@ -23,6 +23,7 @@ from autogen_core import CancellationToken, Component
 from pydantic import BaseModel
 
 from graphflow_durable.flow import DurableGraphFlow
+from graphflow_durable.store import Store
 
 Hook = Callable[["Scripted", Sequence[BaseChatMessage]], Awaitable[None]]
 
@@ -234,7 +235,7 @@ def loop_agents(calls: list[str], hooks: Mapping[str, Hook] | None = None) -> di
 def durable(
     agents: Sequence[Scripted] | Mapping[str, Scripted],
     graph: DiGraph,
-    url: str,
+    url: str | Store,
     run_id: str,
     termination: TerminationCondition | None = None,
     **kwargs: Any,

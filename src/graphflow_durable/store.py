@@ -183,8 +183,14 @@ class Store:
         """``"sqlite"`` or ``"postgresql"``."""
         return self._e.dialect
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._writer.closed
+
     def close(self) -> None:
-        """Close every pooled connection. The store must not be used afterwards."""
+        """Write the commits already handed over, then close every pooled connection. The store
+        must not be used afterwards."""
         self._writer.close()
         self._e.engine.dispose()
 
@@ -212,8 +218,13 @@ class Store:
         parent_run_id: str | None = None,
         host: str | None = None,
         pid: int | None = None,
+        first_step: Step | None = None,
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
     ) -> RunRecord:
         """Create a run (status ``running``, head 0, no steps), leased to ``owner`` with token 1.
+
+        With ``first_step``, the run starts at head 1: that step and ``agent_states`` are written in
+        the same transaction (a new run's first snapshot costs no commit of its own).
 
         ``host``/``pid`` identify the owner's process (default: this process; a pid is one of this
         PID namespace); with the boot id, PID namespace and start time recorded beside them, they
@@ -228,12 +239,21 @@ class Store:
         values = encode_run(
             run_id, graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, local
         )
+        first = None
+        if first_step is not None:
+            rows = [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
+            first = encode_commit(run_id, 0, 1, local, first_step, (), rows, None)
+            values["head_seq"] = 1
         with self._guard(f"creating run {run_id}", run_id), self._e.write.begin() as conn:
             # the lease expires by the lease clock (PostgreSQL: the server's), like every lease
             values["lease_expires_at"] = S.lease_clock(conn, local) + lease_seconds
             values["lease_process"] = process_identity(values["lease_pid"])
             try:
                 conn.execute(S.INSERT_RUN, values)
+                if first is not None:
+                    conn.execute(S.INSERT_STEP, first.step)
+                    if first.states:
+                        conn.execute(S.INSERT_STATE, first.states)
             except sa.exc.IntegrityError as exc:  # the primary key: the run exists
                 raise ConflictError(
                     f"run {run_id} already exists in {self._e.url}; choose a new run_id to start a new "

@@ -74,7 +74,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "transcript": out["transcript"],
         "stop_reason": out["stop_reason"],
         "completions": completions(url),
-        "commits": commits + 1,  # + the "created" snapshot commit
+        "commits": commits,  # the "created" snapshot is written with the run: see "create:" kills
         "turns": len(executions(exec_log)),
     }
 
@@ -85,6 +85,7 @@ def kill_points(reference: dict[str, Any]) -> list[str]:
         for k in range(1, reference["commits"] + 1)
         for phase in ("before", "inside", "after")
     ]
+    points += ["create:before", "create:after"]
     points += [f"agent:{j}" for j in range(1, reference["turns"] + 1)]
     return points
 

@@ -1,7 +1,7 @@
 """A worker process for the crash tests: runs the crash graph, optionally SIGKILLing itself.
 
 Usage: ``python tests/crash/worker.py STORE_URL RUN_ID [KILL]`` where KILL is one of
-``commit:K:before`` (entering the K-th commit), ``commit:K:inside`` (inside its transaction,
+``create:before``/``create:after`` (creating the run), ``commit:K:before`` (entering the K-th commit), ``commit:K:inside`` (inside its transaction,
 before COMMIT), ``commit:K:after`` (after it returned), ``agent:J`` (during the J-th agent turn).
 
 Every agent turn is appended to the file named by ``$GFD_EXEC_LOG`` as ``pid node turn run_id``. On a
@@ -85,6 +85,18 @@ def arm(store: Store, kill: str) -> None:
     kind, _, rest = kill.partition(":")
     if kind == "agent":
         KILL_AGENT_CALL = int(rest)
+        return
+    if kind == "create":  # creating the run (with its first snapshot, in one transaction)
+        create_run = store.create_run
+
+        def create(*args: Any, **kwargs: Any) -> Any:
+            if rest == "before":
+                die()
+            run = create_run(*args, **kwargs)
+            die()
+            return run
+
+        store.create_run = create  # type: ignore[method-assign]
         return
     number, _, phase = rest.partition(":")
     target = int(number)

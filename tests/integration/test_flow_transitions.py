@@ -53,25 +53,22 @@ async def test_one_commit_per_completion_sequential_graph(store_url: str) -> Non
     await team.run(task="go")
 
     kinds = [(c["kind"], c["node"]) for c in spy.commits]
-    # one snapshot of the starting states, one start (task + first selection), one per completion
-    assert kinds == [
-        ("created", None),
-        ("start", None),
-        ("complete", "A"),
-        ("complete", "B"),
-        ("complete", "C"),
-    ]
+    # one start (task + first selection), one per completion; the last also ends the run and
+    # gives its lease up
+    assert kinds == [("start", None), ("complete", "A"), ("complete", "B"), ("complete", "C")]
     steps = team.store.load("seq").steps
-    assert [(s.kind, s.node) for s in steps] == kinds
-    for commit in spy.commits[2:]:
+    # the snapshot of the starting states was written with the run's row, in its transaction
+    assert [(s.kind, s.node) for s in steps] == [("created", None), *kinds]
+    for commit in spy.commits[1:]:
         node = commit["node"]
         assert commit["sources"] == [node], "the completion's step holds its messages"
         assert commit["states"] == {node: {"turn": 1}}, "...and the agent's state after its turn"
         assert node not in commit["scheduler"]["s"]["in_flight"], "...and the scheduler state after it"
     # the next selection is committed with the completion that caused it (no extra commit)
-    assert spy.commits[2]["scheduler"]["s"]["in_flight"] == ["B"]
-    assert spy.commits[2]["data"]["dispatched"] == ["B"]
-    assert team.run_info().status == "finished"
+    assert spy.commits[1]["scheduler"]["s"]["in_flight"] == ["B"]
+    assert spy.commits[1]["data"]["dispatched"] == ["B"]
+    run = team.run_info()
+    assert run is not None and run.status == "finished" and run.lease_owner is None
 
 
 async def test_one_commit_per_completion_fan_out_graph(store_url: str) -> None:
@@ -82,7 +79,7 @@ async def test_one_commit_per_completion_fan_out_graph(store_url: str) -> None:
 
     completes = [c for c in spy.commits if c["kind"] == "complete"]
     assert sorted(c["node"] for c in completes) == ["A", "B", "C", "D"]
-    assert len(spy.commits) == 2 + 4
+    assert len(spy.commits) == 1 + 4  # the start and the completions
     first_sibling, second_sibling = completes[1], completes[2]
     # the first sibling's answer is committed on its own, while the other is still in flight
     assert len(first_sibling["scheduler"]["s"]["in_flight"]) == 1

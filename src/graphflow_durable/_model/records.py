@@ -124,11 +124,16 @@ class Step:
 
 @dataclass(frozen=True)
 class RunUpdate:
-    """Run-level fields a commit changes at the same time (``None`` = unchanged)."""
+    """Run-level fields a commit changes at the same time (``None`` = unchanged).
+
+    ``release_lease``: the commit also gives up the run's lease, as :meth:`Store.release_lease`
+    would, in the same transaction (a driver's last commit: it saves the release's own).
+    """
 
     status: RunStatus | None = None
     task: Any = None
     result: Any = None
+    release_lease: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,21 @@ def default_store_url() -> str:
     path = Path.cwd() / ".graphflow_durable" / "runs.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+_opened: dict[str, Store] = {}
+_opening = threading.Lock()
+
+
+def shared_store(url: str) -> Store:
+    """The process's open store for ``url``: teams given the same URL share one ``Store`` (one
+    connection pool, one writer thread that commits their transitions together). A closed one is
+    opened again."""
+    with _opening:
+        store = _opened.get(url)
+        if store is None or store.closed:
+            store = _opened[url] = Store(url)
+        return store
 
 
 class DurableGraphFlowConfig(GraphFlowConfig):

@@ -49,6 +49,7 @@ class RunLease:
         self._session = session
         self.token = 0
         self.confirmed_at = -math.inf  # monotonic time the last successful acquire/renew was sent
+        self.released = False  # a commit of the session gave the lease up (the round's last one)
 
     @property
     def seconds(self) -> float:
@@ -65,7 +66,7 @@ class RunLease:
 
     def created(self, token: int, at: float) -> None:
         """The session created the run, leased to it with ``token``, in a call sent at ``at``."""
-        self.token, self.confirmed_at = token, at
+        self.token, self.confirmed_at, self.released = token, at, False
 
     def take(self) -> int:
         """Acquire the run's lease for the session's owner and process; the new fencing token."""
@@ -78,7 +79,7 @@ class RunLease:
             host=socket.gethostname(),
             pid=os.getpid(),
         )
-        self.confirmed_at = started
+        self.confirmed_at, self.released = started, False
         return self.token
 
     def renew(self) -> None:
@@ -122,7 +123,8 @@ class RunLease:
                 # In a thread: the event loop (every other run of the process) does not wait on it.
                 await asyncio.to_thread(self.renew)
             except (LeaseLostError, RunNotFoundError) as exc:
-                session.lost(exc)
+                if not self.released:  # else the round's last commit gave it up just now
+                    session.lost(exc)
                 return
             except StoreError as exc:
                 if outage is None:

@@ -310,6 +310,7 @@ class DurableGraphFlowManager(GraphFlowManager):
                 status="stopped" if self._cursor.stopped else "finished",
                 task=task,
                 result={"stop_reason": stop.content},
+                release_lease=True,  # the round's last commit: nothing more is done under the lease
             )
             self._stop_reason = stop.content
         self._current_turn = self._cursor.sched.turn

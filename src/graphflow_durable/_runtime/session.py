@@ -34,7 +34,7 @@ from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._runtime import logs
-from graphflow_durable._runtime.config import default_store_url
+from graphflow_durable._runtime.config import default_store_url, shared_store
 from graphflow_durable._runtime.lease import RunLease
 from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.team import TeamView
@@ -115,7 +115,7 @@ class RunSession:
         """The store (opened on first use)."""
         if self._store is None:
             url = self.store_arg if isinstance(self.store_arg, str) else default_store_url()
-            self._store = Store(url)
+            self._store = shared_store(url)
         return self._store
 
     @property
@@ -161,28 +161,40 @@ class RunSession:
         run = store.get_run(self.run_id)
         self.resumed_round, self.said_lost = None, False
         if run is None:
-            run = store.create_run(
-                self.run_id,
-                graph_fingerprint=self.fingerprint,
-                graph=self.graph_description,
-                owner=self.owner,
-                lease_seconds=self.lease_seconds,
-            )
+            self.states.clear()
+            first: dict[str, Any] = {}
+            if self.pending_import is None:  # the first snapshot goes in the creating transaction
+                await self.team.reset_if_used()
+                cursor = Cursor.fresh(initial(self.spec))
+                states = await self.team.agent_states()
+                first = {
+                    "first_step": Step(StepKind.CREATED, None, cursor.to_json(self.spec)),
+                    "agent_states": self.states.encode(states, (), 1),
+                }
+            try:
+                # Writes (and SQLite's fsync) in a thread: the event loop runs the process's other runs.
+                run = await asyncio.to_thread(
+                    store.create_run,
+                    self.run_id,
+                    graph_fingerprint=self.fingerprint,
+                    graph=self.graph_description,
+                    owner=self.owner,
+                    lease_seconds=self.lease_seconds,
+                    **first,
+                )
+            except BaseException:
+                self.states.clear()
+                raise
             self.head, self.synced = run.head_seq, True
             self.lease.created(run.fencing_token, started)
-            self.states.clear()
             if self.pending_import is not None:
                 # A loaded state: the run's status is the state's (a finished one runs nothing).
                 await self._import(self.pending_import, origin=0)
                 await self._restore()
                 return store.get_run(self.run_id)
-            await self.team.reset_if_used()
-            cursor = Cursor.fresh(initial(self.spec))
-            states = await self.team.agent_states()
-            await self.write(Step(StepKind.CREATED, None, cursor.to_json(self.spec)), (), states, None)
             return None
         self.check_graph(run)
-        self.lease.take()
+        await asyncio.to_thread(self.lease.take)
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
         stale = not self.synced or self.head != run.head_seq
         self.head = run.head_seq
@@ -213,6 +225,8 @@ class RunSession:
         self.fatal = None
         if not clean:
             self.synced = False
+        if self.lease.released:
+            return  # the round's last commit recorded its end and gave the lease up
         try:
             run = store.get_run(self.run_id)
             if run is not None and run.status == "running" and run.fencing_token == self.lease.token:
@@ -221,8 +235,9 @@ class RunSession:
                     expected_head=run.head_seq,
                     fencing_token=self.lease.token,
                     step=Step(StepKind.INTERRUPT, None, store.head_scheduler(self.run_id) or {}),
-                    update=RunUpdate(status="failed" if failed else "interrupted"),
+                    update=RunUpdate(status="failed" if failed else "interrupted", release_lease=True),
                 )
+                return
         except StoreError as exc:
             self.synced = False
             logger.warning(
@@ -389,6 +404,8 @@ class RunSession:
             self.states.clear()  # it remembered this commit's states: write the next ones whole
             raise
         self.head = head
+        if update is not None and update.release_lease:
+            self.lease.released = True
         return head
 
     # -- reading the run -------------------------------------------------------------------------

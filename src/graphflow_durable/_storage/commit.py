@@ -106,6 +106,7 @@ def encode_commit(
         "p_status": None,
         "p_task": None,
         "p_result": None,
+        "p_release": False,
     }
     if update is not None:
         if update.status is not None and update.status not in VALID_STATUS:
@@ -116,6 +117,7 @@ def encode_commit(
                 option="status",
             )
         run["p_status"] = update.status
+        run["p_release"] = update.release_lease
         if update.task is not None:
             run["p_task"] = dumps(update.task, where="update/task")
         if update.result is not None:

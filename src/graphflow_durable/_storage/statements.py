@@ -101,10 +101,15 @@ _move_values = {
 }
 #: What a commit that changes the run's lifecycle sets too. Kept out of the plain moves: setting
 #: ``status`` at all (even to itself) costs SQLite an index update on every commit.
-_lifecycle_values = {
+_lifecycle_values: dict[str, Any] = {
     "status": _keep_unless_given("p_status", _R.status),
     "task": _keep_unless_given("p_task", _R.task),
     "result": _keep_unless_given("p_result", _R.result),
+    # RunUpdate.release_lease: the lease columns as RELEASE_LEASE leaves them
+    **{
+        column.name: sa.case((sa.bindparam("p_release", type_=sa.Boolean), sa.null()), else_=column)
+        for column in (_R.lease_owner, _R.lease_host, _R.lease_pid, _R.lease_expires_at, _R.lease_process)
+    },
 }
 
 

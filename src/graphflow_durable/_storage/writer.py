@@ -19,6 +19,7 @@ each commit's head move and inserts go in one round trip (psycopg's pipeline mod
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -72,6 +73,7 @@ class CommitWriter:
         self._pipeline = engines.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
         self._inbox: queue.SimpleQueue[_Commit | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._pid: int | None = None  # the process the thread runs in
         self._start_lock = threading.Lock()
         self._closed = False
         self.groups = 0  # groups written (for tests and benchmarks: commits per group)
@@ -84,20 +86,27 @@ class CommitWriter:
         item = _Commit(params)
         item.future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
         with self._start_lock:
-            if self._closed:
-                raise RuntimeError("the store is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._work, name="graphflow-durable-writer", daemon=True
-                )
-                self._thread.start()
+            if self.closed:
+                raise RuntimeError("the store is closed; open a new Store to write")
+            if self._pid != os.getpid():  # first use, or a child of a fork: its own thread
+                self._pid, self._inbox, self._kept = os.getpid(), queue.SimpleQueue(), None
+                thread = threading.Thread(target=self._work, args=(self._inbox,), daemon=True)
+                thread.name = "graphflow-durable-writer"
+                thread.start()
+                self._thread = thread
             self._inbox.put(item)
         return item.future
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     def close(self) -> None:
         """Write what was handed over, stop the thread, close its connection."""
         with self._start_lock:
-            self._closed, thread = True, self._thread
+            self._closed = True
+            thread = self._thread if self._pid == os.getpid() else None
             if thread is not None:
                 self._inbox.put(None)
         if thread is not None:
@@ -108,16 +117,16 @@ class CommitWriter:
 
     # -- the writer thread -------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, inbox: queue.SimpleQueue[_Commit | None]) -> None:
         while True:
-            first = self._inbox.get()
+            first = inbox.get()
             if first is None:
                 return
             group = [first]
             stop = False
             while len(group) < MAX_GROUP:
                 try:
-                    item = self._inbox.get_nowait()
+                    item = inbox.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:

@@ -1,0 +1,252 @@
+"""The store's group writer: commits leave the event loop, wait together, and fail alone.
+
+To make commits wait together deterministically, a second connection holds SQLite's write lock
+(``BEGIN IMMEDIATE``): the writer thread blocks on it with its first commit, the others queue up
+behind, and all of them form the next group once the lock is let go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agents import Scripted, chain, close_stores, durable, stored_transcript
+from graphflow_durable.errors import ConflictError, LeaseLostError
+from graphflow_durable.store import MessageRecord, RunUpdate, Step, Store
+
+LEASE = 60.0
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    yield
+    close_stores()
+
+
+def _create(store: Store, run_id: str) -> None:
+    store.create_run(run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+
+
+def _step(store: Store, run_id: str, head: int, token: int = 1) -> asyncio.Future[int]:
+    message = MessageRecord(head, {"type": "TextMessage", "source": run_id, "content": f"m{head}"}, True)
+    return store.submit_commit(
+        run_id, expected_head=head, fencing_token=token, step=Step("complete", "A", {}), messages=[message]
+    )
+
+
+class WriteLock:
+    """SQLite's write lock, held by another connection until :meth:`release`."""
+
+    def __init__(self, url: str) -> None:
+        self._conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def release(self) -> None:
+        self._conn.execute("ROLLBACK")
+        self._conn.close()
+
+
+async def test_commits_that_wait_together_are_written_as_one_group_and_a_refused_one_fails_alone(
+    sqlite_url: str,
+) -> None:
+    store = Store(sqlite_url)
+    for run_id in ("a", "b", "stale", "fenced"):
+        _create(store, run_id)
+    await _step(store, "stale", 0)  # "stale" is at head 1: a commit expecting head 0 is refused
+    groups_before = store._writer.groups
+    lock = WriteLock(sqlite_url)
+    first = _step(store, "a", 0)
+    await asyncio.sleep(0.2)  # the writer thread now waits on the lock with "a" in hand
+    rest = [_step(store, "b", 0), _step(store, "stale", 0), _step(store, "fenced", 0, token=7)]
+    lock.release()
+    outcomes = await asyncio.gather(first, *rest, return_exceptions=True)
+    assert outcomes[0] == 1 and outcomes[1] == 1
+    assert isinstance(outcomes[2], ConflictError)
+    assert isinstance(outcomes[3], LeaseLostError)
+    assert store._writer.groups - groups_before == 2  # "a" alone, then the three that queued
+    assert [r.head_seq for r in map(store.get_run, ("a", "b", "stale", "fenced")) if r] == [1, 1, 1, 0]
+    assert [m.body["content"] for m in store.load("b").messages] == ["m0"]
+    assert store.load("fenced").messages == []
+    store.close()
+
+
+async def test_the_event_loop_runs_while_a_commit_waits_for_the_database(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    _create(store, "r")
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    running = asyncio.ensure_future(ticker())
+    lock = WriteLock(sqlite_url)
+    commit = _step(store, "r", 0)
+    await asyncio.sleep(0.3)
+    assert not commit.done()  # not durable, so not reported
+    during = ticks
+    lock.release()
+    assert await commit == 1
+    running.cancel()
+    # With the commit inline on the loop, the ticker could not have run while the lock was held.
+    assert during >= 5
+    store.close()
+
+
+async def test_a_cancelled_caller_does_not_cancel_its_commit(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    _create(store, "r")
+    lock = WriteLock(sqlite_url)
+    commit = _step(store, "r", 0)
+    waiter = asyncio.ensure_future(asyncio.shield(commit))
+    await asyncio.sleep(0.1)
+    commit.cancel()  # even the future itself: the commit was handed over
+    waiter.cancel()
+    lock.release()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    for _ in range(100):
+        run = store.get_run("r")
+        if run is not None and run.head_seq == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert run is not None and run.head_seq == 1
+    store.close()
+
+
+async def test_close_writes_what_was_handed_over_and_refuses_more(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    _create(store, "r")
+    message = MessageRecord(0, {"type": "TextMessage", "source": "r", "content": "m0"}, True)
+    blocking = store.commit  # the blocking form goes through the same writer
+    assert (
+        blocking("r", expected_head=0, fencing_token=1, step=Step("complete", "A", {}), messages=[message])
+        == 1
+    )
+    future = _step(store, "r", 1)
+    store.close()
+    assert future.done() or await future == 2
+    with Store(sqlite_url) as again:
+        assert again.get_run("r").head_seq == 2  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="closed"):
+        _step(store, "r", 2)
+
+
+async def test_many_runs_of_one_store_share_its_writer_and_each_ends_as_alone(store_url: str) -> None:
+    """Twelve concurrent three-agent runs on one Store object: fewer groups than commits, and every
+    run's transcript is the one a run alone produces."""
+    alone = [Scripted(n) for n in "ABC"]
+    reference = durable(alone, chain(*alone), store_url, "alone")
+    await reference.run(task="go")
+    expected = [source for source, _ in stored_transcript(reference)]
+    store = Store(store_url)
+    teams = []
+    for i in range(12):
+        agents = [Scripted(n) for n in "ABC"]
+        teams.append(durable(agents, chain(*agents), store, f"run-{i}"))
+    groups, commits = store._writer.groups, store._writer.commits
+    await asyncio.gather(*(team.run(task="go") for team in teams))
+    for team in teams:
+        assert [source for source, _ in stored_transcript(team)] == expected
+        run = team.run_info()
+        assert run is not None and run.status == "finished" and run.lease_owner is None
+    written = store._writer.commits - commits
+    # the start and one per agent: the first snapshot went with the run's creation, the lease with the last
+    assert written == 12 * (1 + 3)
+    assert store._writer.groups - groups < written
+    store.close()
+
+
+async def test_the_last_commit_of_a_round_gives_the_lease_up(store_url: str, monkeypatch: Any) -> None:
+    agents = [Scripted(n) for n in "AB"]
+    team = durable(agents, chain(*agents), store_url, "r")
+    released: list[str] = []
+    original = team.store.release_lease
+    monkeypatch.setattr(
+        team.store, "release_lease", lambda *a, **k: released.append(a[0]) or original(*a, **k)
+    )
+    await team.run(task="go")
+    run = team.run_info()
+    assert run is not None and run.status == "finished"
+    assert run.lease_owner is None and run.lease_expires_at is None
+    assert released == []  # no transaction of its own
+    # The next call takes the lease again, as before.
+    await team.run(task="again")
+    assert team.run_info().lease_owner is None  # type: ignore[union-attr]
+    assert [s for s, _ in stored_transcript(team)] == ["user", "A", "B", "user", "A", "B"]
+
+
+async def test_an_interrupted_run_records_its_end_and_gives_the_lease_up_in_one_commit(
+    store_url: str, monkeypatch: Any
+) -> None:
+    agents = [Scripted(n, before=_fail if n == "B" else None) for n in "AB"]
+    team = durable(agents, chain(*agents), store_url, "r")
+    released: list[str] = []
+    original = team.store.release_lease
+    monkeypatch.setattr(
+        team.store, "release_lease", lambda *a, **k: released.append(a[0]) or original(*a, **k)
+    )
+    with pytest.raises(RuntimeError, match="B broke"):
+        await team.run(task="go")
+    run = team.run_info()
+    assert run is not None and run.status == "failed" and run.lease_owner is None
+    assert released == []
+    assert team.store.load("r").steps[-1].kind == "interrupt"
+
+
+async def _fail(agent: Scripted, messages: Any) -> None:
+    raise RuntimeError("B broke")
+
+
+def test_run_update_release_lease_through_the_public_commit(store_url: str) -> None:
+    with Store(store_url) as store:
+        _create(store, "r")
+        store.commit(
+            "r",
+            expected_head=0,
+            fencing_token=1,
+            step=Step("complete", "A", {}),
+            update=RunUpdate(status="finished", release_lease=True),
+        )
+        run = store.get_run("r")
+        assert run is not None and run.lease_owner is None and run.fencing_token == 1
+        assert store.acquire_lease("r", "next", lease_seconds=LEASE) == 2
+
+
+@pytest.mark.filterwarnings(
+    "ignore:.*multi-threaded.*fork:DeprecationWarning"
+)  # Python 3.12+: we fork on purpose
+def test_a_forked_child_gets_a_writer_of_its_own(sqlite_url: str) -> None:
+    """The parent's writer thread does not exist in a child of fork(): the child starts its own
+    instead of queueing commits nobody writes."""
+    store = Store(sqlite_url)
+    _create(store, "r")
+    step = Step("complete", "A", {})
+    assert store.commit("r", expected_head=0, fencing_token=1, step=step) == 1  # the parent's thread runs
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its commit is written
+        try:
+            ok = store.commit("r", expected_head=1, fencing_token=1, step=step) == 2
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert store.commit("r", expected_head=2, fencing_token=1, step=step) == 3
+    store.close()
+
+
+def test_teams_given_the_same_url_share_one_store(sqlite_url: str) -> None:
+    first = durable([Scripted("A")], chain(Scripted("A")), sqlite_url, "one")
+    second = durable([Scripted("A")], chain(Scripted("A")), sqlite_url, "two")
+    assert first.store is second.store
+    first.store.close()
+    assert second._session.store is first.store  # the session keeps what it opened
+    third = durable([Scripted("A")], chain(Scripted("A")), sqlite_url, "three")
+    assert third.store is not first.store and not third.store.closed  # a closed one is reopened

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from agents import Scripted, chain, close_stores, durable, stored_transcript
-from graphflow_durable.errors import ConflictError, LeaseLostError
+from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError
 from graphflow_durable.store import MessageRecord, RunUpdate, Step, Store
 
 LEASE = 60.0
@@ -250,3 +251,26 @@ def test_teams_given_the_same_url_share_one_store(sqlite_url: str) -> None:
     assert second._session.store is first.store  # the session keeps what it opened
     third = durable([Scripted("A")], chain(Scripted("A")), sqlite_url, "three")
     assert third.store is not first.store and not third.store.closed  # a closed one is reopened
+
+
+async def test_a_connection_that_cannot_be_opened_is_a_store_error_naming_the_commit(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening the writer's connection fails (SQLAlchemy wraps the driver's error): the caller gets
+    a StoreError naming the commit, and the writer lives on."""
+    store = Store(postgres_database)
+    _create(store, "r")
+    engine = store._e.engine
+    connect = engine.raw_connection
+
+    def refused() -> Any:
+        monkeypatch.setattr(engine, "raw_connection", connect)  # once
+        with sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:1/x?connect_timeout=2").connect():
+            pass
+        raise AssertionError("port 1 answered")
+
+    monkeypatch.setattr(engine, "raw_connection", refused)
+    with pytest.raises(StoreError, match=r"committing step 1 of run r failed on .*OperationalError"):
+        await _step(store, "r", 0)
+    assert await _step(store, "r", 0) == 1
+    store.close()

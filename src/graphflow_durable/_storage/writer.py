@@ -26,6 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
+
 from graphflow_durable._storage.commit import CommitParams, refusal
 from graphflow_durable._storage.engine import Engines, store_error
 from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
@@ -150,7 +152,7 @@ class CommitWriter:
         for item in group:
             if item.error is None:
                 item.future.set_result(item.expected_head + 1)
-            elif isinstance(item.error, self._driver_error):
+            elif isinstance(item.error, (self._driver_error, sa.exc.SQLAlchemyError)):  # e.g. connecting
                 item.future.set_exception(store_error(self._e, item.action, item.error, run_id=item.run_id))
             else:
                 item.future.set_exception(item.error)

@@ -8,6 +8,7 @@ behind, and all of them form the next group once the lock is let go.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -273,4 +274,22 @@ async def test_a_connection_that_cannot_be_opened_is_a_store_error_naming_the_co
     with pytest.raises(StoreError, match=r"committing step 1 of run r failed on .*OperationalError"):
         await _step(store, "r", 0)
     assert await _step(store, "r", 0) == 1
+    store.close()
+
+
+async def test_a_renewal_racing_the_last_commit_is_not_a_lost_lease(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The round's last commit gives the lease up; a renewal under way in its thread then finds the
+    lease released with this driver's own token: that is not another driver taking the run."""
+    caplog.set_level(logging.WARNING, logger="graphflow_durable")
+    store = Store(sqlite_url)
+    teams = []
+    for i in range(40):
+        agents = [Scripted(n) for n in "AB"]
+        teams.append(durable(agents, chain(*agents), store, f"r{i}", lease_seconds=0.06))  # renew every 20 ms
+    await asyncio.gather(*(team.run(task="go") for team in teams))
+    lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert lost == []
+    assert all(t.run_info().status == "finished" for t in teams)  # type: ignore[union-attr]
     store.close()

@@ -89,6 +89,18 @@ class RunLease:
         session.store.renew_lease(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
         self.confirmed_at = started
 
+    def _gave_up(self, exc: StoreError) -> bool:
+        """Whether a failed renewal only found that this session released the lease itself: the
+        round's last commit gives it up, and may land while a renewal is under way. Our token is
+        still the run's (nobody took the lease over) and nobody holds it."""
+        if self.released:
+            return True
+        return (
+            isinstance(exc, LeaseLostError)
+            and exc.owner is None
+            and exc.current_token == exc.token == self.token
+        )
+
     def valid(self) -> bool:
         """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
         renewal); when it is not, or the database cannot say, the run is halted."""
@@ -123,7 +135,7 @@ class RunLease:
                 # In a thread: the event loop (every other run of the process) does not wait on it.
                 await asyncio.to_thread(self.renew)
             except (LeaseLostError, RunNotFoundError) as exc:
-                if not self.released:  # else the round's last commit gave it up just now
+                if not self._gave_up(exc):
                     session.lost(exc)
                 return
             except StoreError as exc:

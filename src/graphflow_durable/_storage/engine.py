@@ -176,6 +176,8 @@ def _sqlite(target: StoreUrl) -> Engines:
             cursor.execute(f"PRAGMA synchronous={mode}")
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.execute("PRAGMA foreign_keys=ON")
+            # The group writer's savepoints keep their statement journal in memory, not a temp file.
+            cursor.execute("PRAGMA temp_store=MEMORY")
         finally:
             cursor.close()
 

@@ -7,9 +7,9 @@ waiting when it is free and writes them as one group: one transaction, so one fs
 ``COMMIT`` (PostgreSQL) for the whole group. While it writes, the callers' event loops run on, and
 the commits that arrive meanwhile form the next group.
 
-Each commit of a group runs after a ``SAVEPOINT``: one refused by its run's guard (a stale head, a
-lost lease) or failing on its own rows is rolled back to it, and the group's other commits are
-written. A future resolves only after the group's transaction committed: a caller never sees its
+In a group of several, each commit runs after a ``SAVEPOINT``: one refused by its run's guard (a
+stale head, a lost lease) or failing on its own rows is rolled back to it, and the group's other
+commits are written (a group of one needs no savepoint: its transaction is rolled back). A future resolves only after the group's transaction committed: a caller never sees its
 commit before it is durable. Commits are written in the order they were handed over, so one run's
 commits (a run hands over one at a time anyway) stay ordered.
 
@@ -167,8 +167,9 @@ class CommitWriter:
             cursor = dbapi.cursor()
             if self._begin is not None:
                 cursor.execute(self._begin)
+            alone = len(group) == 1  # no savepoint: the transaction itself is the commit's
             for item in group:
-                item.error = self._apply(dbapi, cursor, item)
+                item.error = self._apply(dbapi, cursor, item, savepoint=not alone)
             dbapi.commit()
             committed = True
         except self._driver_error as exc:
@@ -183,33 +184,42 @@ class CommitWriter:
                 # always go back: the pool's pre-ping finds one a server restart broke.
                 dbapi.close()
 
-    def _apply(self, dbapi: Any, cursor: Any, item: _Commit) -> BaseException | None:
-        """One commit of the group, after a savepoint: ``None`` when it was written, else why not
-        (rolled back to the savepoint, the group's other commits untouched)."""
+    def _apply(self, dbapi: Any, cursor: Any, item: _Commit, *, savepoint: bool) -> BaseException | None:
+        """One commit of the group: ``None`` when it was written, else why not. With ``savepoint``
+        it runs after one and a refused or failed commit is rolled back to it, the group's other
+        commits untouched; without (a group of one), the transaction is rolled back."""
         params = item.params
         update_head = self._hot.update_head[bool(params.messages), params.updates_run]
         try:
             if self._pipeline:
-                moved = self._apply_pipelined(dbapi, cursor, update_head, params)
+                moved = self._apply_pipelined(dbapi, cursor, update_head, params, savepoint)
             else:
-                cursor.execute("SAVEPOINT graphflow_commit")
+                if savepoint:
+                    cursor.execute("SAVEPOINT graphflow_commit")
                 cursor.execute(update_head.sql, update_head.bind(params.run))
                 moved = cursor.rowcount == 1
                 if moved:
                     self._insert_rows(cursor, params)
         except self._integrity_error as exc:  # the head moved, so the rows themselves are wrong
-            cursor.execute("ROLLBACK TO SAVEPOINT graphflow_commit")
+            self._undo(dbapi, cursor, savepoint)
             failed: BaseException = exc
             return failed
         if moved:
             return None
-        cursor.execute("ROLLBACK TO SAVEPOINT graphflow_commit")
+        self._undo(dbapi, cursor, savepoint)
         select = self._hot.select_lease
         cursor.execute(select.sql, select.bind(params.run))
         found = cursor.fetchone()
         row = None if found is None else LeaseTuple(*found)
         first_seq = params.messages[0]["seq"] if params.messages else None
         return refusal(item.run_id, row, item.expected_head, int(params.run["p_token"]), first_seq)
+
+    @staticmethod
+    def _undo(dbapi: Any, cursor: Any, savepoint: bool) -> None:
+        if savepoint:
+            cursor.execute("ROLLBACK TO SAVEPOINT graphflow_commit")
+        else:
+            dbapi.rollback()
 
     def _insert_rows(self, cursor: Any, params: CommitParams) -> None:
         hot = self._hot
@@ -221,15 +231,18 @@ class CommitWriter:
             insert = hot.insert_state
             cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
 
-    def _apply_pipelined(self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams) -> bool:
+    def _apply_pipelined(
+        self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams, savepoint: bool
+    ) -> bool:
         """PostgreSQL: the savepoint, the head move and the inserts in one round trip; whether the
         head moved. If it did not, the inserts ran for nothing (or failed on a key that the winner
-        already wrote): the caller rolls back to the savepoint."""
+        already wrote): the caller rolls them back."""
         connection = dbapi.dbapi_connection
         head = connection.cursor()
         try:
             with connection.pipeline():
-                cursor.execute("SAVEPOINT graphflow_commit")
+                if savepoint:
+                    cursor.execute("SAVEPOINT graphflow_commit")
                 head.execute(update_head.sql, update_head.bind(params.run))
                 self._insert_rows(cursor, params)
         except self._integrity_error:

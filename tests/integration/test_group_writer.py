@@ -293,3 +293,32 @@ async def test_a_renewal_racing_the_last_commit_is_not_a_lost_lease(
     assert lost == []
     assert all(t.run_info().status == "finished" for t in teams)  # type: ignore[union-attr]
     store.close()
+
+
+async def test_with_synchronous_normal_an_idle_writer_commits_inline(sqlite_url: str) -> None:
+    """No fsync to wait for: the commit is written on the caller's thread, no hand-over."""
+    store = Store(f"{sqlite_url}?synchronous=NORMAL")
+    _create(store, "r")
+    future = _step(store, "r", 0)
+    assert store._writer.commits == 1  # written before submit_commit returned
+    assert await future == 1
+    store.close()
+
+
+async def test_with_synchronous_normal_a_locked_database_does_not_block_the_event_loop(
+    sqlite_url: str,
+) -> None:
+    """Inline, the commit would wait the busy timeout on the event loop: it goes to the thread."""
+    store = Store(f"{sqlite_url}?synchronous=NORMAL")
+    _create(store, "r")
+    lock = WriteLock(sqlite_url)
+    commit = _step(store, "r", 0)  # returns at once although the lock is taken
+    ticks = 0
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert not commit.done() and ticks == 20
+    lock.release()
+    assert await commit == 1
+    assert store.get_run("r").head_seq == 1  # type: ignore[union-attr]
+    store.close()

@@ -45,18 +45,18 @@ def arm(store: Store, kill: str) -> None:
     transaction = writer._transaction
     shared = 0
 
-    def hooked(group: list[Any]) -> None:
+    def hooked(group: list[Any], *args: Any) -> None:
         nonlocal shared
         if len(group) >= 2:
             shared += 1
         if shared != target or len(group) < 2:
-            transaction(group)
+            transaction(group, *args)
             return
         if phase == "before":
             die()
         if phase == "inside":
             writer._kept = KillOnCommit(writer._kept or store._e.engine.raw_connection())
-        transaction(group)
+        transaction(group, *args)
         if phase == "after":
             die()
 
@@ -72,10 +72,10 @@ async def main(argv: list[str]) -> int:
     largest = 0
     transaction = store._writer._transaction
 
-    def measured(group: list[Any]) -> None:
+    def measured(group: list[Any], *args: Any) -> None:
         nonlocal largest
         largest = max(largest, len(group))
-        transaction(group)
+        transaction(group, *args)
 
     store._writer._transaction = measured  # type: ignore[method-assign]
     teams = [crash_team(store, f"group-{i}") for i in range(count)]  # one store: one writer

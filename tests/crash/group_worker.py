@@ -21,20 +21,7 @@ from typing import Any
 from graphflow_durable.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker import crash_team, die
-
-
-class KillOnCommit:
-    """A DBAPI connection that dies when COMMIT is about to be sent."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    def commit(self) -> None:
-        die()
+from worker import KillOnCommit, crash_team, die
 
 
 def arm(store: Store, kill: str) -> None:

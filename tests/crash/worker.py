@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,22 @@ KILL_AGENT_CALL: int | None = None
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillOnCommit:
+    """A DBAPI connection that dies when COMMIT is about to be sent, if ``armed()`` says so."""
+
+    def __init__(self, conn: Any, armed: Callable[[], bool] = lambda: True) -> None:
+        self._conn = conn
+        self._armed = armed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def commit(self) -> None:
+        if self._armed():
+            die()
+        self._conn.commit()
 
 
 async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
@@ -115,23 +131,9 @@ def arm(store: Store, kill: str) -> None:
             future.add_done_callback(lambda f: die() if f.exception() is None else None)
         return future
 
-    class KillOnCommit:
-        """The pooled DBAPI connection, dying when COMMIT is about to be sent inside the target commit."""
-
-        def __init__(self, conn: Any) -> None:
-            self._conn = conn
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._conn, name)
-
-        def commit(self) -> None:
-            if inside:
-                die()
-            self._conn.commit()
-
     engine = store._e.engine
     raw_connection = engine.raw_connection
-    engine.raw_connection = lambda: KillOnCommit(raw_connection())  # type: ignore[method-assign]
+    engine.raw_connection = lambda: KillOnCommit(raw_connection(), lambda: inside)  # type: ignore[method-assign]
     store.submit_commit = submit  # type: ignore[method-assign]
 
 

@@ -91,9 +91,10 @@ class CommitWriter:
         self.commits = 0
 
     def submit(self, params: CommitParams) -> Future[int]:
-        """Hand one encoded commit to the writer thread; the future gives the new head once it is
-        durable, or raises why not: a :class:`StoreError` (a database error, its driver error
-        chained) or the guard's refusal (``LeaseLostError``, ``ConflictError``...)."""
+        """Hand one encoded commit to the writer thread (or, SQLite NORMAL/OFF with the writer idle,
+        write it here); the future gives the new head once it is durable, or raises why not: a
+        :class:`StoreError` (a database error, its driver error chained) or the guard's refusal
+        (``LeaseLostError``, ``ConflictError``...)."""
         item = _Commit(params)
         item.future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
         with self._start_lock:
@@ -116,9 +117,16 @@ class CommitWriter:
             pass
         finally:
             self._writing.release()
-        with self._start_lock:
-            self._inbox.put(item)
+        self._requeue(item)
         return item.future
+
+    def _requeue(self, item: _Commit) -> None:
+        """Hand an inline commit that found the database locked to the thread after all."""
+        with self._start_lock:
+            if self._closed:  # closed meanwhile: the thread may have stopped already
+                item.future.set_exception(RuntimeError("the store is closed; open a new Store to write"))
+            else:
+                self._inbox.put(item)
 
     @property
     def closed(self) -> bool:

@@ -342,7 +342,16 @@ class Store:
         ``asyncio.shield(future)`` to learn which after a cancellation).
         """
         future = self._submit(run_id, expected_head, fencing_token, step, messages, agent_states, update)
-        return asyncio.wrap_future(future)
+        if not future.done():
+            return asyncio.wrap_future(future)
+        # Written inline already (SQLite NORMAL): no wake-up of the loop from another thread.
+        settled: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        error = future.exception()
+        if error is None:
+            settled.set_result(future.result())
+        else:
+            settled.set_exception(error)
+        return settled
 
     def _submit(
         self,

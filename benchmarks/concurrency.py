@@ -15,8 +15,9 @@ Usage::
    allocations only, the R teams' construction included), as peak MB and KB per run.
 2. Worker pool (pool_bench.py): W = 1, 2, 4 ``graphflow-durable worker`` processes on
    PostgreSQL, started and idle before the clock starts; the clock runs from the first submission
-   of ``--pool-runs`` runs to the last one ended. Reported: transitions/s and speed-up over one
-   worker.
+   of ``--pool-runs`` runs to the last one ended, once with agents that answer at once (CPU-bound:
+   2 cores) and once with agents whose answer waits 50 ms, as a model call does
+   (``--pool-latency-ms``). Reported: transitions/s and speed-up over one worker.
 
 Writes ``DIR/concurrency.json`` and ``DIR/concurrency.md`` (default DIR: ``benchmarks/results/``).
 """
@@ -229,12 +230,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"### Worker pool on PostgreSQL ({p0['runs']} submitted {p0['n']}-transition loops,"
             f" --concurrency {p0['concurrency']} per worker, {m['cpus']} CPUs)",
             "",
-            "| workers | transitions | seconds | transitions/s | speed-up vs 1 |",
-            "|---:|---:|---:|---:|---:|",
+            "| agent wait ms | workers | transitions | seconds | transitions/s | speed-up vs 1 |",
+            "|---:|---:|---:|---:|---:|---:|",
         ]
         for row in result["pool"]:
             out.append(
-                f"| {row['workers']} | {row['transitions']} | {_f(row['seconds'], '{:.2f}')} |"
+                f"| {row.get('latency_ms', 0)} | {row['workers']} | {row['transitions']} | {_f(row['seconds'], '{:.2f}')} |"
                 f" {_f(row['transitions_per_s'], '{:.0f}')} | {_f(row['speedup'], '{:.2f}')}x |"
             )
     return "\n".join(out) + "\n"
@@ -265,6 +266,13 @@ async def main(argv: list[str] | None = None) -> int:
         "--pool-runs", type=int, default=None, help="runs submitted per worker count (4 quick, 100)"
     )
     p.add_argument("--pool-concurrency", type=int, default=10, help="--concurrency of each worker (10)")
+    p.add_argument(
+        "--pool-latency-ms",
+        type=_ints,
+        default=None,
+        help="agent answer waits for the pool rows, one set of rows each (default 0,50; quick 0): "
+        "0 is CPU-bound, a wait like a model call's shows how the pool scales with workers",
+    )
     p.add_argument("--no-pool", action="store_true", help="skip the worker-pool rows")
     args = p.parse_args(argv)
     from run import machine  # benchmarks/run.py; imported here since run.py imports this module
@@ -274,6 +282,7 @@ async def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     counts = args.workers or ([1, 2] if args.quick else [1, 2, 4])
     pool_runs = args.pool_runs or (4 if args.quick else 100)
+    latencies = args.pool_latency_ms or ([0] if args.quick else [0, 50])
     cluster = None
     if args.start_postgres:
         sys.path.insert(0, str(HERE.parent / "tests"))
@@ -316,9 +325,10 @@ async def main(argv: list[str] | None = None) -> int:
                 f"worker pool (needs PostgreSQL: --postgres URL, ${POSTGRES_ENV} or --start-postgres)"
             )
         else:
-            result["pool"] = bench_pool(
-                args.postgres, counts, pool_runs, n, args.size, args.pool_concurrency, work
-            )
+            for latency in latencies:
+                result["pool"] += bench_pool(
+                    args.postgres, counts, pool_runs, n, args.size, args.pool_concurrency, work, latency
+                )
     finally:
         if cluster is not None:
             cluster.stop()

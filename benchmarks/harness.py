@@ -7,6 +7,7 @@ written by one process can be reopened by another.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gc
 import itertools
@@ -57,11 +58,13 @@ def has_langgraph() -> bool:
 
 
 class TextAgent(BaseChatAgent):
-    """A trivial deterministic agent: answers every request with ``size`` fresh random characters."""
+    """A trivial deterministic agent: answers every request with ``size`` fresh random characters,
+    after ``latency`` seconds of waiting (as for a model's answer; 0: at once)."""
 
-    def __init__(self, name: str, size: int) -> None:
+    def __init__(self, name: str, size: int, latency: float = 0.0) -> None:
         super().__init__(name, f"benchmark agent {name}")
         self.size = size
+        self.latency = latency
 
     @property
     def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
@@ -70,15 +73,17 @@ class TextAgent(BaseChatAgent):
     async def on_messages(
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
     ) -> Response:
+        if self.latency:
+            await asyncio.sleep(self.latency)
         return Response(chat_message=TextMessage(content=random_text(self.size), source=self.name))
 
     async def on_reset(self, cancellation_token: CancellationToken) -> None:
         pass
 
 
-def _agent(kind: str, name: str, size: int, turns: int) -> Any:
+def _agent(kind: str, name: str, size: int, turns: int, latency_ms: int = 0) -> Any:
     if kind == "text":
-        return TextAgent(name, size)
+        return TextAgent(name, size, latency_ms / 1000)
     from autogen_agentchat.agents import AssistantAgent
     from autogen_ext.models.replay import ReplayChatCompletionClient
 
@@ -103,13 +108,21 @@ class Case:
     n: int
     size: int
     agent: str = "text"  # "text" | "assistant"
+    latency_ms: int = 0  # text agents: each answer waits this long (as for a model's answer)
 
     @property
     def key(self) -> str:
-        return f"{self.shape}/{self.agent}/n={self.n}/size={self.size}"
+        wait = f"/latency={self.latency_ms}ms" if self.latency_ms else ""
+        return f"{self.shape}/{self.agent}/n={self.n}/size={self.size}{wait}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"shape": self.shape, "n": self.n, "size": self.size, "agent": self.agent}
+        return {
+            "shape": self.shape,
+            "n": self.n,
+            "size": self.size,
+            "agent": self.agent,
+            "latency_ms": self.latency_ms,
+        }
 
 
 def build_team(
@@ -127,7 +140,7 @@ def build_team(
     max_turns = None
     if case.shape == "loop":
         turns = case.n // 2 + 1
-        a, bb, x = (_agent(case.agent, n, case.size, turns) for n in ("A", "B", "X"))
+        a, bb, x = (_agent(case.agent, n, case.size, turns, case.latency_ms) for n in ("A", "B", "X"))
         for p in (a, bb, x):
             b.add_node(p)
         b.add_edge(a, bb)
@@ -137,7 +150,7 @@ def build_team(
         participants = [a, bb, x]
         termination = MaxMessageTermination(case.n + 1)
     elif case.shape == "chain":
-        participants = [_agent(case.agent, f"a{i}", case.size, 1) for i in range(case.n)]
+        participants = [_agent(case.agent, f"a{i}", case.size, 1, case.latency_ms) for i in range(case.n)]
         for p in participants:
             b.add_node(p)
         for p, q in itertools.pairwise(participants):
@@ -145,10 +158,12 @@ def build_team(
         b.set_entry_point(participants[0])
     elif case.shape == "fanout":
         rounds = case.n // (FANOUT_WIDTH + 2) + 2
-        s = _agent(case.agent, "S", case.size, rounds)
-        workers = [_agent(case.agent, f"W{i}", case.size, rounds) for i in range(FANOUT_WIDTH)]
-        j = _agent(case.agent, "J", case.size, rounds)
-        x = _agent(case.agent, "X", case.size, 1)
+        s = _agent(case.agent, "S", case.size, rounds, case.latency_ms)
+        workers = [
+            _agent(case.agent, f"W{i}", case.size, rounds, case.latency_ms) for i in range(FANOUT_WIDTH)
+        ]
+        j = _agent(case.agent, "J", case.size, rounds, case.latency_ms)
+        x = _agent(case.agent, "X", case.size, 1, case.latency_ms)
         participants = [s, *workers, j, x]
         for p in participants:
             b.add_node(p)

@@ -35,6 +35,7 @@ def team(run_id: str, **durable: Any) -> DurableGraphFlow:
         "loop",
         int(os.environ.get("GFD_BENCH_TRANSITIONS", "40")),
         int(os.environ.get("GFD_BENCH_SIZE", "100")),
+        latency_ms=int(os.environ.get("GFD_BENCH_LATENCY_MS", "0")),
     )
     store = durable.pop("store")
     flow = build_team(case, durable=store, run_id=run_id, **durable)
@@ -43,13 +44,16 @@ def team(run_id: str, **durable: Any) -> DurableGraphFlow:
 
 
 @contextmanager
-def workers(url: str, count: int, concurrency: int, n: int, size: int, work: Path) -> Iterator[None]:
+def workers(
+    url: str, count: int, concurrency: int, n: int, size: int, work: Path, latency_ms: int = 0
+) -> Iterator[None]:
     """``count`` worker processes, each logged ``started`` (idle, polling) before this yields."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         "GFD_BENCH_TRANSITIONS": str(n),
         "GFD_BENCH_SIZE": str(size),
+        "GFD_BENCH_LATENCY_MS": str(latency_ms),
     }
     args = [
         sys.executable, "-m", "graphflow_durable.cli.runs", "worker", "--store", url,
@@ -84,20 +88,29 @@ def workers(url: str, count: int, concurrency: int, n: int, size: int, work: Pat
 
 
 def bench_pool(
-    url: str, counts: list[int], runs: int, n: int, size: int, concurrency: int, work: Path
+    url: str,
+    counts: list[int],
+    runs: int,
+    n: int,
+    size: int,
+    concurrency: int,
+    work: Path,
+    latency_ms: int = 0,
 ) -> list[dict[str, Any]]:
-    """For each worker count: submit ``runs`` runs to idle workers and time them to the last finish."""
+    """For each worker count: submit ``runs`` runs to idle workers and time them to the last finish.
+    With ``latency_ms`` every agent answer waits that long, as a model call does: the pool is then
+    bounded by how many turns wait at once (workers x concurrency), not by the CPU."""
     rows: list[dict[str, Any]] = []
     with Store(url) as store:
         for count in counts:
             prefix = f"pool{count}-{uuid.uuid4().hex[:8]}-"
-            with workers(url, count, concurrency, n, size, work):
+            with workers(url, count, concurrency, n, size, work, latency_ms):
                 t0 = time.perf_counter()
                 for i in range(runs):
                     store.queue.submit(f"{prefix}{i}", task=TASK, team=POOL_TEAM)
                 pending = [f"{prefix}{i}" for i in range(runs)]
                 finished = []
-                deadline = time.monotonic() + 60 + runs * n * 0.05
+                deadline = time.monotonic() + 60 + runs * n * (0.05 + latency_ms / 1000)
                 while pending:
                     # Oldest first, stop at the first unfinished one: about one query per poll.
                     while pending:
@@ -124,13 +137,15 @@ def bench_pool(
                     "concurrency": concurrency,
                     "n": n,
                     "size": size,
+                    "latency_ms": latency_ms,
                     "transitions": transitions,
                     "seconds": seconds,
                     "transitions_per_s": transitions / seconds,
                 }
             )
             print(
-                f"[pool] {count} worker(s): {transitions / seconds:.0f} transitions/s ({seconds:.1f}s)",
+                f"[pool] {count} worker(s), agents wait {latency_ms} ms: "
+                f"{transitions / seconds:.0f} transitions/s ({seconds:.1f}s)",
                 flush=True,
             )
     base = rows[0]["transitions_per_s"] if rows else None

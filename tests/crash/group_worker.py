@@ -3,7 +3,7 @@ itself inside the store's group writer.
 
 Usage: ``python tests/crash/group_worker.py STORE_URL RUNS [KILL]``: RUNS concurrent runs
 ``group-0`` ... in one event loop. KILL is ``group:K:PHASE``: at the K-th group of at least two
-commits the writer thread writes, PHASE ``before`` (before its transaction begins), ``inside``
+commits the writer writes, PHASE ``before`` (before its transaction begins), ``inside``
 (its statements done, before COMMIT) or ``after`` (committed, before any caller learns it).
 
 Agent turns are logged to ``$GFD_EXEC_LOG`` as in ``worker.py``. On a normal end it prints one
@@ -25,29 +25,39 @@ from worker import KillOnCommit, crash_team, die
 
 
 def arm(store: Store, kill: str) -> None:
-    """Install the SIGKILL in the store's writer thread."""
+    """Install the SIGKILL in the store's group writer."""
     _, number, phase = kill.split(":")
     target = int(number)
     writer = store._writer
-    transaction = writer._transaction
     shared = 0
+    armed: list[Any] | None = None  # the target group, once it is being written
 
-    def hooked(group: list[Any], *args: Any) -> None:
-        nonlocal shared
-        if len(group) >= 2:
-            shared += 1
-        if shared != target or len(group) < 2:
-            transaction(group, *args)
-            return
-        if phase == "before":
-            die()
-        if phase == "inside":
-            writer._kept = KillOnCommit(writer._kept or store._e.engine.raw_connection())
-        transaction(group, *args)
-        if phase == "after":
-            die()
+    def hook(begin: Any) -> Any:
+        def hooked(group: list[Any], *args: Any) -> None:
+            nonlocal shared, armed
+            if len(group) >= 2:
+                shared += 1
+                if shared == target:
+                    armed = group
+                    if phase == "before":
+                        die()
+                    if phase == "inside":
+                        writer._kept = KillOnCommit(writer._kept or store._e.engine.raw_connection())
+            begin(group, *args)
 
-    writer._transaction = hooked  # type: ignore[method-assign]
+        return hooked
+
+    # a group's statements run on a caller's loop (a SQLite file) or in the thread (PostgreSQL)
+    writer._write_here = hook(writer._write_here)  # type: ignore[method-assign]
+    writer._write = hook(writer._write)  # type: ignore[method-assign]
+    finish = writer._finish
+
+    def finished(group: list[Any]) -> None:
+        if phase == "after" and group is armed and all(item.error is None for item in group):
+            die()  # committed, before any caller learns it
+        finish(group)
+
+    writer._finish = finished  # type: ignore[method-assign]
 
 
 async def main(argv: list[str]) -> int:
@@ -57,14 +67,14 @@ async def main(argv: list[str]) -> int:
     if kill:
         arm(store, kill)
     largest = 0
-    transaction = store._writer._transaction
+    finish = store._writer._finish
 
-    def measured(group: list[Any], *args: Any) -> None:
+    def measured(group: list[Any]) -> None:
         nonlocal largest
         largest = max(largest, len(group))
-        transaction(group, *args)
+        finish(group)
 
-    store._writer._transaction = measured  # type: ignore[method-assign]
+    store._writer._finish = measured  # type: ignore[method-assign]
     teams = [crash_team(store, f"group-{i}") for i in range(count)]  # one store: one writer
     await asyncio.gather(*(team.run(task="build the report") for team in teams))
     out = {

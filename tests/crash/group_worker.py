@@ -6,6 +6,7 @@ Usage: ``python tests/crash/group_worker.py STORE_URL RUNS [KILL]``: RUNS concur
 commits the writer writes, PHASE ``before`` (before its transaction begins), ``inside``
 (its statements done, before COMMIT) or ``after`` (committed, before any caller learns it).
 
+Every COMMIT is slowed by 10 ms (a slow disk) so that groups form whatever the machine's load.
 Agent turns are logged to ``$GFD_EXEC_LOG`` as in ``worker.py``. On a normal end it prints one
 JSON line: ``{run_id: [[source, content], ...]}`` and the largest group written.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +62,23 @@ def arm(store: Store, kill: str) -> None:
     writer._finish = finished  # type: ignore[method-assign]
 
 
+def slow_disk(store: Store) -> None:
+    """Every COMMIT takes 10 ms more (a slow disk), so the runs' commits wait together and form
+    groups of several whatever the machine's load."""
+    commit = store._writer._commit
+
+    def slow(dbapi: Any, group: list[Any]) -> None:
+        time.sleep(0.01)
+        commit(dbapi, group)
+
+    store._writer._commit = slow  # type: ignore[method-assign]
+
+
 async def main(argv: list[str]) -> int:
     url, count = argv[0], int(argv[1])
     kill = argv[2] if len(argv) > 2 else None
     store = Store(url)
+    slow_disk(store)
     if kill:
         arm(store, kill)
     largest = 0

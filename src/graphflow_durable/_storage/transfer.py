@@ -177,7 +177,7 @@ class RunRows:
             )
             rows.check()
         except (KeyError, TypeError, ValueError) as exc:
-            problem = f"{exc!r} is missing" if isinstance(exc, KeyError) else str(exc)
+            problem = f"a field {exc.args[0]!r} is missing" if isinstance(exc, KeyError) else str(exc)
             raise UsageError(f"{where}: {problem}; nothing was imported", option="document") from None
         return rows
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ import sqlalchemy as sa
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import TextMessage
 
-from agents import Gate, chain, close_stores, durable, loop_agents, loop_graph, stored_transcript
+from agents import Gate, close_stores, durable, loop_agents, loop_graph, stored_transcript
 from graphflow_durable import DurableGraphFlow, StepInfo
 from graphflow_durable.errors import ConflictError, RunLockedError, RunNotFoundError, UsageError
 from graphflow_durable.store import Store
@@ -76,7 +77,7 @@ async def test_history_lists_every_step_with_round_node_attempt_time_and_message
     listed = [seq for s in steps for seq in s.message_seqs]
     assert listed == [m.seq for m in log.messages]
     assert [i for s in steps for i in s.message_ids] == [m.body["id"] for m in log.messages]
-    assert all(a.time <= b.time for a, b in zip(steps, steps[1:], strict=False))
+    assert all(a.time <= b.time for a, b in itertools.pairwise(steps))
     assert [s.seq for s in team.history(node="R")] == [s.seq for s in completes if s.node == "R"]
     assert team.history(round=2) == []
     assert isinstance(steps[0], StepInfo) and steps[1].as_dict()["dispatched"] == ["S"]
@@ -116,7 +117,7 @@ async def test_transcript_gives_autogen_messages_filtered_by_round_and_node(stor
     assert [m.source for m in team.transcript(node="R")] == ["R", "R", "R"]
     assert team.transcript(node="nobody") == []
     await team.run(task="second round")
-    assert [m.content for m in team.transcript(round=2)][0] == "second round"
+    assert next(m.content for m in team.transcript(round=2)) == "second round"
     assert len(team.transcript(round=1)) == len(whole)
     stored = team.store.transcript("source", round=1, node="E")
     assert [m.body["source"] for m in stored] == ["E"]

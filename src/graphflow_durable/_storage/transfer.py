@@ -260,7 +260,7 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
         conn.execute(S.INSERT_RUN, values)
     except sa.exc.IntegrityError as exc:
         raise ConflictError(
-            f"run {run_id} already exists in {url}; give the copy another run id (--run-id)",
+            f"run {run_id} already exists in {url}; choose another id for the new run (--run-id)",
             run_id=run_id,
             url=url,
         ) from exc

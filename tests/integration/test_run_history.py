@@ -174,6 +174,8 @@ async def test_fork_status_and_task_follow_the_step(store_url: str) -> None:
     end = store.fork("source", head)
     assert end.status == "finished" and end.run_id.startswith("source-fork-")
     assert end.result == team.run_info().result
+    via_team = team.fork(4, run_id="via-team")
+    assert (via_team.run_id, via_team.head_seq, via_team.parent_run_id) == ("via-team", 4, "source")
 
 
 async def test_fork_and_cut_refuse_unknown_runs_and_steps_out_of_range(store_url: str) -> None:

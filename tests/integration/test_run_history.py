@@ -290,3 +290,21 @@ async def test_import_refuses_a_document_that_is_not_a_run_export_and_writes_not
     with pytest.raises(UsageError, match="the document: a field 'step_seq' is missing; nothing was imported"):
         store.import_run(missing, run_id="missing")
     assert [r.run_id for r in team.store.list_runs()] == ["source"]
+
+
+async def test_fork_inside_a_later_round_keeps_that_rounds_task_so_rerunning_it_resumes(
+    store_url: str,
+) -> None:
+    team = await _recorded(store_url)
+    await team.run(task="second")
+    reference = stored_transcript(team)
+    second = [s for s in team.history(round=2) if s.kind == "complete"]
+    at = second[len(second) // 2].seq
+    fork = team.store.fork("source", at, new_run_id="round-2")
+    assert fork.status == "interrupted" and fork.task == [
+        {"content": "second", "metadata": {}, "models_usage": None, "source": "user", "type": "TextMessage"}
+    ]
+    again = _loop_team(store_url, "round-2")
+    await again.run(task="second")  # the round's own task: resumed, not added again
+    assert stored_transcript(again) == reference
+    assert [s.round for s in again.history()][-1] == 2

@@ -176,15 +176,19 @@ class DurableGraphFlow(GraphFlow):
         create = self._message_factory.create
         return [create(m.body) for m in self.store.transcript(self.run_id, round=round, node=node)]
 
-    def fork(self, at: int, *, run_id: str | None = None) -> RunRecord:
+    def fork(
+        self, at: int, *, run_id: str | None = None, replace: tuple[int, BaseChatMessage] | None = None
+    ) -> RunRecord:
         """Start a new run from this run's step ``at`` (see :meth:`Store.fork`); the stored run is
         only read. Drive the new run with a team built like this one with ``run_id=`` its id:
-        ``run()`` with no task continues it from that step.
+        ``run()`` with no task continues it from that step. ``replace=(seq, message)``: message
+        ``seq`` (a node's text answer) is ``message`` instead, and what followed it runs again.
 
         Raises:
             RunNotFoundError, UsageError, RunLockedError, ConflictError: as :meth:`Store.fork`.
         """
-        return self.store.fork(self.run_id, at, new_run_id=run_id)
+        edit = None if replace is None else (replace[0], replace[1].dump())
+        return self.store.fork(self.run_id, at, new_run_id=run_id, replace=edit)
 
     # -- AutoGen factories -----------------------------------------------------------------------
 

@@ -448,7 +448,14 @@ class Store:
         with self._guard(f"reading run {run_id} at step {at}", run_id), self._e.read.begin() as conn:
             return read_cut(conn, run_id, at, self._e.url)
 
-    def fork(self, run_id: str, at: int, *, new_run_id: str | None = None) -> RunRecord:
+    def fork(
+        self,
+        run_id: str,
+        at: int,
+        *,
+        new_run_id: str | None = None,
+        replace: tuple[int, Mapping[str, Any]] | None = None,
+    ) -> RunRecord:
         """Start a new run from the cut at step ``at`` of ``run_id``; return the new run's row.
 
         The new run (id ``new_run_id``, default ``"<run_id>-fork-<8 hex digits>"``) holds a copy of
@@ -458,15 +465,24 @@ class Store:
         ``run_id=new_run_id``, resumes it: the nodes in flight at that step run again, then what
         follows), ``stopped`` or ``finished`` when the step ended its round. One transaction.
 
+        ``replace=(seq, message)`` ("the node should have said this"): message ``seq`` of the cut,
+        a node's text answer, is replaced by ``message`` (a dump whose ``source`` is that node), and
+        the new run starts just after the step that recorded the answer: everything after it runs
+        again. That step's scheduler state is kept, so the answer must not have decided anything
+        there: refused when the node's edges have conditions or the step ended the round. In the
+        node's own state saved at that turn, the old answer's text is replaced by the new one. The
+        termination condition is not asked again about the batch the answer belonged to.
+
         Raises:
             RunNotFoundError: no such run.
-            UsageError: ``at`` is out of range, or ``new_run_id`` is not a valid run id.
+            UsageError: ``at`` is out of range, ``new_run_id`` is not a valid run id, or the
+                replacement is refused (see above).
             RunLockedError: ``at`` is the head of a run a live process drives (its nodes in flight
                 are running there); fork at an earlier step, or once the run has ended.
             ConflictError: a run ``new_run_id`` exists already.
         """
         with self._guard(f"forking run {run_id} at step {at}", run_id), self._e.write.begin() as conn:
-            return fork_run(conn, run_id, at, new_run_id, self._e.url)
+            return fork_run(conn, run_id, at, new_run_id, self._e.url, replace)
 
     def export_run(self, run_id: str) -> dict[str, Any]:
         """The run as one JSON document: its row (without the lease), steps, messages and agent-state

@@ -114,7 +114,7 @@ def _replaced(
     step = rows.steps[found["step_seq"] - 1]
     answers = [m for m in rows.messages if m["step_seq"] == step["seq"] and m["published"]]
     node = step["node"]
-    if step["kind"] != StepKind.COMPLETE.value or answers[-1]["seq"] != seq:
+    if step["kind"] != StepKind.COMPLETE.value or not answers or answers[-1]["seq"] != seq:
         raise _refused(source, f"message {seq} is not a node's answer (only a node's answer can be replaced)")
     old, new = loads(found["body"]), dict(body)
     if (

@@ -29,7 +29,7 @@ from graphflow_durable.errors import (
 )
 from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
-from graphflow_durable.store import RunRecord, Store
+from graphflow_durable.store import RunRecord, StepInfo, Store
 from graphflow_durable.worker import Worker
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "RunRecord",
     "SchemaVersionError",
     "StateFormatError",
+    "StepInfo",
     "Store",
     "StoreConfigError",
     "StoreCorruptError",

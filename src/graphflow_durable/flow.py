@@ -31,12 +31,13 @@ from graphflow_durable._runtime.config import (
     refuse_callables,
 )
 from graphflow_durable._runtime.container import DurableChatAgentContainer
+from graphflow_durable._runtime.history import team_state_of
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.errors import UsageError
 from graphflow_durable.scheduler import GraphSpec
-from graphflow_durable.store import ENDED_STATUSES, RunRecord, Store
+from graphflow_durable.store import ENDED_STATUSES, RunRecord, StepInfo, Store
 
 __all__ = ["DEFAULT_STORE_ENV", "DurableGraphFlow", "DurableGraphFlowConfig", "default_store_url"]
 
@@ -151,6 +152,43 @@ class DurableGraphFlow(GraphFlow):
     def run_info(self) -> RunRecord | None:
         """The stored run's record (status, head, lease...), or ``None`` before the first run."""
         return self.store.get_run(self.run_id)
+
+    # -- history, time travel and fork ---------------------------------------------------------
+
+    def history(self, *, round: int | None = None, node: str | None = None) -> list[StepInfo]:
+        """The stored run's steps in order (see :meth:`Store.history`), only round ``round`` and/or
+        node ``node`` if given.
+
+        Raises:
+            RunNotFoundError: the run is not in the store (before the first run).
+        """
+        return self.store.history(self.run_id, round=round, node=node)
+
+    def transcript(
+        self, *, round: int | None = None, node: str | None = None
+    ) -> list[BaseAgentEvent | BaseChatMessage]:
+        """The stored run's thread as AutoGen message objects, in order; only round ``round`` and/or
+        the answers of node ``node`` if given (see :meth:`Store.transcript`).
+
+        Raises:
+            RunNotFoundError: the run is not in the store (before the first run).
+        """
+        create = self._message_factory.create
+        return [create(m.body) for m in self.store.transcript(self.run_id, round=round, node=node)]
+
+    def fork(
+        self, at: int, *, run_id: str | None = None, replace: tuple[int, BaseChatMessage] | None = None
+    ) -> RunRecord:
+        """Start a new run from this run's step ``at`` (see :meth:`Store.fork`); the stored run is
+        only read. Drive the new run with a team built like this one with ``run_id=`` its id:
+        ``run()`` with no task continues it from that step. ``replace=(seq, message)``: message
+        ``seq`` (a node's text answer) is ``message`` instead, and what followed it runs again.
+
+        Raises:
+            RunNotFoundError, UsageError, RunLockedError, ConflictError: as :meth:`Store.fork`.
+        """
+        edit = None if replace is None else (replace[0], replace[1].dump())
+        return self.store.fork(self.run_id, at, new_run_id=run_id, replace=edit)
 
     # -- AutoGen factories -----------------------------------------------------------------------
 
@@ -356,13 +394,23 @@ class DurableGraphFlow(GraphFlow):
             self._driven = False
         await self._session.restart()
 
-    async def save_state(self) -> Mapping[str, Any]:
+    async def save_state(self, *, at: int | None = None) -> Mapping[str, Any]:
         """A JSON-serialisable deep copy of the team's state, in the durable format.
 
         Taken at any moment, even mid-run, it is a consistent cut: a fresh team resumes it with
         :meth:`load_state` and :meth:`run`. See docs/state-format.md.
+
+        With ``at``, the state of the stored run as it stood once its step ``at`` was committed (see
+        :meth:`history`), read from the store: the same consistent cut, at a past step (its nodes in
+        flight then run again when it is loaded and run).
+
+        Raises:
+            RunNotFoundError: ``at`` given and the run is not in the store.
+            UsageError: ``at`` is not one of the run's steps (1 to its head).
         """
         session = self._session
+        if at is not None:
+            return await team_state_of(session, self.store.cut(session.run_id, at))
         if session.pending_import is None and self.store.get_run(session.run_id) is not None:
             # The store's head is the consistent cut. In memory, mid-run, an in-flight agent may be
             # mid-turn (its state already holding this turn's input, its buffer already cleared),

@@ -7,13 +7,14 @@ from typing import Any
 
 from autogen_agentchat.messages import BaseChatMessage, TextMessage
 
+from graphflow_durable._model.history import task_key_of
+
 __all__ = ["task_key", "task_messages"]
 
 
 def task_key(task: Sequence[BaseChatMessage]) -> list[dict[str, Any]]:
     """What identifies a task: its messages without their ids and timestamps."""
-    volatile = {"id", "created_at"}
-    return [{k: v for k, v in m.dump().items() if k not in volatile} for m in task]
+    return task_key_of([m.dump() for m in task])
 
 
 def task_messages(

@@ -83,18 +83,20 @@ class _Tally:
         return True
 
 
-def read_log(conn: sa.Connection, run_id: str, url: str) -> RunLog:
-    """Everything needed to resume ``run_id`` (see ``Store.load``), each row checked.
+def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) -> RunLog:
+    """Everything needed to resume ``run_id`` (see ``Store.load``), each row checked; with ``at``,
+    only its steps, messages and agent states up to step ``at`` and the scheduler of that step
+    (the run's row is the stored one: see ``_model.history.cut_record``).
 
     Raises RunNotFoundError, or StoreCorruptError naming the first damaged row.
     """
-    p = {"p_run_id": run_id}
+    p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
     row = conn.execute(S.SELECT_RUN, p).mappings().first()
     if row is None:
         raise not_found(run_id)
     run = run_record(row)
     steps = []
-    for s in conn.execute(S.SELECT_STEPS, p):
+    for s in conn.execute(S.SELECT_STEPS if at is None else S.SELECT_STEPS_TO, p):
         if s.checksum is not None and not step_matches(s.checksum, run_id, s.seq, s.kind, s.node, s.data):
             raise corrupt(Damage(run_id, STEPS, s.seq, node=s.node), url)
         steps.append(
@@ -102,9 +104,9 @@ def read_log(conn: sa.Connection, run_id: str, url: str) -> RunLog:
                 seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
             )
         )
-    scheduler = _scheduler(conn, run_id, run.head_seq, url)
+    scheduler = _scheduler(conn, run_id, run.head_seq if at is None else at, url)
     thread = []
-    for m in conn.execute(S.SELECT_MESSAGES, p):
+    for m in conn.execute(S.SELECT_MESSAGES if at is None else S.SELECT_MESSAGES_TO, p):
         if m.checksum is not None and m.checksum != message_sum(
             run_id, m.seq, m.step_seq, m.published, m.body
         ):
@@ -112,7 +114,7 @@ def read_log(conn: sa.Connection, run_id: str, url: str) -> RunLog:
         thread.append(
             StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
         )
-    rows = list(conn.execute(S.SELECT_LATEST_STATES, p))
+    rows = list(conn.execute(S.SELECT_LATEST_STATES if at is None else S.SELECT_LATEST_STATES_TO, p))
     for r in rows:
         if r.checksum is not None and r.checksum != state_sum(
             run_id, r.node, r.step_seq, r.base_step, r.body

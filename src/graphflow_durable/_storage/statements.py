@@ -35,12 +35,15 @@ __all__ = [
     "RELEASE_LEASE",
     "RENEW_LEASE",
     "SELECT_LATEST_STATES",
+    "SELECT_LATEST_STATES_TO",
     "SELECT_LEASE",
     "SELECT_LEASE_NOW",
     "SELECT_MESSAGES",
+    "SELECT_MESSAGES_TO",
     "SELECT_RUN",
     "SELECT_SCHEDULER",
     "SELECT_STEPS",
+    "SELECT_STEPS_TO",
     "SCAN_STATES",
     "SCAN_STEPS",
     "UPDATE_LEASE",
@@ -162,31 +165,45 @@ SELECT_MESSAGES = (
     .order_by(messages.c.seq)
 )
 
-_latest = (
-    sa.select(agent_states.c.node, sa.func.max(agent_states.c.step_seq).label("step_seq"))
-    .where(
-        agent_states.c.run_id == _run_id,
-        sa.or_(agent_states.c.base_step.is_(None), agent_states.c.base_step == 0),
+
+def _latest_states(*bound: sa.ColumnElement[bool]) -> sa.Select[Any]:
+    """Per node of a run: its latest whole state and the deltas after it, in step order; with
+    ``bound`` (a condition on the step), only the rows it admits."""
+    latest = (
+        sa.select(agent_states.c.node, sa.func.max(agent_states.c.step_seq).label("step_seq"))
+        .where(
+            agent_states.c.run_id == _run_id,
+            sa.or_(agent_states.c.base_step.is_(None), agent_states.c.base_step == 0),
+            *bound,
+        )
+        .group_by(agent_states.c.node)
+        .subquery("latest")
     )
-    .group_by(agent_states.c.node)
-    .subquery("latest")
-)
+    return (
+        sa.select(
+            agent_states.c.node,
+            agent_states.c.step_seq,
+            agent_states.c.base_step,
+            agent_states.c.body,
+            agent_states.c.checksum,
+        )
+        .join(
+            latest,
+            sa.and_(agent_states.c.node == latest.c.node, agent_states.c.step_seq >= latest.c.step_seq),
+        )
+        .where(agent_states.c.run_id == _run_id, *bound)
+        .order_by(agent_states.c.node, agent_states.c.step_seq)
+    )
+
+
 #: Per node of a run: its latest whole state and the deltas after it, in step order.
-SELECT_LATEST_STATES = (
-    sa.select(
-        agent_states.c.node,
-        agent_states.c.step_seq,
-        agent_states.c.base_step,
-        agent_states.c.body,
-        agent_states.c.checksum,
-    )
-    .join(
-        _latest,
-        sa.and_(agent_states.c.node == _latest.c.node, agent_states.c.step_seq >= _latest.c.step_seq),
-    )
-    .where(agent_states.c.run_id == _run_id)
-    .order_by(agent_states.c.node, agent_states.c.step_seq)
-)
+SELECT_LATEST_STATES = _latest_states()
+
+#: The run as it stood at step ``p_at`` (``Store.cut``): its steps, messages and agent states up to it.
+_at = sa.bindparam("p_at", type_=sa.Integer)
+SELECT_STEPS_TO = SELECT_STEPS.where(steps.c.seq <= _at)
+SELECT_MESSAGES_TO = SELECT_MESSAGES.where(messages.c.step_seq <= _at)
+SELECT_LATEST_STATES_TO = _latest_states(agent_states.c.step_seq <= _at)
 
 #: Every row of a run, with everything its checksum covers (``Store.verify``).
 SCAN_STEPS = (

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli import _inspect
+from graphflow_durable.cli import _inspect, history
 from graphflow_durable.cli._common import (
     CliError,
     OneLineParser,
@@ -54,7 +54,7 @@ commands:
                                      'running (lease expired)'
   runs verify [RUN ...] [--json]     check every step, message and agent-state row of the runs
                                      (default: all) against its checksum; one line per damaged row
-  submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
+{history.EPILOG}  submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
 
 --team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
 module:factory alone claims every run (one kind of team per database). The factory is called as
@@ -67,8 +67,11 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
 exit codes:
   0  done (listed; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
-  2  usage error (including a bad store URL or an unknown option in it, or a bad option value)
-  3  submit: RUN_ID was submitted with another task/team, or exists without a submission
+  2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
+     an unknown RUN, a STEP out of range, a FILE that is not a run export)
+  3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
+     runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
+     process and STEP is its head
   4  runs verify: damaged rows were found (each printed on one line)
 """
 
@@ -114,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     checking.add_argument("--store", dest="store_sub", help="database URL")
     checking.add_argument("run_ids", nargs="*", metavar="RUN", help="the runs to check (default: all)")
     checking.add_argument("--json", action="store_true", help="one JSON object per damaged row")
+    history.add_commands(runs_commands)  # history, transcript, export, import, fork
 
     submit = commands.add_parser("submit", help="queue a run for the worker pool")
     submit.add_argument("--store", dest="store_sub", help="database URL")
@@ -148,9 +152,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "runs" and args.runs_command == "verify":
         for run_id in args.run_ids:
             check_run_id(run_id, option="RUN")
+    if args.command == "runs" and args.runs_command in history.COMMANDS:
+        history.check(args)
     with Store(url) as store:
         if args.command == "submit":
             return _submit(store, args)
+        if args.runs_command in history.COMMANDS:
+            return history.run(store, args, _out)
         if args.runs_command == "verify":
             return verify(store, args.run_ids, args.json, _out)
         return _list(store, args)

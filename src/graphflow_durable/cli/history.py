@@ -1,0 +1,179 @@
+"""``graphflow-durable runs history | transcript | export | import | fork``, for :mod:`.runs`.
+
+Thin shells over :meth:`Store.history`, :meth:`Store.transcript`, :meth:`Store.export_run`,
+:meth:`Store.import_run` and :meth:`Store.fork`. Data on stdout (a table or text, or with ``--json``
+one JSON object per line; ``export`` always writes its JSON document), errors as one line on stderr
+with the exit codes of :mod:`.runs`: 2 for an unknown run, a step out of range or a bad document,
+3 when the new run's id is taken or the run is driven by a live process at the step asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._storage.lease import iso
+from graphflow_durable.cli._common import CliError
+from graphflow_durable.errors import ConflictError, RunLockedError
+from graphflow_durable.store import Store
+
+__all__ = ["COMMANDS", "EPILOG", "EXIT_CONFLICT", "add_commands", "check", "run"]
+
+#: The ``runs`` sub-commands this module answers.
+COMMANDS = ("history", "transcript", "export", "import", "fork")
+
+#: Exit code: the new run's id is taken, or the run is driven by a live process (``runs fork``).
+EXIT_CONFLICT = 3
+
+EPILOG = """\
+  runs history RUN [--round N] [--node NODE]     the run's steps: seq, round, kind, node, attempt,
+                                                 time, the messages each added, what it dispatched
+  runs transcript RUN [--round N] [--node NODE]  the run's messages in order
+  runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
+                                                 agent states) on stdout, or in FILE
+  runs import FILE [--run-id NEW]                write an exported run (FILE '-': stdin) into --store;
+                                                 a run exported while running arrives 'interrupted'
+  runs fork RUN --at STEP [--run-id NEW]         a new run starting from the run's state at STEP
+                                                 (the source is only read); resume it with run()
+"""
+
+
+def add_commands(commands: Any) -> None:
+    """Add the sub-commands to the ``runs`` sub-parsers (``commands``: argparse's sub-parsers)."""
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
+        parser.add_argument("--store", dest="store_sub", help="database URL")
+        parser.add_argument("--json", action="store_true", help="JSON output (one object per line)")
+        return parser
+
+    for name, help in (("history", "list a run's steps"), ("transcript", "print a run's messages")):
+        parser = command(name, help)
+        parser.add_argument("run_id", metavar="RUN")
+        parser.add_argument("--round", type=int, default=None, help="only this round (1, 2, ...)")
+        parser.add_argument("--node", default=None, help="only this node's steps / answers")
+    export = command("export", "write a run as one JSON document")
+    export.add_argument("run_id", metavar="RUN")
+    export.add_argument("--output", "-o", default=None, metavar="FILE", help="write it to FILE, not stdout")
+    importing = command("import", "read a run exported by 'runs export' into --store")
+    importing.add_argument("file", metavar="FILE", help="the exported document ('-': stdin)")
+    importing.add_argument(
+        "--run-id", dest="new_run_id", default=None, metavar="NEW", help="import it under this run id"
+    )
+    fork = command("fork", "start a new run from a run's state at a past step")
+    fork.add_argument("run_id", metavar="RUN")
+    fork.add_argument("--at", type=int, required=True, metavar="STEP", help="the step (see 'runs history')")
+    fork.add_argument("--run-id", dest="new_run_id", default=None, metavar="NEW", help="the new run's id")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse bad run ids before the store is opened (exit 2)."""
+    if getattr(args, "run_id", None) is not None:
+        check_run_id(args.run_id, option="RUN")
+    if getattr(args, "new_run_id", None) is not None:
+        check_run_id(args.new_run_id, option="--run-id")
+
+
+def run(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """Run one of :data:`COMMANDS`; returns the exit code."""
+    try:
+        return _COMMANDS[args.runs_command](store, args, out)
+    except (ConflictError, RunLockedError) as exc:
+        raise CliError(str(exc), EXIT_CONFLICT) from None
+
+
+def _history(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    steps = store.history(args.run_id, round=args.round, node=args.node)
+    if args.json:
+        for step in steps:
+            out(json.dumps(step.as_dict(), sort_keys=True))
+        return 0
+    out(f"{'STEP':>4} {'ROUND':>5} {'KIND':<9} {'NODE':<12} {'TRY':>3} {'TIME':<25} {'MESSAGES':<9} NEXT")
+    for s in steps:
+        seqs = ",".join(map(str, s.message_seqs)) or "-"
+        attempt = "-" if s.attempt is None else str(s.attempt)
+        nodes = ",".join(s.dispatched) or "-"
+        out(
+            f"{s.seq:>4} {s.round:>5} {s.kind:<9} {s.node or '-':<12} {attempt:>3} {iso(s.time):<25} {seqs:<9} {nodes}"
+        )
+    return 0
+
+
+def _transcript(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    for m in store.transcript(args.run_id, round=args.round, node=args.node):
+        if args.json:
+            out(json.dumps({"seq": m.seq, "step": m.step_seq, "published": m.published, "message": m.body}))
+            continue
+        content = m.body.get("content")
+        text = content if isinstance(content, str) else json.dumps(content)
+        out(f"[{m.seq}] {m.body.get('source')}: {text}")
+    return 0
+
+
+def _export(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    text = json.dumps(store.export_run(args.run_id), sort_keys=True)
+    if args.output is None:
+        out(text)
+        return 0
+    try:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"--output {args.output}: cannot write it ({exc.strerror or exc})", 1) from None
+    sys.stderr.write(f"graphflow-durable: run {args.run_id} exported to {args.output}\n")
+    return 0
+
+
+def _import(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(
+            f"FILE {args.file}: cannot read it ({getattr(exc, 'strerror', None) or exc})", 2
+        ) from None
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise CliError(
+            f"FILE {args.file}: not JSON ({exc}); give a file written by 'runs export'", 2
+        ) from None
+    run = store.import_run(document, run_id=args.new_run_id)
+    _said(out, args.json, run, f"imported run {run.run_id}")
+    return 0
+
+
+def _fork(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    run = store.fork(args.run_id, args.at, new_run_id=args.new_run_id)
+    _said(out, args.json, run, f"forked run {args.run_id} at step {args.at} as run {run.run_id}")
+    return 0
+
+
+def _said(out: Callable[[str], None], as_json: bool, run: Any, what: str) -> None:
+    if as_json:
+        out(
+            json.dumps(
+                {
+                    "run_id": run.run_id,
+                    "status": run.status,
+                    "head": run.head_seq,
+                    "messages": run.message_count,
+                    "parent_run_id": run.parent_run_id,
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        out(f"{what}: {run.status}, head {run.head_seq}, {run.message_count} messages")
+
+
+_COMMANDS: dict[str, Callable[[Store, argparse.Namespace, Callable[[str], None]], int]] = {
+    "history": _history,
+    "transcript": _transcript,
+    "export": _export,
+    "import": _import,
+    "fork": _fork,
+}

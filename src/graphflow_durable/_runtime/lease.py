@@ -41,7 +41,10 @@ class RunLease:
     stopped when the lease is lost (its answer is then refused by the fencing token, never
     recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
     message itself can still start an agent once after its lease expired; the check makes that
-    window a few statements wide instead of a whole agent turn. The monotonic clock must not stop
+    window a few statements wide instead of a whole agent turn.
+
+    A renewal also learns of a cancel requested from another process (``Store.cancel_run``): the
+    session then stops dispatching, and no dispatch is :meth:`valid` after it. The monotonic clock must not stop
     while the process runs (it does not count a suspended host on every platform).
     """
 
@@ -86,8 +89,10 @@ class RunLease:
         """Renew the lease once (raises what the store raises); on success, note when."""
         session = self._session
         started = time.monotonic()
-        session.store.renew_lease(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
+        beat = session.store.heartbeat(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
         self.confirmed_at = started
+        if beat.cancel_requested_at is not None:
+            session.cancel(beat.cancel_requested_at)
 
     def _gave_up(self, exc: StoreError) -> bool:
         """Whether a failed renewal only found that this session released the lease itself: the
@@ -104,9 +109,11 @@ class RunLease:
     def valid(self) -> bool:
         """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
         renewal); when it is not, or the database cannot say, the run is halted."""
+        session = self._session
+        if session.cancelling is not None:
+            return False
         if self.fresh():
             return True
-        session = self._session
         try:
             self.renew()
         except (LeaseLostError, RunNotFoundError) as exc:

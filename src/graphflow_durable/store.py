@@ -564,7 +564,7 @@ class Store:
         with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
             if row is None:
-                raise not_found(run_id)
+                raise admin.not_found(run_id)
             return admin.progress(conn, run_id, int(row.head_seq))
 
     # -- plumbing -----------------------------------------------------------------------------

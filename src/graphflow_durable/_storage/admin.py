@@ -22,10 +22,9 @@ import sqlalchemy as sa
 
 from graphflow_durable._model.records import ENDED_STATUSES, RUN_STATUSES
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.commit import not_found
 from graphflow_durable._storage.lease import iso, locked, takeover_reason
 from graphflow_durable._storage.schema import agent_states, messages, queue, runs, steps
-from graphflow_durable.errors import ConflictError, RunStateError, UsageError
+from graphflow_durable.errors import ConflictError, RunNotFoundError, RunStateError, UsageError
 
 __all__ = [
     "TABLES",
@@ -149,6 +148,14 @@ class StoreStats:
             "rows": dict(self.rows),
             "bytes": dict(self.bytes),
         }
+
+
+def not_found(run_id: str) -> RunNotFoundError:
+    """The error for a run id the store does not have (nothing was changed)."""
+    return RunNotFoundError(
+        f"run {run_id} does not exist, nothing was changed; 'graphflow-durable runs list' lists the runs",
+        run_id=run_id,
+    )
 
 
 def _row(conn: sa.Connection, run_id: str, now: float) -> Any:
@@ -377,7 +384,9 @@ def stats(conn: sa.Connection) -> StoreStats:
     per_status = dict.fromkeys(RUN_STATUSES, 0)
     for status, count in conn.execute(sa.select(_R.status, sa.func.count()).group_by(_R.status)):
         per_status[str(status)] = int(count)
-    waiting = sa.select(sa.func.count()).where(~sa.exists().where(_R.run_id == queue.c.run_id))
+    waiting = (
+        sa.select(sa.func.count()).select_from(queue).where(~sa.exists().where(_R.run_id == queue.c.run_id))
+    )
     rows = {t.name: int(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()) for t in TABLES}
     return StoreStats(per_status, int(conn.execute(waiting).scalar_one()), rows, _bytes(conn))
 

@@ -278,7 +278,7 @@ def test_prune_refuses_bad_arguments(store: Store, kwargs: dict[str, object], me
 
 def test_stats_count_runs_per_status_rows_and_bytes_per_table(store: Store) -> None:
     empty = store.stats()
-    assert set(empty.runs.values()) == {0} and empty.rows["graphflow_runs"] == 0
+    assert set(empty.runs.values()) == {0} and empty.rows["graphflow_runs"] == 0 and empty.submissions == 0
     made(store, "a", status="finished")
     made(store, "b", status="finished")
     made(store, "c", status="failed")

@@ -20,6 +20,7 @@ from autogen_agentchat.messages import BaseChatMessage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import worker as crash
+
 from agents import Scripted
 
 

@@ -71,7 +71,9 @@ def test_cancel_from_another_process_stops_the_driver_within_its_lease_and_run_r
     assert max(turn_starts(times)) < asked_at + LEASE
     assert cancelled_after < LEASE + TURN, f"cancelled {cancelled_after:.2f} s after the request"
     done = len(stopped["transcript"])
-    print(f"cancelled {cancelled_after:.2f} s after the request, at message {done} of {len(reference['transcript'])}")
+    print(
+        f"cancelled {cancelled_after:.2f} s after the request, at message {done} of {len(reference['transcript'])}"
+    )
     assert 0 < done < len(reference["transcript"])
     assert stopped["transcript"] == reference["transcript"][:done]
 

@@ -70,7 +70,9 @@ async def test_show_prints_status_round_head_lease_and_last_error(
     assert json.loads(out[0])["status"] == "finished"
 
 
-def test_show_of_a_held_run_names_its_driver_and_expiry(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_of_a_held_run_names_its_driver_and_expiry(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with Store(store_url) as store:
         store.create_run("run-1", graph_fingerprint="f", graph={}, owner="worker-7", lease_seconds=60)
         store.cancel_run("run-1")
@@ -97,7 +99,9 @@ def test_cancel_requests_a_held_run_cancels_a_free_one_and_refuses_a_finished_on
         made(store, "free", status="interrupted")
         made(store, "done", status="finished")
     code, out, _ = cli(capsys, store_url, "cancel", "held")
-    assert code == EXIT_OK and out[0].startswith("run held: cancel requested; its driver worker-1 (lease until")
+    assert code == EXIT_OK and out[0].startswith(
+        "run held: cancel requested; its driver worker-1 (lease until"
+    )
     code, out, _ = cli(capsys, store_url, "cancel", "free", "--json")
     assert code == EXIT_OK and json.loads(out[0])["outcome"] == "cancelled"
     code, out, _ = cli(capsys, store_url, "cancel", "free")
@@ -140,7 +144,9 @@ def test_delete_refuses_a_running_run_without_force_and_deletes_with_it(
         "run live: deleted rows: 0 agent states, 0 messages, 0 steps, 0 queue, 1 runs"
     ]
     code, out, _ = cli(capsys, store_url, "delete", "done", "--dry-run")
-    assert out == ["run done and 1 nested runs: would delete rows: 2 agent states, 2 messages, 2 steps, 0 queue, 2 runs"]
+    assert out == [
+        "run done and 1 nested runs: would delete rows: 2 agent states, 2 messages, 2 steps, 0 queue, 2 runs"
+    ]
     code, out, _ = cli(capsys, store_url, "delete", "done", "--json")
     data = json.loads(out[0])
     assert data["run_ids"] == ["done", "done/A/2/inner"] and data["rows"]["graphflow_runs"] == 2

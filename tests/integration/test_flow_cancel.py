@@ -23,7 +23,9 @@ def agents(calls: list[str], hooks: Mapping[str, Hook] | None = None) -> list[Sc
     return [Scripted(n, calls=calls, before=hooks.get(n)) for n in ("A", "B", "C")]
 
 
-async def test_a_cancel_of_a_running_flow_stops_it_at_the_next_renewal_and_run_resumes_it(store_url: str) -> None:
+async def test_a_cancel_of_a_running_flow_stops_it_at_the_next_renewal_and_run_resumes_it(
+    store_url: str,
+) -> None:
     reference_calls: list[str] = []
     ref_agents = agents(reference_calls)
     reference = await durable(ref_agents, chain(*ref_agents), store_url, "ref").run(task="go")
@@ -40,7 +42,11 @@ async def test_a_cancel_of_a_running_flow_stops_it_at_the_next_renewal_and_run_r
         gate.open()  # B answers: recorded; C is not dispatched
         await asyncio.wait_for(running, 10)
         run = other.get_run("run")
-        assert run is not None and (run.status, run.cancel_requested_at, run.lease_owner) == ("cancelled", None, None)
+        assert run is not None and (run.status, run.cancel_requested_at, run.lease_owner) == (
+            "cancelled",
+            None,
+            None,
+        )
     assert calls == ["A", "B"]
     assert [s for s, _ in stored_transcript(team)] == ["user", "A", "B"]
 

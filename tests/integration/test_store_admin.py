@@ -15,7 +15,7 @@ from graphflow_durable.errors import (
     RunStateError,
     UsageError,
 )
-from graphflow_durable.store import AgentStateRecord, RunUpdate, Step, Store
+from graphflow_durable.store import AgentStateRecord, RunUpdate, Store
 
 from .test_store import LEASE, commit_text, start
 
@@ -32,7 +32,9 @@ def raw(store_url: str) -> Iterator[sa.Engine]:
 def rows_of(raw: sa.Engine, run_id: str) -> dict[str, int]:
     with raw.connect() as conn:
         return {
-            t: conn.execute(sa.text(f"SELECT COUNT(*) FROM graphflow_{t} WHERE run_id = :r"), {"r": run_id}).scalar_one()
+            t: conn.execute(
+                sa.text(f"SELECT COUNT(*) FROM graphflow_{t} WHERE run_id = :r"), {"r": run_id}
+            ).scalar_one()
             for t in TABLES
         }
 
@@ -59,7 +61,9 @@ def age(raw: sa.Engine, run_id: str, days: float) -> None:
 # -- cancel -------------------------------------------------------------------------------------
 
 
-def test_cancel_of_a_run_nobody_holds_makes_it_cancelled_at_once_and_fences_its_old_token(store: Store) -> None:
+def test_cancel_of_a_run_nobody_holds_makes_it_cancelled_at_once_and_fences_its_old_token(
+    store: Store,
+) -> None:
     token = made(store, "run-1", status="interrupted")
     done = store.cancel_run("run-1")
     assert (done.outcome, done.status, done.owner) == ("cancelled", "cancelled", None)
@@ -71,7 +75,9 @@ def test_cancel_of_a_run_nobody_holds_makes_it_cancelled_at_once_and_fences_its_
 
 
 def test_cancel_of_a_run_whose_driver_lease_expired_cancels_it_at_once(store: Store) -> None:
-    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="gone", lease_seconds=0.01, host="elsewhere")
+    store.create_run(
+        "run-1", graph_fingerprint="f", graph={}, owner="gone", lease_seconds=0.01, host="elsewhere"
+    )
     time.sleep(0.05)
     assert store.cancel_run("run-1").outcome == "cancelled"
     run = store.get_run("run-1")
@@ -100,7 +106,11 @@ def test_a_driver_recording_cancelled_settles_the_request(store: Store) -> None:
     store.cancel_run("run-1")
     commit_text(store, "run-1", 0, token, 0, update=RunUpdate(status="cancelled", release_lease=True))
     run = store.get_run("run-1")
-    assert run is not None and (run.status, run.cancel_requested_at, run.lease_owner) == ("cancelled", None, None)
+    assert run is not None and (run.status, run.cancel_requested_at, run.lease_owner) == (
+        "cancelled",
+        None,
+        None,
+    )
     assert store.cancel_run("run-1").outcome == "already cancelled"
 
 
@@ -253,7 +263,7 @@ def test_prune_skips_runs_a_live_driver_holds_and_refuses_running_without_force(
     store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)  # being resumed right now
     skipped = store.prune(older_than=0, status="interrupted", dry_run=False)
     assert (skipped.run_ids, skipped.skipped) == ((), ("run-1",))
-    with pytest.raises(RunStateError, match="running runs.*force"):
+    with pytest.raises(RunStateError, match=r"running runs.*force"):
         store.prune(older_than=0, status="running")
     forced = store.prune(older_than=0, status=["running", "interrupted"], dry_run=False, force=True)
     assert forced.run_ids == ("run-1",)

@@ -38,10 +38,10 @@ from graphflow_durable._runtime.config import default_store_url, shared_store
 from graphflow_durable._runtime.lease import RunLease
 from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.team import TeamView
+from graphflow_durable._storage.lease import iso
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StateFormatError, StoreError
 from graphflow_durable.scheduler import GraphSpec, initial
-from graphflow_durable._storage.lease import iso
 from graphflow_durable.store import (
     ENDED_STATUSES,
     AgentStateRecord,

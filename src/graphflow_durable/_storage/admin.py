@@ -245,9 +245,7 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         status = "interrupted" if row.status == "cancelled" else row.status
         _free(conn, row, now, status=status)
     if submitted is not None:
-        conn.execute(
-            sa.update(queue).where(queue.c.run_id == run_id).values(not_before=None, updated_at=now)
-        )
+        conn.execute(sa.update(queue).where(queue.c.run_id == run_id).values(not_before=None, updated_at=now))
     return Retry(
         run_id,
         None if row is None else row.status,
@@ -345,7 +343,9 @@ def check_prune(statuses: Sequence[str], older_than: float, force: bool) -> None
                 option="status",
             )
     if not math.isfinite(older_than) or older_than < 0:
-        raise UsageError(f"prune: older_than must be 0 seconds or more, not {older_than}", option="older_than")
+        raise UsageError(
+            f"prune: older_than must be 0 seconds or more, not {older_than}", option="older_than"
+        )
     if _ACTIVE in statuses and not force:
         raise RunStateError(
             "prune: running runs are being driven (or were, by a driver that died); pass force=True "
@@ -381,7 +381,7 @@ def prune(
 
 def stats(conn: sa.Connection) -> StoreStats:
     """Runs per status, waiting submissions, rows and bytes per table."""
-    per_status = dict.fromkeys(RUN_STATUSES, 0)
+    per_status: dict[str, int] = dict.fromkeys(RUN_STATUSES, 0)
     for status, count in conn.execute(sa.select(_R.status, sa.func.count()).group_by(_R.status)):
         per_status[str(status)] = int(count)
     waiting = (

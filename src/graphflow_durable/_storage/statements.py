@@ -108,7 +108,9 @@ _lifecycle_values: dict[str, Any] = {
     # a pending cancel request is answered once the run rests (cancelled, or ended on its own)
     "cancel_requested_at": sa.case(
         (
-            sa.bindparam("p_status", type_=_R.status.type).in_([sa.literal_column(f"'{s}'") for s in _RESTING]),
+            sa.bindparam("p_status", type_=_R.status.type).in_(
+                [sa.literal_column(f"'{s}'") for s in _RESTING]
+            ),
             sa.null(),
         ),
         else_=_R.cancel_requested_at,

@@ -63,7 +63,10 @@ def add_parsers(commands: Any) -> None:
     delete.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
     prune = add("prune", "delete old runs of some statuses (retention)", run=False)
     prune.add_argument(
-        "--status", action="append", choices=RUN_STATUSES, help="runs of this status (repeatable; default finished)"
+        "--status",
+        action="append",
+        choices=RUN_STATUSES,
+        help="runs of this status (repeatable; default finished)",
     )
     prune.add_argument(
         "--older-than", type=older_than, required=True, metavar="AGE", help="last updated before: 30d, 12h..."
@@ -139,7 +142,10 @@ def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
         ("head", f"{run.head_seq} ({step} at {iso(at.head_at)})" if at.head_at is not None else "0"),
         ("messages", str(run.message_count)),
         ("lease", lease),
-        ("cancel", "-" if run.cancel_requested_at is None else f"requested at {iso(run.cancel_requested_at)}"),
+        (
+            "cancel",
+            "-" if run.cancel_requested_at is None else f"requested at {iso(run.cancel_requested_at)}",
+        ),
         ("team", shown["team"] or "-"),
         ("attempts", str(shown["attempts"])),
         ("last error", shown["last_error"] or "-"),

@@ -25,7 +25,13 @@ from graphflow_durable.cli._common import (
     run_command,
 )
 from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
-from graphflow_durable.errors import GraphflowDurableError, RunExistsError, RunLockedError, RunStateError, UsageError
+from graphflow_durable.errors import (
+    GraphflowDurableError,
+    RunExistsError,
+    RunLockedError,
+    RunStateError,
+    UsageError,
+)
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.store import RUN_STATUSES, Store
 from graphflow_durable.worker import TeamFactory, Worker, check_options

@@ -42,9 +42,9 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import admin
+from graphflow_durable._storage import admin, retention
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Removal, Retry, StoreStats
+from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Retry
 from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.commit import (
     encode_commit,
@@ -57,6 +57,7 @@ from graphflow_durable._storage.leasing import acquire, release, renew
 from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
+from graphflow_durable._storage.retention import Removal, StoreStats
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.workqueue import WorkQueue
@@ -476,7 +477,7 @@ class Store:
         with self._guard(f"releasing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
             return release(conn, run_id, fencing_token)
 
-    # -- managing runs from outside their driver (see _storage/admin.py) ------------------------
+    # -- managing runs from outside their driver (_storage/admin.py and retention.py) ---------
 
     def cancel_run(self, run_id: str) -> Cancellation:
         """Cancel a run, from any process.
@@ -523,7 +524,7 @@ class Store:
         """
         engine = self._e.read if dry_run else self._e.write
         with self._guard(f"deleting run {run_id}", run_id), engine.begin() as conn:
-            return admin.delete(conn, run_id, time.time(), force=force, dry_run=dry_run)
+            return retention.delete(conn, run_id, time.time(), force=force, dry_run=dry_run)
 
     def prune(
         self,
@@ -545,15 +546,15 @@ class Store:
             RunStateError: ``status`` includes ``running`` and ``force`` is false.
         """
         statuses = [status] if isinstance(status, str) else list(status)
-        admin.check_prune(statuses, older_than, force)
+        retention.check_prune(statuses, older_than, force)
         engine = self._e.read if dry_run else self._e.write
         with self._guard("pruning runs"), engine.begin() as conn:
-            return admin.prune(conn, statuses, older_than, time.time(), force=force, dry_run=dry_run)
+            return retention.prune(conn, statuses, older_than, time.time(), force=force, dry_run=dry_run)
 
     def stats(self) -> StoreStats:
         """Runs per status, submissions waiting for a worker, and rows and bytes per table."""
         with self._guard("reading the store's statistics"), self._e.read.begin() as conn:
-            return admin.stats(conn)
+            return retention.stats(conn)
 
     def progress(self, run_id: str) -> Progress:
         """How many rounds the run began, and its head step's kind, node and time.

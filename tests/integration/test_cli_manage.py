@@ -121,8 +121,8 @@ def test_retry_queues_a_cancelled_run_again_and_refuses_a_held_one(
     code, out, _ = cli(capsys, store_url, "retry", "run-1")
     assert code == EXIT_OK
     assert out == [
-        "run run-1: queued again for a worker given a single team factory (--team module:factory) "
-        "(was cancelled; now interrupted)"
+        "run run-1: queued again, interrupted (was cancelled); workers started with --team module:factory "
+        "claim it"
     ]
     code, out, err = cli(capsys, store_url, "retry", "held", "--json")
     assert (code, out) == (EXIT_REFUSED, [])

@@ -176,13 +176,10 @@ def _retry(store: Store, args: argparse.Namespace, out: Out) -> None:
     if args.json:
         out(json.dumps({**done.__dict__}, sort_keys=True))
         return
-    who = (
-        f"workers with --team {done.team}=..."
-        if done.team is not None
-        else "a worker given a single team factory (--team module:factory)"
-    )
+    who = f"--team {done.team}=module:factory" if done.team is not None else "--team module:factory"
     was = "submitted, not started" if done.previous_status is None else done.previous_status
-    out(f"run {done.run_id}: queued again for {who} (was {was}; now {done.status or 'submitted'})")
+    now = done.status or "submitted"
+    out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it")
 
 
 def _rows(removal: Removal) -> str:

@@ -41,11 +41,11 @@ class RunLease:
     stopped when the lease is lost (its answer is then refused by the fencing token, never
     recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
     message itself can still start an agent once after its lease expired; the check makes that
-    window a few statements wide instead of a whole agent turn.
+    window a few statements wide instead of a whole agent turn. The monotonic clock must not stop
+    while the process runs (it does not count a suspended host on every platform).
 
     A renewal also learns of a cancel requested from another process (``Store.cancel_run``): the
-    session then stops dispatching, and no dispatch is :meth:`valid` after it. The monotonic clock must not stop
-    while the process runs (it does not count a suspended host on every platform).
+    session then stops dispatching, and no dispatch is :meth:`valid` after it.
     """
 
     def __init__(self, session: RunSession) -> None:

@@ -89,10 +89,10 @@ def not_found(run_id: str) -> RunNotFoundError:
     )
 
 
-def run_row(conn: sa.Connection, run_id: str, now: float) -> Any:
-    """The run's status and lease (locked for this transaction), or ``None``."""
+def run_row(conn: sa.Connection, run_id: str, now: float, *, lock: bool = True) -> Any:
+    """The run's status and lease (``lock``: locked for this transaction), or ``None``."""
     query = _SELECT_RUN_STATE
-    if conn.dialect.name == "postgresql":
+    if lock and conn.dialect.name == "postgresql":
         query = query.with_for_update(of=runs)
     return conn.execute(query, {"p_run_id": run_id, "p_now": now}).first()
 

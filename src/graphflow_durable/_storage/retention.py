@@ -115,11 +115,12 @@ def _family(conn: sa.Connection, run_ids: Iterable[str]) -> list[str]:
     return list(seen)
 
 
-def _active(conn: sa.Connection, run_ids: Sequence[str], now: float) -> list[str]:
-    """Of ``run_ids``, those running or held by a live driver."""
+def _active(conn: sa.Connection, run_ids: Sequence[str], now: float, lock: bool) -> list[str]:
+    """Of ``run_ids``, those running or held by a live driver (``lock``: their rows locked until the
+    transaction ends, so that none is taken while it deletes them)."""
     found = []
     for run_id in run_ids:
-        row = run_row(conn, run_id, now)
+        row = run_row(conn, run_id, now, lock=lock)
         if row is not None and (row.status == _ACTIVE or held(row)):
             found.append(run_id)
     return found
@@ -148,8 +149,8 @@ def delete(conn: sa.Connection, run_id: str, now: float, *, force: bool, dry_run
     if not exists and conn.execute(sa.select(queue.c.run_id).where(queue.c.run_id == run_id)).first() is None:
         raise not_found(run_id)
     family = _family(conn, [run_id]) if exists else [run_id]
-    if not force and (busy := _active(conn, family, now)):
-        row = run_row(conn, busy[0], now)
+    if not force and (busy := _active(conn, family, now, not dry_run)):
+        row = run_row(conn, busy[0], now, lock=False)
         holder = (
             f"held by {row.lease_owner} until {iso(row.lease_expires_at)}"
             if row.lease_owner is not None
@@ -206,7 +207,7 @@ def prune(
         if run_id in chosen:
             continue  # nested in a run chosen before
         family = _family(conn, [run_id])
-        if not force and _active(conn, family, now):
+        if not force and _active(conn, family, now, not dry_run):
             skipped.append(run_id)
             continue
         chosen.extend(r for r in family if r not in chosen)

@@ -85,14 +85,14 @@ class RunLease:
         self.confirmed_at, self.released = started, False
         return self.token
 
-    def renew(self) -> None:
-        """Renew the lease once (raises what the store raises); on success, note when."""
+    def renew(self) -> float | None:
+        """Renew the lease once (raises what the store raises); on success, note when. Returns when a
+        cancel of the run was requested from another process (``None``: it was not)."""
         session = self._session
         started = time.monotonic()
         beat = session.store.heartbeat(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
         self.confirmed_at = started
-        if beat.cancel_requested_at is not None:
-            session.cancel(beat.cancel_requested_at)
+        return beat.cancel_requested_at
 
     def _gave_up(self, exc: StoreError) -> bool:
         """Whether a failed renewal only found that this session released the lease itself: the
@@ -115,7 +115,7 @@ class RunLease:
         if self.fresh():
             return True
         try:
-            self.renew()
+            requested = self.renew()
         except (LeaseLostError, RunNotFoundError) as exc:
             session.lost(exc)
             return False
@@ -127,6 +127,9 @@ class RunLease:
                 exc,
             )
             session.halt()
+            return False
+        if requested is not None:
+            session.cancel(requested)
             return False
         return True
 
@@ -140,7 +143,7 @@ class RunLease:
             await asyncio.sleep(interval)
             try:
                 # In a thread: the event loop (every other run of the process) does not wait on it.
-                await asyncio.to_thread(self.renew)
+                requested = await asyncio.to_thread(self.renew)
             except (LeaseLostError, RunNotFoundError) as exc:
                 if not self._gave_up(exc):
                     session.lost(exc)
@@ -164,6 +167,8 @@ class RunLease:
                     )
                     session.halt()
                 continue
+            if requested is not None:
+                session.cancel(requested)
             if outage is not None:
                 logger.info(
                     "run %s: the lease is renewed again after %.2f s of failures",

@@ -48,7 +48,8 @@ __all__ = [
 ]
 
 EXIT_OK = 0
-"""Done: listed, submitted (or already submitted with the same task), or the worker stopped cleanly."""
+"""Done: listed, shown, cancelled, retried, deleted, pruned (also when nothing was left to prune),
+submitted (or already submitted with the same task), or the worker stopped cleanly."""
 EXIT_ERROR = 1
 """The store could not be opened or used, or a team factory could not be imported."""
 EXIT_USAGE = 2
@@ -93,7 +94,8 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
   postgresql://app@db/agents?connect_timeout=5&application_name=worker (see docs/store-urls.md)
 
 exit codes:
-  0  done (listed; submitted or already submitted with the same task; worker stopped cleanly)
+  0  done (listed; shown, cancelled, retried, deleted, pruned, also when nothing was left to
+     prune; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, a bad option value, or
      a RUN that does not exist)

@@ -82,6 +82,23 @@ def test_show_of_a_held_run_names_its_driver_and_expiry(
     assert next(line for line in out if line.startswith("cancel")).split()[1] == "requested"
 
 
+def test_show_of_a_submission_not_started_yet_says_submitted(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Store(store_url) as store:
+        store.queue.submit("sub-1", task="go", team="report")
+    code, out, _ = cli(capsys, store_url, "show", "sub-1")
+    assert code == EXIT_OK and out[:3] == ["run         sub-1", "status      submitted", "team        report"]
+    code, out, _ = cli(capsys, store_url, "show", "sub-1", "--json")
+    assert json.loads(out[0]) == {
+        "run_id": "sub-1",
+        "status": "submitted",
+        "team": "report",
+        "attempts": 0,
+        "last_error": None,
+    }
+
+
 @pytest.mark.parametrize("command", ["show", "cancel", "retry", "delete"])
 def test_a_command_on_an_unknown_run_fails_on_one_line_with_exit_2(
     store_url: str, capsys: pytest.CaptureFixture[str], command: str

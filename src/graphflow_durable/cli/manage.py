@@ -98,6 +98,17 @@ def run(store: Store, args: argparse.Namespace, out: Out) -> int:
 
 def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
     run = store.get_run(args.run_id)
+    if run is None and (waiting := store.queue.get_submission(args.run_id)) is not None:
+        pending: dict[str, Any] = {"run_id": waiting.run_id, "status": "submitted", "team": waiting.team}
+        pending |= {"attempts": waiting.attempts, "last_error": waiting.last_error}
+        if args.json:
+            out(json.dumps(pending, sort_keys=True))
+            return
+        for key, value in pending.items():
+            out(
+                f"{'run' if key == 'run_id' else key.replace('_', ' '):<11} {'-' if value is None else value}"
+            )
+        return
     if run is None:
         raise RunNotFoundError(
             f"run {args.run_id} does not exist in {store.url}; 'graphflow-durable runs list' lists the runs",

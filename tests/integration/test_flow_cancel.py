@@ -77,3 +77,19 @@ async def test_a_request_the_asked_driver_never_saw_is_honoured_by_the_next_driv
     assert calls == ["A", "B", "B", "C"]
     run = team.run_info()
     assert run is not None and run.status == "finished"
+
+
+async def test_a_dispatch_whose_lease_check_renews_and_finds_a_cancel_request_is_refused(store_url: str) -> None:
+    calls: list[str] = []
+    gate = Gate()
+    made = agents(calls, hooks={"B": gate})
+    team = durable(made, chain(*made), store_url, "run", lease_seconds=60)  # renewer: every 20 s
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+    assert team.store.cancel_run("run").outcome == "requested"
+    team._session.lease.confirmed_at = float("-inf")  # not fresh: the next dispatch renews first
+    gate.open()
+    await asyncio.wait_for(running, 10)
+    assert calls == ["A", "B"]  # C's dispatch was refused by the renewal that found the request
+    run = team.run_info()
+    assert run is not None and run.status == "cancelled"

@@ -79,7 +79,9 @@ async def test_a_request_the_asked_driver_never_saw_is_honoured_by_the_next_driv
     assert run is not None and run.status == "finished"
 
 
-async def test_a_dispatch_whose_lease_check_renews_and_finds_a_cancel_request_is_refused(store_url: str) -> None:
+async def test_a_dispatch_whose_lease_check_renews_and_finds_a_cancel_request_is_refused(
+    store_url: str,
+) -> None:
     calls: list[str] = []
     gate = Gate()
     made = agents(calls, hooks={"B": gate})

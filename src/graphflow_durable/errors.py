@@ -34,6 +34,7 @@ __all__ = [
     "RunExistsError",
     "RunLockedError",
     "RunNotFoundError",
+    "RunStateError",
     "SchemaVersionError",
     "StateFormatError",
     "StoreConfigError",
@@ -271,6 +272,22 @@ class RunNotFoundError(UsageError, StoreError, LookupError):
         self.url = url
         self.option = None
         self.action = None
+
+
+class RunStateError(UsageError):
+    """The run's status (or a live driver) does not allow this operation: deleting or pruning a
+    running run without ``force``, cancelling or retrying a run whose graph completed. Nothing was
+    changed. A :class:`UsageError`.
+
+    Attributes:
+        run_id: the run.
+        status: its status when the operation was refused.
+        option: ``None``.
+    """
+
+    def __init__(self, message: str, *, run_id: str | None = None, status: str | None = None) -> None:
+        UsageError.__init__(self, message, run_id=run_id)
+        self.status = status
 
 
 class RunExistsError(UsageError):

@@ -74,7 +74,7 @@ class TeamFactory(Protocol):
     ) -> DurableGraphFlow: ...
 
 
-Outcome = Literal["finished", "stopped", "interrupted", "failed", "lost", "deferred", "halted"]
+Outcome = Literal["finished", "stopped", "cancelled", "interrupted", "failed", "lost", "deferred", "halted"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ class RunOutcome:
 
     ``outcome`` is ``"finished"`` (the graph completed); ``"stopped"`` (the termination condition
     or ``max_turns`` ended the round: the run is done for the pool, and ``run()`` with no task
-    continues it); ``"interrupted"`` (the team stopped before the end, e.g. it was
+    continues it); ``"cancelled"`` (``Store.cancel_run`` stopped it: the pool leaves it alone until
+    ``Store.retry_run``); ``"interrupted"`` (the team stopped before the end, e.g. it was
     halted); ``"failed"`` (the team raised; the run is retried after a back-off, the longest one for
     a caller's mistake or bad configuration); ``"lost"`` (another worker took the run over or got
     it first: this worker wrote nothing more); ``"deferred"`` (the database failed: no attempt was
@@ -519,6 +520,8 @@ class Worker:
         elif status == "stopped":
             result = final.result if final is not None and isinstance(final.result, dict) else {}
             done("stopped", result.get("stop_reason"))
+        elif status == "cancelled":
+            done("cancelled", "on request; 'graphflow-durable runs retry' queues it again")
         elif final is not None and final.lease_owner not in (None, self.owner):
             done("lost", f"run {run_id} is now driven by {final.lease_owner}")
         else:

@@ -70,7 +70,7 @@ async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> N
         die()
 
 
-def crash_team(url: str | Store, run_id: str) -> DurableGraphFlow:
+def crash_team(url: str | Store, run_id: str, **durable: Any) -> DurableGraphFlow:
     """Fan-out S->(P1,P2), join ->J, inner loop J->R->J ("any", when R says "again"), outer loop
     R->S (when R says "restart": the fan-out runs again), exit R->E (when R says "done")."""
     s, p1, p2, j, e = (Scripted(n, before=record_turn) for n in ("S", "P1", "P2", "J", "E"))
@@ -92,6 +92,7 @@ def crash_team(url: str | Store, run_id: str) -> DurableGraphFlow:
         termination_condition=MaxMessageTermination(60),
         store=url,
         run_id=run_id,
+        **durable,
     )
 
 

@@ -26,10 +26,12 @@ __all__ = [
     "StoredMessage",
 ]
 
-RunStatus = Literal["running", "interrupted", "stopped", "failed", "finished"]
+RunStatus = Literal["running", "interrupted", "stopped", "failed", "cancelled", "finished"]
 """A run's status. ``stopped``: its round was ended by the termination condition, ``max_turns`` or an
-external termination (``run()`` with no task continues it, as GraphFlow does); ``finished``: the graph
-completed (nothing left to run; ``run()`` with no task returns the stored result)."""
+external termination (``run()`` with no task continues it, as GraphFlow does); ``cancelled``: stopped
+on request (``Store.cancel_run``; ``run()`` with no task resumes it, worker pools leave it alone
+until ``Store.retry_run``); ``finished``: the graph completed (nothing left to run; ``run()`` with no
+task returns the stored result)."""
 
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 
@@ -158,6 +160,8 @@ class RunRecord:
     lease_pid: int | None = None
     lease_process: str | None = None
     """The lease holder's process identity as stored (JSON: boot id, PID namespace, start time)."""
+    cancel_requested_at: float | None = None
+    """When a cancel was requested of the run's live driver and not yet honoured (epoch seconds)."""
 
 
 @dataclass(frozen=True)

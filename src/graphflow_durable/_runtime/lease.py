@@ -43,6 +43,9 @@ class RunLease:
     message itself can still start an agent once after its lease expired; the check makes that
     window a few statements wide instead of a whole agent turn. The monotonic clock must not stop
     while the process runs (it does not count a suspended host on every platform).
+
+    A renewal also learns of a cancel requested from another process (``Store.cancel_run``): the
+    session then stops dispatching, and no dispatch is :meth:`valid` after it.
     """
 
     def __init__(self, session: RunSession) -> None:
@@ -82,12 +85,14 @@ class RunLease:
         self.confirmed_at, self.released = started, False
         return self.token
 
-    def renew(self) -> None:
-        """Renew the lease once (raises what the store raises); on success, note when."""
+    def renew(self) -> float | None:
+        """Renew the lease once (raises what the store raises); on success, note when. Returns when a
+        cancel of the run was requested from another process (``None``: it was not)."""
         session = self._session
         started = time.monotonic()
-        session.store.renew_lease(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
+        beat = session.store.heartbeat(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
         self.confirmed_at = started
+        return beat.cancel_requested_at
 
     def _gave_up(self, exc: StoreError) -> bool:
         """Whether a failed renewal only found that this session released the lease itself: the
@@ -104,11 +109,13 @@ class RunLease:
     def valid(self) -> bool:
         """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
         renewal); when it is not, or the database cannot say, the run is halted."""
+        session = self._session
+        if session.cancelling is not None:
+            return False
         if self.fresh():
             return True
-        session = self._session
         try:
-            self.renew()
+            requested = self.renew()
         except (LeaseLostError, RunNotFoundError) as exc:
             session.lost(exc)
             return False
@@ -120,6 +127,9 @@ class RunLease:
                 exc,
             )
             session.halt()
+            return False
+        if requested is not None:
+            session.cancel(requested)
             return False
         return True
 
@@ -133,7 +143,7 @@ class RunLease:
             await asyncio.sleep(interval)
             try:
                 # In a thread: the event loop (every other run of the process) does not wait on it.
-                await asyncio.to_thread(self.renew)
+                requested = await asyncio.to_thread(self.renew)
             except (LeaseLostError, RunNotFoundError) as exc:
                 if not self._gave_up(exc):
                     session.lost(exc)
@@ -157,6 +167,8 @@ class RunLease:
                     )
                     session.halt()
                 continue
+            if requested is not None:
+                session.cancel(requested)
             if outage is not None:
                 logger.info(
                     "run %s: the lease is renewed again after %.2f s of failures",

@@ -38,10 +38,12 @@ from graphflow_durable._runtime.config import default_store_url, shared_store
 from graphflow_durable._runtime.lease import RunLease
 from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.team import TeamView
+from graphflow_durable._storage.lease import iso
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StateFormatError, StoreError
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
+    ENDED_STATUSES,
     AgentStateRecord,
     MessageRecord,
     RunRecord,
@@ -104,6 +106,7 @@ class RunSession:
         self.states = StateLog()  # what this writer last committed per node, for splices
         self.turns = Turns(lambda: self.store)
         self.halted = False
+        self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
         self.fatal: BaseException | None = None
         self.said_lost = False  # the one line about a lost lease was logged (once per attach)
         logs.install()  # a lost lease or an outage: no library tracebacks in the ERROR log
@@ -159,7 +162,7 @@ class RunSession:
         store = self.store
         started = time.monotonic()
         run = store.get_run(self.run_id)
-        self.resumed_round, self.said_lost = None, False
+        self.resumed_round, self.said_lost, self.cancelling = None, False, None
         if run is None:
             self.states.clear()
             first: dict[str, Any] = {}
@@ -196,6 +199,8 @@ class RunSession:
         self.check_graph(run)
         await asyncio.to_thread(self.lease.take)
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
+        if run.cancel_requested_at is not None and run.status not in ENDED_STATUSES:
+            self.cancel(run.cancel_requested_at)  # asked of a driver that stopped before it saw it
         stale = not self.synced or self.head != run.head_seq
         self.head = run.head_seq
         if self.pending_import is not None:
@@ -235,7 +240,7 @@ class RunSession:
                     expected_head=run.head_seq,
                     fencing_token=self.lease.token,
                     step=Step(StepKind.INTERRUPT, None, store.head_scheduler(self.run_id) or {}),
-                    update=RunUpdate(status="failed" if failed else "interrupted", release_lease=True),
+                    update=RunUpdate(status=self._end_status(failed), release_lease=True),
                 )
                 return
         except StoreError as exc:
@@ -274,6 +279,22 @@ class RunSession:
             else:
                 gone = f"lease lost to {exc.owner}"
             logger.warning("run %s: %s; stopped dispatching", self.run_id, gone)
+
+    def _end_status(self, failed: bool) -> RunStatus:
+        """The status of a run that ended without the manager recording it."""
+        return "failed" if failed else "interrupted" if self.cancelling is None else "cancelled"
+
+    def cancel(self, requested_at: float) -> None:
+        """A cancel was requested (``Store.cancel_run``): stop dispatching; the run ends ``cancelled``."""
+        if self.cancelling is None:
+            logger.warning(
+                "run %s: cancel requested at %s; stopped dispatching (agents already running answer "
+                "and are recorded); the run is left cancelled: run() with no task resumes it",
+                self.run_id,
+                iso(requested_at),
+            )
+        self.cancelling = requested_at
+        self.halted = True
 
     def halt(self) -> None:
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""

@@ -53,8 +53,11 @@ def acquire(
     return token, reason, row.lease_owner
 
 
-def renew(conn: sa.Connection, run_id: str, owner: str, fencing_token: int, lease_seconds: float) -> float:
-    """Extend the lease ``owner`` holds with ``fencing_token``; the new expiry.
+def renew(
+    conn: sa.Connection, run_id: str, owner: str, fencing_token: int, lease_seconds: float
+) -> tuple[float, float | None]:
+    """Extend the lease ``owner`` holds with ``fencing_token``; the new expiry, and when a cancel of
+    the run was requested (``None``: it was not), read in the same statement.
 
     Raises RunNotFoundError or LeaseLostError.
     """
@@ -65,13 +68,14 @@ def renew(conn: sa.Connection, run_id: str, owner: str, fencing_token: int, leas
         "p_seconds": lease_seconds,
         "p_now": time.time(),
     }
-    expires = conn.execute(S.RENEW_LEASE, params).scalar()
-    if expires is None:
+    renewed = conn.execute(S.RENEW_LEASE, params).first()
+    if renewed is None:
         row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
         if row is None:
             raise not_found(run_id)
         raise lease_lost(run_id, fencing_token, row, owner)
-    return float(expires)
+    cancel = renewed.cancel_requested_at
+    return float(renewed.lease_expires_at), None if cancel is None else float(cancel)
 
 
 def release(conn: sa.Connection, run_id: str, fencing_token: int) -> bool:

@@ -193,6 +193,12 @@ def _m0006_row_checksums(conn: Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE {table} ADD COLUMN checksum BIGINT"))
 
 
+def _m0007_cancel_request(conn: Connection) -> None:
+    """Version 7: ``graphflow_runs.cancel_requested_at``, a cancel asked of the run's live driver
+    (from another process), which the driver learns of when it renews its lease."""
+    conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN cancel_requested_at DOUBLE PRECISION"))
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
@@ -201,6 +207,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (4, "agent states as text splices that reference messages (base_step 0: whole)", _m0004_state_splices),
     (5, "the lease holder's process identity (boot id, pid namespace, start time)", _m0005_lease_process),
     (6, "a checksum of each step, message and agent-state row, checked on read", _m0006_row_checksums),
+    (7, "a cancel requested of a run's live driver (cancel_requested_at)", _m0007_cancel_request),
 )
 
 #: The schema version this package writes.

@@ -113,6 +113,10 @@ def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
     )
 
 
+#: Runs the pool never claims: ended rounds, and runs cancelled on request (until retried).
+_NOT_CLAIMED = (*ENDED_STATUSES, "cancelled")
+
+
 def local_lease_pids(host: str) -> sa.Select[Any]:
     """Pids of this host's processes holding unexpired leases or claims (to test for liveness), each
     with its holder's identity: a run lease's ``lease_process`` (``""`` when unknown), ``NULL`` for
@@ -167,7 +171,7 @@ def claimable_runs(
         )
         .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
         .where(
-            _R.status.not_in(ENDED_STATUSES),
+            _R.status.not_in(_NOT_CLAIMED),
             takeable,
             sa.or_(_R.lease_owner.is_(None), _R.lease_owner != owner),
             _due(now),

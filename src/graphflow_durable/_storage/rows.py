@@ -34,4 +34,5 @@ def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:
         lease_host=row["lease_host"],
         lease_pid=row["lease_pid"],
         lease_process=row.get("lease_process"),
+        cancel_requested_at=row.get("cancel_requested_at"),
     )

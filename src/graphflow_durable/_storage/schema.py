@@ -47,6 +47,8 @@ runs = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     # the holder's process identity, JSON {"boot", "pidns", "start"} (version 5; NULL: unknown)
     sa.Column("lease_process", sa.Text, nullable=True),
+    # a cancel requested of the live driver, not yet honoured (version 7; NULL: none)
+    sa.Column("cancel_requested_at", sa.Double, nullable=True),
     sa.Index("graphflow_runs_status", "status"),
     sa.Index("graphflow_runs_parent", "parent_run_id"),
 )

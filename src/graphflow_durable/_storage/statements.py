@@ -102,10 +102,22 @@ _move_values = {
     "head_seq": sa.bindparam("p_new_head", type_=sa.Integer),
     "updated_at": sa.bindparam("p_now", type_=sa.Double),
 }
+#: Statuses at which a pending cancel request is settled (see ``_lifecycle_values``).
+_RESTING = ("cancelled", "stopped", "finished")
 #: What a commit that changes the run's lifecycle sets too. Kept out of the plain moves: setting
 #: ``status`` at all (even to itself) costs SQLite an index update on every commit.
 _lifecycle_values: dict[str, Any] = {
     "status": _keep_unless_given("p_status", _R.status),
+    # a pending cancel request is answered once the run rests (cancelled, or ended on its own)
+    "cancel_requested_at": sa.case(
+        (
+            sa.bindparam("p_status", type_=_R.status.type).in_(
+                [sa.literal_column(f"'{s}'") for s in _RESTING]
+            ),
+            sa.null(),
+        ),
+        else_=_R.cancel_requested_at,
+    ),
     "task": _keep_unless_given("p_task", _R.task),
     "result": _keep_unless_given("p_result", _R.result),
     # RunUpdate.release_lease: the lease columns as RELEASE_LEASE leaves them
@@ -259,7 +271,7 @@ RENEW_LEASE = (
         _R.lease_owner == sa.bindparam("p_owner", type_=sa.String),
     )
     .values(lease_expires_at=_expires)
-    .returning(_R.lease_expires_at)
+    .returning(_R.lease_expires_at, _R.cancel_requested_at)
 )
 RELEASE_LEASE = (
     sa.update(runs)

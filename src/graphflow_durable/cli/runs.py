@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli import _inspect, history
+from graphflow_durable.cli import _inspect, history, manage
 from graphflow_durable.cli._common import (
     CliError,
     OneLineParser,
@@ -25,15 +25,31 @@ from graphflow_durable.cli._common import (
     run_command,
 )
 from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
-from graphflow_durable.errors import GraphflowDurableError, RunExistsError, UsageError
+from graphflow_durable.errors import (
+    GraphflowDurableError,
+    RunExistsError,
+    RunLockedError,
+    RunStateError,
+    UsageError,
+)
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.store import RUN_STATUSES, Store
 from graphflow_durable.worker import TeamFactory, Worker, check_options
 
-__all__ = ["EXIT_CONFLICT", "EXIT_DAMAGED", "EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "entry", "main"]
+__all__ = [
+    "EXIT_CONFLICT",
+    "EXIT_DAMAGED",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_USAGE",
+    "entry",
+    "main",
+]
 
 EXIT_OK = 0
-"""Done: listed, submitted (or already submitted with the same task), or the worker stopped cleanly."""
+"""Done: listed, shown, cancelled, retried, deleted, pruned (also when nothing was left to prune),
+submitted (or already submitted with the same task), or the worker stopped cleanly."""
 EXIT_ERROR = 1
 """The store could not be opened or used, or a team factory could not be imported."""
 EXIT_USAGE = 2
@@ -43,6 +59,9 @@ EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
 """``runs verify``: rows that do not match their checksums were found (one line each on stdout)."""
+EXIT_REFUSED = manage.EXIT_REFUSED
+"""The run's state does not allow it: ``delete``/``prune`` of a running run without ``--force``,
+``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run."""
 
 _STATUSES = (*RUN_STATUSES, SUBMITTED)
 
@@ -54,7 +73,17 @@ commands:
                                      'running (lease expired)'
   runs verify [RUN ...] [--json]     check every step, message and agent-state row of the runs
                                      (default: all) against its checksum; one line per damaged row
-{history.EPILOG}  submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
+{history.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error
+  runs cancel RUN [--json]           stop a run: its driver stops within one lease period and
+                                     leaves it cancelled (run() with no task resumes it)
+  runs retry RUN [--json]            queue a failed, cancelled or interrupted run for workers again
+  runs delete RUN [--force] [--dry-run] [--json]
+                                     delete a run, its rows and its nested runs
+  runs prune --older-than AGE [--status S ...] [--force] [--dry-run] [--json]
+                                     delete runs of status S (default finished) last updated more
+                                     than AGE (30d, 12h, 45m, 90s, 2w) ago; --dry-run lists them
+  runs stats [--json]                runs per status, rows and bytes per table
+  submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
 
 --team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
 module:factory alone claims every run (one kind of team per database). The factory is called as
@@ -65,19 +94,24 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
   postgresql://app@db/agents?connect_timeout=5&application_name=worker (see docs/store-urls.md)
 
 exit codes:
-  0  done (listed; submitted or already submitted with the same task; worker stopped cleanly)
+  0  done (listed; shown, cancelled, retried, deleted, pruned, also when nothing was left to
+     prune; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
-     an unknown RUN, a STEP out of range, a FILE that is not a run export)
+     a RUN that does not exist, a STEP out of range, a FILE that is not a run export)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
      process and STEP is its head
   4  runs verify: damaged rows were found (each printed on one line)
+  5  refused by the run's state: delete/prune of a running run without --force, retry of a run
+     a live worker drives, cancel/retry of a stopped or finished run (nothing was changed)
 """
 
 #: How the library's errors end the command (first match wins: subclasses first).
 _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (RunExistsError, EXIT_CONFLICT),
+    (RunStateError, EXIT_REFUSED),
+    (RunLockedError, EXIT_REFUSED),
     (UsageError, EXIT_USAGE),  # StoreConfigError (a bad store URL) included
     (GraphflowDurableError, EXIT_ERROR),
 )
@@ -118,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     checking.add_argument("run_ids", nargs="*", metavar="RUN", help="the runs to check (default: all)")
     checking.add_argument("--json", action="store_true", help="one JSON object per damaged row")
     history.add_commands(runs_commands)  # history, transcript, export, import, fork
+    manage.add_parsers(runs_commands)
 
     submit = commands.add_parser("submit", help="queue a run for the worker pool")
     submit.add_argument("--store", dest="store_sub", help="database URL")
@@ -154,6 +189,9 @@ def _main(argv: Sequence[str] | None) -> int:
             check_run_id(run_id, option="RUN")
     if args.command == "runs" and args.runs_command in history.COMMANDS:
         history.check(args)
+    managing = args.command == "runs" and args.runs_command in manage.COMMANDS
+    if managing:
+        manage.check(args)  # before the store is opened
     with Store(url) as store:
         if args.command == "submit":
             return _submit(store, args)
@@ -161,6 +199,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return history.run(store, args, _out)
         if args.runs_command == "verify":
             return verify(store, args.run_ids, args.json, _out)
+        if managing:
+            return manage.run(store, args, _out)
         return _list(store, args)
 
 

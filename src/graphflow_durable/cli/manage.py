@@ -1,0 +1,245 @@
+"""``graphflow-durable runs show|cancel|retry|delete|prune|stats``: looking at and managing runs.
+
+A thin shell over the store's management calls (:meth:`Store.cancel_run`, :meth:`Store.retry_run`,
+:meth:`Store.delete_run`, :meth:`Store.prune`, :meth:`Store.stats`), for :mod:`.runs`: it adds the
+sub-commands to the ``runs`` parser, checks their arguments before the store is opened, and prints
+their results (a table or sentences; ``--json``: one JSON object).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._storage.lease import iso
+from graphflow_durable.cli._inspect import lease_state
+from graphflow_durable.errors import RunNotFoundError
+from graphflow_durable.store import RUN_STATUSES, Removal, Store
+
+__all__ = ["COMMANDS", "EXIT_REFUSED", "add_parsers", "check", "older_than", "run"]
+
+#: The run's state does not allow it: ``delete``/``prune`` of a running run without ``--force``,
+#: ``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run.
+EXIT_REFUSED = 5
+
+COMMANDS = ("show", "cancel", "retry", "delete", "prune", "stats")
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+
+Out = Callable[[str], None]
+
+
+def older_than(text: str) -> float:
+    """``--older-than`` as seconds: a number and a unit, ``s``/``m``/``h``/``d``/``w`` (``30d``)."""
+    found = _AGE.match(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an age; give a number and a unit: 90s, 45m, 12h, 30d or 2w"
+        )
+    return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+def add_parsers(commands: Any) -> None:
+    """Add the sub-commands to the ``runs`` sub-parsers ``commands``."""
+
+    def add(name: str, help: str, *, run: bool = True) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
+        parser.add_argument("--store", dest="store_sub", help="database URL")
+        if run:
+            parser.add_argument("run_id", metavar="RUN", help="the run")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        return parser
+
+    add("show", "a run's status, round, head, lease and last error")
+    add("cancel", "stop a run (its driver stops within one lease period); run() resumes it")
+    add("retry", "queue a failed, cancelled or interrupted run for the workers again")
+    delete = add("delete", "delete a run, its rows and its nested runs")
+    delete.add_argument("--force", action="store_true", help="delete it even if it is running")
+    delete.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
+    prune = add("prune", "delete old runs of some statuses (retention)", run=False)
+    prune.add_argument(
+        "--status",
+        action="append",
+        choices=RUN_STATUSES,
+        help="runs of this status (repeatable; default finished)",
+    )
+    prune.add_argument(
+        "--older-than", type=older_than, required=True, metavar="AGE", help="last updated before: 30d, 12h..."
+    )
+    prune.add_argument("--force", action="store_true", help="prune running runs (and held ones) too")
+    prune.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
+    add("stats", "runs per status, rows and bytes per table", run=False)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse a bad RUN before the store is opened (a usage error)."""
+    if getattr(args, "run_id", None) is not None:
+        check_run_id(args.run_id, option="RUN")
+
+
+def run(store: Store, args: argparse.Namespace, out: Out) -> int:
+    """Run the sub-command ``args.runs_command``; its exit code."""
+    command: Callable[[Store, argparse.Namespace, Out], None] = {
+        "show": _show,
+        "cancel": _cancel,
+        "retry": _retry,
+        "delete": _delete,
+        "prune": _prune,
+        "stats": _stats,
+    }[args.runs_command]
+    command(store, args, out)
+    return 0
+
+
+def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
+    run = store.get_run(args.run_id)
+    if run is None and (waiting := store.queue.get_submission(args.run_id)) is not None:
+        pending: dict[str, Any] = {"run_id": waiting.run_id, "status": "submitted", "team": waiting.team}
+        pending |= {"attempts": waiting.attempts, "last_error": waiting.last_error}
+        if args.json:
+            out(json.dumps(pending, sort_keys=True))
+            return
+        for key, value in pending.items():
+            out(
+                f"{'run' if key == 'run_id' else key.replace('_', ' '):<11} {'-' if value is None else value}"
+            )
+        return
+    if run is None:
+        raise RunNotFoundError(
+            f"run {args.run_id} does not exist in {store.url}; 'graphflow-durable runs list' lists the runs",
+            run_id=args.run_id,
+        )
+    at = store.progress(run.run_id)
+    sub = store.queue.get_submission(run.run_id)
+    now = store.lease_clock()
+    shown: dict[str, Any] = {
+        "run_id": run.run_id,
+        "status": run.status,
+        "round": at.rounds,
+        "head": run.head_seq,
+        "head_step": {"kind": at.head_kind, "node": at.head_node, "at": at.head_at},
+        "messages": run.message_count,
+        "lease_owner": run.lease_owner,
+        "lease_host": run.lease_host,
+        "lease_pid": run.lease_pid,
+        "lease_expires_at": run.lease_expires_at,
+        "lease_state": lease_state(run, now),
+        "cancel_requested_at": run.cancel_requested_at,
+        "team": None if sub is None else sub.team,
+        "attempts": 0 if sub is None else sub.attempts,
+        "last_error": None if sub is None else sub.last_error,
+        "parent_run_id": run.parent_run_id,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+    }
+    # The pending input of a waiting run belongs here, beside the lease and the last error.
+    if args.json:
+        out(json.dumps(shown, sort_keys=True))
+        return
+    step = "-" if at.head_kind is None else f"{at.head_kind}{f' {at.head_node}' if at.head_node else ''}"
+    lease = "-"
+    if run.lease_owner is not None:
+        where = f"pid {run.lease_pid} on {run.lease_host}"
+        lease = f"{run.lease_owner} ({where}; {shown['lease_state']}, until {iso(run.lease_expires_at)})"
+    lines = [
+        ("run", run.run_id),
+        ("status", run.status),
+        ("round", str(at.rounds)),
+        ("head", f"{run.head_seq} ({step} at {iso(at.head_at)})" if at.head_at is not None else "0"),
+        ("messages", str(run.message_count)),
+        ("lease", lease),
+        (
+            "cancel",
+            "-" if run.cancel_requested_at is None else f"requested at {iso(run.cancel_requested_at)}",
+        ),
+        ("team", shown["team"] or "-"),
+        ("attempts", str(shown["attempts"])),
+        ("last error", shown["last_error"] or "-"),
+        ("created", iso(run.created_at)),
+        ("updated", iso(run.updated_at)),
+    ]
+    for key, value in lines:
+        out(f"{key:<11} {value}")
+
+
+def _cancel(store: Store, args: argparse.Namespace, out: Out) -> None:
+    done = store.cancel_run(args.run_id)
+    if args.json:
+        out(json.dumps({**done.__dict__}, sort_keys=True))
+    elif done.outcome == "requested":
+        out(
+            f"run {done.run_id}: cancel requested; its driver {done.owner} (lease until "
+            f"{iso(done.lease_expires_at)}) stops dispatching within one lease period and leaves it cancelled"
+        )
+    elif done.outcome == "cancelled":
+        out(f"run {done.run_id}: cancelled (nobody was driving it); run() with no task resumes it")
+    else:
+        out(f"run {done.run_id}: already cancelled")
+
+
+def _retry(store: Store, args: argparse.Namespace, out: Out) -> None:
+    done = store.retry_run(args.run_id)
+    if args.json:
+        out(json.dumps({**done.__dict__}, sort_keys=True))
+        return
+    who = f"--team {done.team}=module:factory" if done.team is not None else "--team module:factory"
+    was = "submitted, not started" if done.previous_status is None else done.previous_status
+    now = done.status or "submitted"
+    out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it")
+
+
+def _rows(removal: Removal) -> str:
+    counts = {name.removeprefix("graphflow_").replace("_", " "): n for name, n in removal.rows.items()}
+    return ", ".join(f"{n} {name}" for name, n in counts.items())
+
+
+def _delete(store: Store, args: argparse.Namespace, out: Out) -> None:
+    gone = store.delete_run(args.run_id, force=args.force, dry_run=args.dry_run)
+    if args.json:
+        out(json.dumps(gone.as_dict(), sort_keys=True))
+        return
+    verb = "would delete" if gone.dry_run else "deleted"
+    nested = f" and {len(gone.run_ids) - 1} nested runs" if len(gone.run_ids) > 1 else ""
+    out(f"run {args.run_id}{nested}: {verb} rows: {_rows(gone)}")
+
+
+def _prune(store: Store, args: argparse.Namespace, out: Out) -> None:
+    statuses = args.status or ["finished"]
+    gone = store.prune(older_than=args.older_than, status=statuses, dry_run=args.dry_run, force=args.force)
+    if args.json:
+        out(json.dumps(gone.as_dict(), sort_keys=True))
+        return
+    which = f"{'/'.join(statuses)} runs last updated more than {_age(args.older_than)} ago"
+    if not gone.run_ids:
+        out(f"nothing to prune: no {which}")
+    else:
+        verb = "would prune" if gone.dry_run else "pruned"
+        out(f"{verb} {len(gone.run_ids)} {which} ({', '.join(gone.run_ids)}); rows: {_rows(gone)}")
+    if gone.skipped:
+        out(f"skipped {len(gone.skipped)} being driven (--force to prune them): {', '.join(gone.skipped)}")
+
+
+def _age(seconds: float) -> str:
+    for unit, size in sorted(_UNITS.items(), key=lambda item: -item[1]):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _stats(store: Store, args: argparse.Namespace, out: Out) -> None:
+    stats = store.stats()
+    if args.json:
+        out(json.dumps(stats.as_dict(), sort_keys=True))
+        return
+    total = sum(stats.runs.values())
+    per = ", ".join(f"{status} {n}" for status, n in stats.runs.items() if n)
+    out(f"runs: {total}{f' ({per})' if per else ''}; submissions waiting: {stats.submissions}")
+    out(f"{'TABLE':<24} {'ROWS':>8} {'BYTES':>12}")
+    for table, rows in stats.rows.items():
+        size = stats.bytes[table]
+        out(f"{table:<24} {rows:>8} {'-' if size is None else size:>12}")

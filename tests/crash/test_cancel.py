@@ -1,0 +1,88 @@
+"""Cancel from another process: the driving process (a real subprocess) stops within its lease
+period, the run is ``cancelled``, the pool leaves it alone, and a later ``run()`` in a new process
+resumes it to the uninterrupted transcript."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graphflow_durable import Store
+
+WORKER = Path(__file__).with_name("cancel_worker.py")
+LEASE = 2.0  # seconds: the driver renews (and so learns of a cancel) every LEASE / 3
+TURN = 0.25  # seconds each agent turn takes
+
+pytestmark = [pytest.mark.crash]
+
+
+def start(url: str, run_id: str, times: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), url, run_id, str(LEASE), str(TURN)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GFD_TURN_TIMES": str(times)},
+    )
+
+
+def outcome(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return dict(json.loads(out.splitlines()[-1]))
+
+
+def turn_starts(times: Path) -> list[float]:
+    return [float(line.split()[0]) for line in times.read_text().splitlines()] if times.exists() else []
+
+
+def test_cancel_from_another_process_stops_the_driver_within_its_lease_and_run_resumes_it_to_the_uninterrupted_transcript(
+    store_url: str, tmp_path: Path
+) -> None:
+    reference = outcome(start(store_url, "ref", tmp_path / "ref.times"))
+    assert reference["status"] == "finished"
+
+    times = tmp_path / "run.times"
+    driver = start(store_url, "run", times)
+    deadline = time.monotonic() + 60
+    while len(turn_starts(times)) < 3:  # the run is under way in the other process
+        assert time.monotonic() < deadline and driver.poll() is None, "the driver never got going"
+        time.sleep(0.02)
+    with Store(store_url) as store:
+        asked_at = time.time()
+        asked = store.cancel_run("run")
+        assert (asked.outcome, asked.status) == ("requested", "running")
+        while (run := store.get_run("run")) is not None and run.status != "cancelled":
+            assert time.time() < asked_at + 30, f"still {run.status}"
+            time.sleep(0.02)
+        cancelled_after = time.time() - asked_at
+    stopped = outcome(driver)
+
+    assert stopped["status"] == "cancelled"
+    # Within the lease period: no agent turn began later than one lease after the request, and the
+    # run was recorded cancelled within it (plus the turn that was running when the driver saw it).
+    assert max(turn_starts(times)) < asked_at + LEASE
+    assert cancelled_after < LEASE + TURN, f"cancelled {cancelled_after:.2f} s after the request"
+    done = len(stopped["transcript"])
+    print(
+        f"cancelled {cancelled_after:.2f} s after the request, at message {done} of {len(reference['transcript'])}"
+    )
+    assert 0 < done < len(reference["transcript"])
+    assert stopped["transcript"] == reference["transcript"][:done]
+
+    with Store(store_url) as store:
+        assert store.queue.claim("pool-1", lease_seconds=LEASE) is None  # the pool leaves it alone
+        run = store.get_run("run")
+        assert run is not None and run.cancel_requested_at is None and run.lease_owner is None
+
+    resumed = outcome(start(store_url, "run", tmp_path / "resume.times"))
+    assert resumed["status"] == "finished"
+    assert resumed["transcript"] == reference["transcript"]
+    assert resumed["result"] == reference["result"]

@@ -31,7 +31,6 @@ from graphflow_durable._runtime.config import (
     refuse_callables,
 )
 from graphflow_durable._runtime.container import DurableChatAgentContainer
-from graphflow_durable._runtime.history import team_state_of
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
@@ -410,7 +409,7 @@ class DurableGraphFlow(GraphFlow):
         """
         session = self._session
         if at is not None:
-            return await team_state_of(session, self.store.cut(session.run_id, at))
+            return await session.state_of(self.store.cut(session.run_id, at))
         if session.pending_import is None and self.store.get_run(session.run_id) is not None:
             # The store's head is the consistent cut. In memory, mid-run, an in-flight agent may be
             # mid-turn (its state already holding this turn's input, its buffer already cleared),

@@ -46,6 +46,7 @@ from graphflow_durable.store import (
     ENDED_STATUSES,
     AgentStateRecord,
     MessageRecord,
+    RunLog,
     RunRecord,
     RunStatus,
     RunUpdate,
@@ -441,7 +442,11 @@ class RunSession:
 
     async def state_at_head(self) -> dict[str, Any]:
         """The team state (TeamState dump, durable format) at the store's head."""
-        log = self.store.load(self.run_id)
+        return await self.state_of(self.store.load(self.run_id))
+
+    async def state_of(self, log: RunLog) -> dict[str, Any]:
+        """The team state (TeamState dump, durable format) at the head of ``log`` (the run, or its
+        cut at a past step); a participant with no stored state there gives its current one."""
         at = plan(log, self.spec, self.team.participant_names)
         states = {
             name: log.agent_states[name] if name in log.agent_states else await self.team.agent_state(name)

@@ -26,8 +26,10 @@ __all__ = [
     "StoredMessage",
 ]
 
-RunStatus = Literal["running", "interrupted", "stopped", "failed", "finished"]
-"""A run's status. ``stopped``: its round was ended by the termination condition, ``max_turns`` or an
+RunStatus = Literal["running", "interrupted", "stopped", "failed", "finished", "waiting"]
+"""A run's status. ``waiting``: a node asked for human input (``HumanInput("wait")``) and nothing
+else can run until it is answered (``Store.respond``; an answer makes the run ``interrupted``, to be
+resumed). ``stopped``: its round was ended by the termination condition, ``max_turns`` or an
 external termination (``run()`` with no task continues it, as GraphFlow does); ``finished``: the graph
 completed (nothing left to run; ``run()`` with no task returns the stored result)."""
 
@@ -103,6 +105,8 @@ class StepKind(str, Enum):
     """``reset()``: a fresh scheduler after the run's messages, every participant's state."""
     IMPORT = "import"
     """``load_state()``: a saved state's thread, agent states and scheduler."""
+    WAIT = "wait"
+    """The round parks: the nodes still in flight wait for human input (data: their request ids)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ class RunRecord:
     lease_pid: int | None = None
     lease_process: str | None = None
     """The lease holder's process identity as stored (JSON: boot id, PID namespace, start time)."""
+    pending: Sequence[Any] = ()
+    """The run's pending requests for human input (``InputRequest``), oldest first, where the
+    reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty."""
 
 
 @dataclass(frozen=True)

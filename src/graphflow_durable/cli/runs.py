@@ -25,7 +25,7 @@ from graphflow_durable.cli._common import (
     run_command,
 )
 from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
-from graphflow_durable.errors import GraphflowDurableError, RunExistsError, UsageError
+from graphflow_durable.errors import GraphflowDurableError, NotWaitingError, RunExistsError, UsageError
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.store import RUN_STATUSES, Store
 from graphflow_durable.worker import TeamFactory, Worker, check_options
@@ -54,6 +54,9 @@ commands:
                                      'running (lease expired)'
   runs verify [RUN ...] [--json]     check every step, message and agent-state row of the runs
                                      (default: all) against its checksum; one line per damaged row
+  runs respond RUN ANSWER [--node N | --request ID] [--json]
+                                     answer a waiting run's request for human input; the run
+                                     becomes resumable (a worker of the pool picks it up)
   submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
 
 --team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
@@ -68,13 +71,16 @@ exit codes:
   0  done (listed; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value)
-  3  submit: RUN_ID was submitted with another task/team, or exists without a submission
+  3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
+     runs respond: nothing to answer (the run is not waiting, the request was already answered,
+     or several are pending and none was named); nothing was changed
   4  runs verify: damaged rows were found (each printed on one line)
 """
 
 #: How the library's errors end the command (first match wins: subclasses first).
 _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (RunExistsError, EXIT_CONFLICT),
+    (NotWaitingError, EXIT_CONFLICT),
     (UsageError, EXIT_USAGE),  # StoreConfigError (a bad store URL) included
     (GraphflowDurableError, EXIT_ERROR),
 )
@@ -114,6 +120,14 @@ def _parser() -> argparse.ArgumentParser:
     checking.add_argument("--store", dest="store_sub", help="database URL")
     checking.add_argument("run_ids", nargs="*", metavar="RUN", help="the runs to check (default: all)")
     checking.add_argument("--json", action="store_true", help="one JSON object per damaged row")
+    answer = runs_commands.add_parser("respond", help="answer a waiting run's request for human input")
+    answer.add_argument("--store", dest="store_sub", help="database URL")
+    answer.add_argument("run_id", metavar="RUN")
+    answer.add_argument("answer", metavar="ANSWER")
+    which = answer.add_mutually_exclusive_group()
+    which.add_argument("--node", help="the node whose request this answers (when several wait)")
+    which.add_argument("--request", help="the request id this answers (runs list shows them)")
+    answer.add_argument("--json", action="store_true", help="the answered request as one JSON object")
 
     submit = commands.add_parser("submit", help="queue a run for the worker pool")
     submit.add_argument("--store", dest="store_sub", help="database URL")
@@ -148,11 +162,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "runs" and args.runs_command == "verify":
         for run_id in args.run_ids:
             check_run_id(run_id, option="RUN")
+    if args.command == "runs" and args.runs_command == "respond":
+        check_run_id(args.run_id, option="RUN")
     with Store(url) as store:
         if args.command == "submit":
             return _submit(store, args)
         if args.runs_command == "verify":
             return verify(store, args.run_ids, args.json, _out)
+        if args.runs_command == "respond":
+            return _respond(store, args)
         return _list(store, args)
 
 
@@ -169,6 +187,18 @@ def _out(line: str) -> None:
 def _submit(store: Store, args: argparse.Namespace) -> int:
     sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
     _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
+    return EXIT_OK
+
+
+def _respond(store: Store, args: argparse.Namespace) -> int:
+    done = store.respond(args.run_id, args.answer, node=args.node, request_id=args.request)  # exit 3
+    status = store.get_run(args.run_id)
+    row = {"run_id": args.run_id, **done.to_json(), "run_status": None if status is None else status.status}
+    _out(
+        json.dumps(row)
+        if args.json
+        else f"{args.run_id}: answered {done.request_id} ({done.node}); run {row['run_status']}"
+    )
     return EXIT_OK
 
 

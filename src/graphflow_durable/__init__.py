@@ -13,8 +13,10 @@ from graphflow_durable.errors import (
     ConflictError,
     GraphflowDurableError,
     GraphMismatchError,
+    InputDeadlineError,
     LeaseLostError,
     NotSerializableError,
+    NotWaitingError,
     ReplayError,
     RunExistsError,
     RunLockedError,
@@ -27,9 +29,9 @@ from graphflow_durable.errors import (
     UnrepairableStateError,
     UsageError,
 )
-from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
+from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, HumanInput, default_store_url
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
-from graphflow_durable.store import RunRecord, Store
+from graphflow_durable.store import InputRequest, RunRecord, Store
 from graphflow_durable.worker import Worker
 
 __all__ = [
@@ -40,8 +42,12 @@ __all__ = [
     "Finding",
     "GraphMismatchError",
     "GraphflowDurableError",
+    "HumanInput",
+    "InputDeadlineError",
+    "InputRequest",
     "LeaseLostError",
     "NotSerializableError",
+    "NotWaitingError",
     "RepairResult",
     "ReplayError",
     "RunExistsError",

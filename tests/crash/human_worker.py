@@ -23,6 +23,7 @@ import signal
 import sys
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
+from typing import Any
 
 from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.base import Response
@@ -63,7 +64,7 @@ class Human(UserProxyAgent):
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
     ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
         async for item in super().on_messages_stream(messages, cancellation_token):
-            if isinstance(item, Response) and KILL == self.name:
+            if isinstance(item, Response) and self.name == KILL:
                 os.kill(os.getpid(), signal.SIGKILL)
             yield item
 
@@ -94,3 +95,15 @@ async def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(asyncio.run(main(sys.argv[1:])))
+
+
+def pool(run_id: str, **durable: Any) -> DurableGraphFlow:
+    """The worker-pool factory (``human_worker:pool``): the same team, ``human_input="wait"``."""
+    a, b, c = (Scripted(n, before=record_turn) for n in "ABC")
+    h = Human("H", input_func=person)
+    graph = (
+        DiGraphBuilder().add_node(a).add_node(h).add_node(b).add_node(c)
+        .add_edge(a, h).add_edge(a, b).add_edge(h, c).add_edge(b, c)
+        .build()
+    )  # fmt: skip
+    return DurableGraphFlow([a, h, b, c], graph, run_id=run_id, human_input="wait", **durable)

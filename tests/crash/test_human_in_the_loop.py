@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,45 @@ def test_inline_input_answered_before_a_crash_is_not_asked_again_on_resume(
     assert finished == reference
     assert turns(log).count("ASK") == 1  # the person answered once, before the crash
     assert [t for t in turns(log) if t != "ASK"] == ["A", "B", "C"]
+
+
+def test_a_worker_pool_finishes_a_run_answered_from_the_command_line_with_no_one_calling_run(
+    store_url: str, tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    url, log = store_url, tmp_path / "pool.log"
+    with Store(url) as store:
+        store.queue.submit("run", task="go", team="human")
+    env = {**os.environ, "GFD_EXEC_LOG": str(log), "GFD_ANSWER": "ship it", "PYTHONPATH": str(WORKER.parent)}
+    command = [sys.executable, "-m", "graphflow_durable.cli.runs", "worker", "--store", url]
+    worker = subprocess.Popen(
+        [*command, "--team", "human=human_worker:pool", "--poll-interval", "0.1"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(url, "waiting")
+        assert turns(log) == ["A", "B"]
+        time.sleep(0.5)  # a waiting run is not claimed again: nothing re-runs while it waits
+        assert turns(log) == ["A", "B"] and status(url) == "waiting"
+        answered = respond_cli(url, "ship it")
+        assert answered.returncode == 0, answered.stderr
+        wait_for(url, "finished")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert "Traceback" not in err
+    assert turns(log) == ["A", "B", "C"]
+    with Store(url) as store:
+        thread = [[m.body["source"], m.body["content"]] for m in store.load("run").messages]
+    assert thread == reference["messages"]
+
+
+def wait_for(url: str, wanted: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with Store(url) as store:
+            run = store.get_run("run")
+        if run is not None and run.status == wanted:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the run did not become {wanted} within {timeout} s")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, get_args
 
+from graphflow_durable._model.human import InputRequest
+
 __all__ = [
     "StepKind",
     "AgentStateRecord",
@@ -162,8 +164,8 @@ class RunRecord:
     lease_pid: int | None = None
     lease_process: str | None = None
     """The lease holder's process identity as stored (JSON: boot id, PID namespace, start time)."""
-    pending: Sequence[Any] = ()
-    """The run's pending requests for human input (``InputRequest``), oldest first, where the
+    pending: Sequence[InputRequest] = ()
+    """The run's pending requests for human input, oldest first, where the
     reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty."""
 
 

@@ -4,7 +4,6 @@ the settings' round trip through the component config."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.teams import DiGraphBuilder
 
-from graphflow_durable import DurableGraphFlow, HumanInput, NotWaitingError, Store
+from graphflow_durable import DurableGraphFlow, HumanInput, NotWaitingError, RunNotFoundError, Store
 from graphflow_durable.store import InputRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -154,9 +153,68 @@ def test_bad_human_input_settings_are_refused_clearly(sqlite_url: str) -> None:
         HumanInput("wait", timeout=-1)
 
 
-async def test_asking_a_run_that_does_not_exist_or_has_nothing_pending_changes_nothing(store: Store) -> None:
-    from graphflow_durable import RunNotFoundError
-
+def test_answering_a_run_that_does_not_exist_is_run_not_found(store: Store) -> None:
     with pytest.raises(RunNotFoundError):
         store.respond("nope", "x")
-    asyncio.get_running_loop()
+
+
+async def test_an_ambiguous_answer_given_as_a_task_is_refused_and_the_run_keeps_waiting(
+    store_url: str,
+) -> None:
+    team = fan(store_url, human_input="wait")
+    await team.run(task="go")
+    with pytest.raises(NotWaitingError, match="waits on 2 requests"):
+        await fan(store_url, human_input="wait").run(task="yes")
+    info = team.run_info()
+    assert info is not None and info.status == "waiting" and len(info.pending) == 2
+    assert info.lease_owner is None  # the refused call gave the run back
+
+
+async def test_answers_that_name_no_pending_request_are_refused_with_what_is_pending(store_url: str) -> None:
+    team = one(store_url, human_input="wait")
+    await team.run(task="go")
+    store = team.store
+    with pytest.raises(NotWaitingError, match="has no such request") as unknown:
+        store.respond("r", "x", request_id="H/99")
+    assert unknown.value.pending == ("H/3",) and unknown.value.request_id == "H/99"
+    with pytest.raises(NotWaitingError, match="from node 'A'"):
+        store.respond("r", "x", node="A")
+    store.respond("r", "first", request_id="H/3")
+    with pytest.raises(NotWaitingError, match="has request 'H/3' answered"):
+        store.respond("r", "second", request_id="H/3")
+    assert store.input_request("r", "H/3").answer == "first"  # type: ignore[union-attr]
+
+
+async def test_reset_cancels_the_pending_requests_of_the_run(store_url: str) -> None:
+    team = one(store_url, human_input="wait")
+    await team.run(task="go")
+    await team.reset()
+    assert team.store.pending_requests("r") == []
+    assert team.store.input_request("r", "H/3").status == "cancelled"  # type: ignore[union-attr]
+    with pytest.raises(NotWaitingError):
+        await team.respond("too late")
+
+
+async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadline_passed(
+    store: Store,
+) -> None:
+    from graphflow_durable import Worker
+
+    def factory(run_id: str, **durable: object) -> DurableGraphFlow:
+        a, c, h = Scripted("A"), Scripted("C"), UserProxyAgent("H", input_func=person)
+        graph = DiGraphBuilder().add_node(a).add_node(h).add_node(c).add_edge(a, h).add_edge(h, c).build()
+        setting = HumanInput("wait", timeout=0.3, default="silence is consent")
+        return DurableGraphFlow([a, h, c], graph, run_id=run_id, human_input=setting, **durable)  # type: ignore[arg-type]
+
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": factory}, poll_interval=0.01)
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "waiting"  # type: ignore[union-attr]
+    assert [o.outcome for o in worker.outcomes] == ["waiting"]
+    await worker.run_until_idle()  # before the deadline: a waiting run is not claimed
+    assert len(worker.outcomes) == 1
+    time.sleep(0.4)
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
+    thread = [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
+    assert ("H", "silence is consent") in thread

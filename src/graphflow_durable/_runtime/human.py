@@ -65,7 +65,7 @@ class HumanGate:
         self._session = session
         self.default = default
         self.per_node = dict(per_node)
-        self._calls: dict[tuple[str, int], int] = {}  # (idempotency key, attempt) -> calls so far
+        self._turn: dict[str, tuple[tuple[str, int], int]] = {}  # node -> ((key, attempt), calls so far)
 
     def install(self, participants: Sequence[ChatAgent | Team]) -> None:
         """Route every ``UserProxyAgent`` participant's input function through the gate."""
@@ -99,8 +99,9 @@ class HumanGate:
         if ctx is None or ctx.node != node:
             return await original()
         store, run_id = self._session.store, ctx.run_id
-        turn = (ctx.idempotency_key, ctx.attempt)
-        index = self._calls[turn] = self._calls.get(turn, 0) + 1
+        turn, count = self._turn.get(node, (None, 0))
+        index = count + 1 if turn == (ctx.idempotency_key, ctx.attempt) else 1
+        self._turn[node] = ((ctx.idempotency_key, ctx.attempt), index)
         rid = request_id(node, ctx.step, index)
         setting = self.setting(node)
         now = time.time()
@@ -111,10 +112,15 @@ class HumanGate:
         if setting.mode == "inline":
             found = await asyncio.to_thread(store.input_request, run_id, rid)
             if found is None or found.status != "answered":
-                answer = await original()
-                answered = replace(request, status="answered", answer=answer, answered_by="inline",
-                                   answered_at=time.time(), deadline=None, default=None)  # fmt: skip
-                found = await asyncio.to_thread(store.open_request, run_id, answered)
+                answer = await original()  # the person answers; recorded before the turn goes on
+                if found is None:
+                    answered = replace(request, status="answered", answer=answer, answered_by="inline",
+                                       answered_at=time.time(), deadline=None, default=None)  # fmt: skip
+                    found = await asyncio.to_thread(store.open_request, run_id, answered)
+                else:  # left pending by a "wait" setting before: this answer answers it
+                    found = await asyncio.to_thread(
+                        store.answer_request, run_id, answer, node=None, request_id=rid, by="inline"
+                    )
         else:
             found = await asyncio.to_thread(store.open_request, run_id, request)
         if found.status == "answered" and found.answer is not None:

@@ -48,7 +48,9 @@ class Writer(BaseChatAgent):
     def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
         return (TextMessage,)
 
-    async def on_messages(self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken) -> Response:
+    async def on_messages(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> Response:
         heard = messages[-1].to_text() if messages else ""
         print(f"  [{self.name}] runs (heard: {heard!r})", flush=True)
         return Response(chat_message=TextMessage(content=f"{self._verb} ({heard})", source=self.name))
@@ -86,7 +88,9 @@ async def step(db: str, name: str) -> None:
     else:
         result = await team(db).run()
         print(f"  run() returned: {result.stop_reason}")
-        print(f"  transcript: {[(m.source, m.to_text()) for m in result.messages if isinstance(m, TextMessage)]}")
+        print(
+            f"  transcript: {[(m.source, m.to_text()) for m in result.messages if isinstance(m, TextMessage)]}"
+        )
     with Store(f"sqlite:///{db}") as store:
         print(f"  status: {store.get_run(RUN_ID).status}")  # type: ignore[union-attr]
 

@@ -67,7 +67,9 @@ def test_public_api_all_is_sorted_and_complete() -> None:
     assert public <= set(names), f"exported but not in __all__: {sorted(public - set(names))}"
 
 
-def test_human_in_the_loop_example_parks_exits_is_answered_and_finishes_in_three_processes(tmp_path: Path) -> None:
+def test_human_in_the_loop_example_parks_exits_is_answered_and_finishes_in_three_processes(
+    tmp_path: Path,
+) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "human_in_the_loop.py"), "--db", str(tmp_path / "hitl.db")],
         capture_output=True,

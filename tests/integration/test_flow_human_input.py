@@ -218,3 +218,18 @@ async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadl
     assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
     thread = [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
     assert ("H", "silence is consent") in thread
+
+
+async def test_wait_inside_a_nested_team_fails_the_turn_clearly_instead_of_recording_a_partial_answer(
+    sqlite_url: str,
+) -> None:
+    from autogen_agentchat.agents import SocietyOfMindAgent
+    from autogen_ext.models.replay import ReplayChatCompletionClient
+
+    h = UserProxyAgent("H", input_func=person)
+    inner = DurableGraphFlow([h], DiGraphBuilder().add_node(h).build(), name="inner", human_input="wait")
+    mind = SocietyOfMindAgent("M", team=inner, model_client=ReplayChatCompletionClient(["summary"]))
+    outer = DurableGraphFlow([mind], DiGraphBuilder().add_node(mind).build(), store=sqlite_url, run_id="o")
+    with pytest.raises(RuntimeError, match="inside a nested team"):
+        await outer.run(task="go")
+    assert outer.run_info().status == "failed"  # type: ignore[union-attr]

@@ -13,6 +13,8 @@ turn), so an answered request is never asked again:
   returns the answer.
 
 Outside a durable turn (the agent used on its own) the original function is called unchanged.
+Inside a nested durable team, ``wait`` is refused (the inner run cannot park its outer run): the
+turn fails with a :class:`UsageError` naming the fix (``inline``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pydantic import BaseModel
 
 from graphflow_durable._model.human import HumanInput, InputRequest, request_id
 from graphflow_durable.context import current_execution
-from graphflow_durable.errors import InputDeadlineError, NotWaitingError
+from graphflow_durable.errors import InputDeadlineError, NotWaitingError, UsageError
 
 if TYPE_CHECKING:
     from graphflow_durable._runtime.session import RunSession
@@ -122,6 +124,13 @@ class HumanGate:
                         store.answer_request, run_id, answer, node=None, request_id=rid, by="inline"
                     )
         else:
+            if self._session.nested:
+                raise UsageError(
+                    f"run {run_id}: {node} asks for input with human_input='wait' inside a nested team, "
+                    "which cannot park its outer run; use human_input='inline' for the inner team",
+                    run_id=run_id,
+                    option="human_input",
+                )
             found = await asyncio.to_thread(store.open_request, run_id, request)
         if found.status == "answered" and found.answer is not None:
             if ctx.attempt > 1 or found.answered_by != "inline":

@@ -21,6 +21,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents import Scripted
 
 KILL: str | None = None
+URL, RUN_ID = "", ""
+#: B has answered: the person answers only then, so H's answer always follows B's in the thread
+#: (the two branches race otherwise, and a plain GraphFlow's transcript order would vary).
+B_DONE = threading.Event()
 
 
 def log(line: str) -> None:
@@ -54,7 +60,30 @@ async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> N
 
 def person(prompt: str) -> str:
     log("ASK")
+    B_DONE.wait(30)
+    time.sleep(0.2)  # B's answer is on its way to the manager before H's
+    if URL.startswith(("sqlite", "postgresql")):  # a durable run: wait until B's answer is committed
+        from graphflow_durable import Store
+
+        with Store(URL) as store:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if any(m.body.get("source") == "B" for m in store.load(RUN_ID).messages):
+                    break
+                time.sleep(0.02)
     return os.environ.get("GFD_ANSWER", "approved")
+
+
+class Branch(Scripted):
+    """A scripted agent that tells the person when B has answered."""
+
+    async def on_messages(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> Response:
+        response = await super().on_messages(messages, cancellation_token)
+        if self.name == "B":
+            B_DONE.set()
+        return response
 
 
 class Human(UserProxyAgent):
@@ -70,7 +99,7 @@ class Human(UserProxyAgent):
 
 
 def team(url: str, run_id: str, mode: str) -> GraphFlow:
-    a, b, c = (Scripted(n, before=record_turn) for n in "ABC")
+    a, b, c = (Branch(n, before=record_turn) for n in "ABC")
     h = Human("H", input_func=person)
     graph = (
         DiGraphBuilder().add_node(a).add_node(h).add_node(b).add_node(c)
@@ -84,8 +113,9 @@ def team(url: str, run_id: str, mode: str) -> GraphFlow:
 
 
 async def main(argv: list[str]) -> int:
-    global KILL
+    global KILL, URL, RUN_ID
     url, run_id, mode = argv[0], argv[1], argv[2]
+    URL, RUN_ID = url, run_id
     KILL = argv[3] if len(argv) > 3 else None
     result = await team(url, run_id, mode).run(task=None if mode == "resume" else "go")
     messages = [[m.source, m.to_text()] for m in result.messages if isinstance(m, BaseChatMessage)]
@@ -99,7 +129,7 @@ if __name__ == "__main__":
 
 def pool(run_id: str, **durable: Any) -> DurableGraphFlow:
     """The worker-pool factory (``human_worker:pool``): the same team, ``human_input="wait"``."""
-    a, b, c = (Scripted(n, before=record_turn) for n in "ABC")
+    a, b, c = (Branch(n, before=record_turn) for n in "ABC")
     h = Human("H", input_func=person)
     graph = (
         DiGraphBuilder().add_node(a).add_node(h).add_node(b).add_node(c)

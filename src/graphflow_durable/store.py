@@ -43,7 +43,6 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import requests as R
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.commit import (
@@ -57,11 +56,12 @@ from graphflow_durable._storage.leasing import acquire, release, renew
 from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
+from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.workqueue import WorkQueue
 from graphflow_durable._storage.writer import CommitWriter
-from graphflow_durable.errors import ConflictError, StoreError, UsageError
+from graphflow_durable.errors import ConflictError
 
 __all__ = [
     "ENDED_STATUSES",
@@ -70,6 +70,7 @@ __all__ = [
     "Claim",
     "Damage",
     "InputRequest",
+    "InputRequests",
     "MessageRecord",
     "RunLog",
     "RunRecord",
@@ -141,6 +142,7 @@ class Store:
         self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
         self._writer = CommitWriter(self._e)
         self._queue = WorkQueue(self._e)
+        self._requests = InputRequests(self._e)
         shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
@@ -465,16 +467,15 @@ class Store:
 
     # -- human input (requests of input functions; see DurableGraphFlow's human_input) --------------
 
+    @property
+    def requests(self) -> InputRequests:
+        """The requests for human input of this store's runs (record, read, answer, cancel)."""
+        return self._requests
+
     def pending_requests(self, run_id: str) -> list[InputRequest]:
         """The run's pending requests for human input (node, prompt, idempotency key, time,
         deadline), oldest first; empty when it waits for nobody."""
-        with self._guard(f"reading the input requests of run {run_id}", run_id), self._e.read.begin() as conn:
-            return R.pending(conn, [run_id])
-
-    def input_request(self, run_id: str, request_id: str) -> InputRequest | None:
-        """One request for human input of the run (any status), or ``None``."""
-        with self._guard(f"reading an input request of run {run_id}", run_id), self._e.read.begin() as conn:
-            return R.find(conn, run_id, request_id)
+        return self._requests.pending(run_id)
 
     def respond(
         self, run_id: str, answer: str, *, node: str | None = None, request_id: str | None = None
@@ -490,72 +491,7 @@ class Store:
                 the request was already answered, e.g. by a concurrent call: exactly one wins), or
                 several and none named. Nothing was changed.
         """
-        return self.answer_request(run_id, answer, node=node, request_id=request_id, by="respond")
-
-    def answer_request(
-        self, run_id: str, answer: str, *, node: str | None, request_id: str | None, by: str
-    ) -> InputRequest:
-        """:meth:`respond`, recording who answered (``by``: ``respond``, ``default``...)."""
-        if not isinstance(answer, str):
-            raise UsageError(
-                f"an answer is text, not {type(answer).__name__}", run_id=run_id, option="answer"
-            )
-        with (
-            self._guard(f"answering an input request of run {run_id}", run_id),
-            self._e.write.begin() as conn,
-        ):
-            done, status = R.answer(
-                conn, run_id, answer, node=node, request_id=request_id, by=by, now=time.time()
-            )
-        _log.info("run %s: request %s answered (%s); the run is %s", run_id, done.request_id, by, status)
-        return done
-
-    def open_request(self, run_id: str, request: InputRequest) -> InputRequest:
-        """Record ``request`` unless one with its id exists; return the stored one (for the flow:
-        an input function's call; an ``answered`` request is recorded answered)."""
-        values = {
-            "run_id": run_id,
-            "request_id": request.request_id,
-            "node": request.node,
-            "prompt": request.prompt,
-            "idempotency_key": request.idempotency_key,
-            "status": request.status,
-            "answer": request.answer,
-            "answered_by": request.answered_by,
-            "created_at": request.created_at,
-            "answered_at": request.answered_at,
-            "deadline": request.deadline,
-            "default_answer": request.default,
-        }
-        for _attempt in range(2):
-            try:
-                with (
-                    self._guard(f"recording an input request of run {run_id}", run_id),
-                    self._e.write.begin() as conn,
-                ):
-                    found = R.find(conn, run_id, request.request_id)
-                    return found if found is not None else R.insert(conn, values)
-            except StoreError as exc:
-                if not isinstance(exc.__cause__, sa.exc.IntegrityError):
-                    raise
-        raise ConflictError(f"recording request {request.request_id} of run {run_id} kept conflicting; retry")
-
-    def wake_if_answered(self, run_id: str, request_ids: Sequence[str]) -> bool:
-        """After a run parked (``waiting``) on ``request_ids``: if one was answered before the park
-        committed, make it ``interrupted`` (resumable) again; return whether it did."""
-        with (
-            self._guard(f"checking the input requests of run {run_id}", run_id),
-            self._e.write.begin() as conn,
-        ):
-            return R.wake_if_answered(conn, run_id, request_ids, time.time())
-
-    def cancel_requests(self, run_id: str) -> int:
-        """Cancel the run's pending requests (its ``reset()``); return how many."""
-        with (
-            self._guard(f"cancelling the input requests of run {run_id}", run_id),
-            self._e.write.begin() as conn,
-        ):
-            return R.cancel_pending(conn, run_id, time.time())
+        return self._requests.answer(run_id, answer, node=node, request_id=request_id, by="respond")
 
     # -- plumbing -----------------------------------------------------------------------------
 

@@ -106,7 +106,7 @@ def test_a_crash_between_the_recorded_answer_and_the_turns_commit_asks_nobody_ag
     assert finished == reference
     assert turns(log) == ["A", "B", "C"]
     with Store(url) as store:
-        request = store.input_request("run", "H/3")
+        request = store.requests.get("run", "H/3")
     assert request is not None and (request.status, request.answer, request.answered_by) == (
         "answered",
         "ship it",

@@ -115,7 +115,7 @@ async def test_a_deadline_takes_the_default_answer_or_fails_the_run(store_url: s
     time.sleep(0.3)
     done = await team.run()  # past the deadline: the default is the answer
     assert ("H", "no answer") in texts(done)
-    assert team.store.input_request("d", "H/3").answered_by == "default"  # type: ignore[union-attr]
+    assert team.store.requests.get("d", "H/3").answered_by == "default"  # type: ignore[union-attr]
 
     failing = one(store_url, "f", human_input={"H": HumanInput("wait", timeout=0.2)})
     await failing.run(task="go")
@@ -130,7 +130,7 @@ async def test_inline_input_is_asked_once_and_recorded(store_url: str) -> None:
     team = one(store_url, human_input="inline")
     done = await team.run(task="go")
     assert ("H", "typed") in texts(done) and len(asked) == 1
-    request = team.store.input_request("r", "H/3")
+    request = team.store.requests.get("r", "H/3")
     assert request is not None and (request.status, request.answer, request.answered_by) == (
         "answered",
         "typed",
@@ -182,7 +182,7 @@ async def test_answers_that_name_no_pending_request_are_refused_with_what_is_pen
     store.respond("r", "first", request_id="H/3")
     with pytest.raises(NotWaitingError, match="has request 'H/3' answered"):
         store.respond("r", "second", request_id="H/3")
-    assert store.input_request("r", "H/3").answer == "first"  # type: ignore[union-attr]
+    assert store.requests.get("r", "H/3").answer == "first"  # type: ignore[union-attr]
 
 
 async def test_reset_cancels_the_pending_requests_of_the_run(store_url: str) -> None:
@@ -190,7 +190,7 @@ async def test_reset_cancels_the_pending_requests_of_the_run(store_url: str) -> 
     await team.run(task="go")
     await team.reset()
     assert team.store.pending_requests("r") == []
-    assert team.store.input_request("r", "H/3").status == "cancelled"  # type: ignore[union-attr]
+    assert team.store.requests.get("r", "H/3").status == "cancelled"  # type: ignore[union-attr]
     with pytest.raises(NotWaitingError):
         await team.respond("too late")
 

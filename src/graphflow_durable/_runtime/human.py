@@ -112,16 +112,16 @@ class HumanGate:
             None if setting.timeout is None else now + setting.timeout, setting.default,
         )  # fmt: skip
         if setting.mode == "inline":
-            found = await asyncio.to_thread(store.input_request, run_id, rid)
+            found = await asyncio.to_thread(store.requests.get, run_id, rid)
             if found is None or found.status != "answered":
                 answer = await original()  # the person answers; recorded before the turn goes on
                 if found is None:
                     answered = replace(request, status="answered", answer=answer, answered_by="inline",
                                        answered_at=time.time(), deadline=None, default=None)  # fmt: skip
-                    found = await asyncio.to_thread(store.open_request, run_id, answered)
+                    found = await asyncio.to_thread(store.requests.open, run_id, answered)
                 else:  # left pending by a "wait" setting before: this answer answers it
                     found = await asyncio.to_thread(
-                        store.answer_request, run_id, answer, node=None, request_id=rid, by="inline"
+                        store.requests.answer, run_id, answer, node=None, request_id=rid, by="inline"
                     )
         else:
             if self._session.nested:
@@ -131,7 +131,7 @@ class HumanGate:
                     run_id=run_id,
                     option="human_input",
                 )
-            found = await asyncio.to_thread(store.open_request, run_id, request)
+            found = await asyncio.to_thread(store.requests.open, run_id, request)
         if found.status == "answered" and found.answer is not None:
             if ctx.attempt > 1 or found.answered_by != "inline":
                 logger.info(
@@ -159,12 +159,12 @@ class HumanGate:
             )
         try:
             await asyncio.to_thread(
-                store.answer_request, run_id, request.default, node=None, request_id=rid, by="default"
+                store.requests.answer, run_id, request.default, node=None, request_id=rid, by="default"
             )
             logger.warning("run %s: request %s passed its deadline: the default answer is taken", run_id, rid)
             return request.default
         except NotWaitingError:  # answered meanwhile: that answer wins
-            found = await asyncio.to_thread(store.input_request, run_id, rid)
+            found = await asyncio.to_thread(store.requests.get, run_id, rid)
             return request.default if found is None or found.answer is None else found.answer
 
 

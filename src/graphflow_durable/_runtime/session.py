@@ -280,7 +280,7 @@ class RunSession:
         park committed makes the run resumable again at once; the next attach restores the team
         from the store (a waiting turn's agent may have changed its state before it asked)."""
         self.forget()
-        if await asyncio.to_thread(self.store.wake_if_answered, self.run_id, request_ids):
+        if await asyncio.to_thread(self.store.requests.wake_if_answered, self.run_id, request_ids):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)
 
     def halt(self) -> None:
@@ -340,7 +340,7 @@ class RunSession:
         self.forget()
         if self.nested or self.store.get_run(self.run_id) is None:
             return
-        self.store.cancel_requests(self.run_id)  # a pending request belongs to a turn that is gone
+        self.store.requests.cancel(self.run_id)  # a pending request belongs to a turn that is gone
         async with self.briefly_leased() as run:
             cursor = Cursor.fresh(initial(self.spec), origin=run.message_count)
             self.states.clear()

@@ -13,8 +13,10 @@ from graphflow_durable.errors import (
     ConflictError,
     GraphflowDurableError,
     GraphMismatchError,
+    InputDeadlineError,
     LeaseLostError,
     NotSerializableError,
+    NotWaitingError,
     ReplayError,
     RunExistsError,
     RunLockedError,
@@ -28,9 +30,9 @@ from graphflow_durable.errors import (
     UnrepairableStateError,
     UsageError,
 )
-from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, default_store_url
+from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, HumanInput, default_store_url
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
-from graphflow_durable.store import RunRecord, StepInfo, Store
+from graphflow_durable.store import InputRequest, RunRecord, StepInfo, Store
 from graphflow_durable.worker import Worker
 
 __all__ = [
@@ -41,8 +43,12 @@ __all__ = [
     "Finding",
     "GraphMismatchError",
     "GraphflowDurableError",
+    "HumanInput",
+    "InputDeadlineError",
+    "InputRequest",
     "LeaseLostError",
     "NotSerializableError",
+    "NotWaitingError",
     "RepairResult",
     "ReplayError",
     "RunExistsError",

@@ -28,8 +28,10 @@ __all__ = [
     "ConflictError",
     "GraphMismatchError",
     "GraphflowDurableError",
+    "InputDeadlineError",
     "LeaseLostError",
     "NotSerializableError",
+    "NotWaitingError",
     "ReplayError",
     "RunExistsError",
     "RunLockedError",
@@ -303,6 +305,48 @@ class RunExistsError(UsageError):
     def __init__(self, message: str, *, run_id: str | None = None, team: str | None = None) -> None:
         UsageError.__init__(self, message, run_id=run_id)
         self.team = team
+
+
+class NotWaitingError(UsageError):
+    """An answer that has nothing to answer: the run has no pending input request (it is not
+    waiting), the named request was already answered (another process answered first), or the run
+    waits on several requests and the answer names none of them. Nothing was changed.
+
+    Attributes:
+        run_id: the run.
+        request_id: the request named or found, if one.
+        pending: the ids of the run's pending requests.
+        option: ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        request_id: str | None = None,
+        pending: Sequence[str] = (),
+    ) -> None:
+        UsageError.__init__(self, message, run_id=run_id)
+        self.request_id = request_id
+        self.pending = tuple(pending)
+
+
+class InputDeadlineError(GraphflowDurableError, RuntimeError):
+    """A request for human input passed its deadline unanswered, and no default answer was
+    configured: the asking node's turn fails (the run is ``failed``).
+
+    Attributes:
+        run_id: the run.
+        request_id: the request.
+        deadline: its deadline (epoch seconds).
+    """
+
+    def __init__(self, message: str, *, run_id: str, request_id: str, deadline: float) -> None:
+        GraphflowDurableError.__init__(self, message)
+        self.run_id = run_id
+        self.request_id = request_id
+        self.deadline = deadline
 
 
 class NotSerializableError(GraphflowDurableError, TypeError, ValueError):

@@ -12,6 +12,7 @@ import copy
 import logging
 import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondition
@@ -20,6 +21,7 @@ from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_core import AgentRuntime, CancellationToken
 
 from graphflow_durable._model import graphid as _graphid
+from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
 from graphflow_durable._model.task import task_key, task_messages
 from graphflow_durable._runtime.config import (
     DEFAULT_STORE_ENV,
@@ -31,6 +33,7 @@ from graphflow_durable._runtime.config import (
     refuse_callables,
 )
 from graphflow_durable._runtime.container import DurableChatAgentContainer
+from graphflow_durable._runtime.human import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
@@ -38,7 +41,14 @@ from graphflow_durable.errors import UsageError
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import ENDED_STATUSES, RunRecord, StepInfo, Store
 
-__all__ = ["DEFAULT_STORE_ENV", "DurableGraphFlow", "DurableGraphFlowConfig", "default_store_url"]
+__all__ = [
+    "DEFAULT_STORE_ENV",
+    "DurableGraphFlow",
+    "DurableGraphFlowConfig",
+    "HumanInput",
+    "InputRequest",
+    "default_store_url",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +89,13 @@ class DurableGraphFlow(GraphFlow):
             :meth:`run` ends as on any interrupt. A second cancellation of the task stops waiting at
             once. An agent that ignores cancellation may keep running in the background of this
             process (a thread cannot be stopped); exit the process to end it.
+        human_input: how ``UserProxyAgent`` participants' input functions work: ``"inline"`` (the
+            default: the function is called and its answer recorded at once, so a crash before the
+            turn's commit never asks again), ``"wait"`` (the request is recorded, the run parks as
+            ``waiting`` and :meth:`run` returns; answer later from any process with :meth:`respond`,
+            ``Store.respond`` or ``graphflow-durable runs respond``), a :class:`HumanInput` (a mode
+            with a deadline and a default answer), or a mapping of node names to those (key ``"*"``:
+            the others).
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -105,6 +122,7 @@ class DurableGraphFlow(GraphFlow):
         lease_seconds: float = 30.0,
         lease_owner: str | None = None,
         interrupt_grace_seconds: float = 5.0,
+        human_input: str | HumanInput | Mapping[str, Any] | None = None,
     ) -> None:
         if not math.isfinite(interrupt_grace_seconds) or interrupt_grace_seconds < 0:
             raise UsageError(
@@ -135,6 +153,8 @@ class DurableGraphFlow(GraphFlow):
         self._participant_map: dict[str, ChatAgent | Team] = {p.name: p for p in participants}
         self._driven = False  # this object has run (or loaded a state into) the run
         self._interrupt_grace = float(interrupt_grace_seconds)
+        self._gate = HumanGate(self._session, *human_inputs(human_input, [p.name for p in participants]))
+        self._gate.install(participants)
 
     # -- public surface --------------------------------------------------------------------------
 
@@ -149,8 +169,24 @@ class DurableGraphFlow(GraphFlow):
         return self._session.store
 
     def run_info(self) -> RunRecord | None:
-        """The stored run's record (status, head, lease...), or ``None`` before the first run."""
-        return self.store.get_run(self.run_id)
+        """The stored run's record (status, head, lease..., its pending requests for human input in
+        ``pending``), or ``None`` before the first run."""
+        run = self.store.get_run(self.run_id)
+        return run if run is None else replace(run, pending=tuple(self.store.pending_requests(self.run_id)))
+
+    async def respond(
+        self, answer: str, *, node: str | None = None, request_id: str | None = None
+    ) -> InputRequest:
+        """Answer the run's pending request for human input (``node`` or ``request_id`` names it when
+        several are pending); the next :meth:`run` (or a worker of a pool) resumes the run, and the
+        asking node's turn gets ``answer`` as if the person had typed it. See :meth:`Store.respond`.
+
+        Raises:
+            NotWaitingError: (a ``UsageError``) nothing pending to answer, or several and none named.
+        """
+        return await asyncio.to_thread(
+            self.store.respond, self.run_id, answer, node=node, request_id=request_id
+        )
 
     # -- history, time travel and fork ---------------------------------------------------------
 
@@ -251,7 +287,14 @@ class DurableGraphFlow(GraphFlow):
         renewer = asyncio.ensure_future(session.lease.keep())
         finished_cleanly = failed = abandoned = False
         try:
-            if run is not None and run.status in ENDED_STATUSES:
+            if run is not None and run.status == "waiting":
+                own = messages is not None and run.task == task_key(messages)  # a re-run script's task
+                if await on_waiting_run(self.store, session.run_id, None if own else messages):
+                    yield session.stored_result(run, self._message_factory.create)
+                    finished_cleanly = True
+                    return
+                messages = None  # the task was the answer: the waiting turn resumes with it
+            elif run is not None and run.status in ENDED_STATUSES:
                 same_task = messages is not None and first_call and run.task == task_key(messages)
                 if same_task:
                     logger.info(
@@ -428,6 +471,7 @@ class DurableGraphFlow(GraphFlow):
             allow_graph_change=session.allow_graph_change,
             lease_seconds=session.lease_seconds,
             interrupt_grace_seconds=self._interrupt_grace,
+            human_input=human_input_config(self._gate.default, self._gate.per_node),
         )
 
     @classmethod
@@ -453,4 +497,5 @@ class DurableGraphFlow(GraphFlow):
             allow_graph_change=durable.allow_graph_change,
             lease_seconds=durable.lease_seconds,
             interrupt_grace_seconds=durable.interrupt_grace_seconds,
+            human_input=durable.human_input,
         )

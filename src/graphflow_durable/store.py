@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from graphflow_durable._agentstate.writer import state_row
 from graphflow_durable._model.history import StepInfo, step_infos, transcript_of
+from graphflow_durable._model.human import InputRequest
 from graphflow_durable._model.records import (
     ENDED_STATUSES,
     RUN_STATUSES,
@@ -59,6 +60,7 @@ from graphflow_durable._storage.leasing import acquire, release, renew
 from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
+from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.retention import Removal, StoreStats
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
@@ -75,6 +77,8 @@ __all__ = [
     "Claim",
     "Damage",
     "Heartbeat",
+    "InputRequest",
+    "InputRequests",
     "MessageRecord",
     "Progress",
     "Removal",
@@ -151,6 +155,7 @@ class Store:
         self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
         self._writer = CommitWriter(self._e)
         self._queue = WorkQueue(self._e)
+        self._requests = InputRequests(self._e)
         shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
@@ -672,6 +677,34 @@ class Store:
             if row is None:
                 raise admin.not_found(run_id)
             return admin.progress(conn, run_id, int(row.head_seq))
+
+    # -- human input (requests of input functions; see DurableGraphFlow's human_input) --------------
+
+    @property
+    def requests(self) -> InputRequests:
+        """The requests for human input of this store's runs (record, read, answer, cancel)."""
+        return self._requests
+
+    def pending_requests(self, run_id: str) -> list[InputRequest]:
+        """The run's pending requests for human input (node, prompt, idempotency key, time,
+        deadline), oldest first; empty when it waits for nobody."""
+        return self._requests.pending(run_id)
+
+    def respond(
+        self, run_id: str, answer: str, *, node: str | None = None, request_id: str | None = None
+    ) -> InputRequest:
+        """Answer a pending request for human input of ``run_id``, as if the person had typed
+        ``answer``; return the answered request. A ``waiting`` run becomes ``interrupted``: the next
+        ``run()`` (or a worker of a pool) resumes it, and the asking node's turn runs again and gets
+        this answer. ``node`` or ``request_id`` names the request when several are pending.
+
+        Raises:
+            RunNotFoundError: no such run.
+            NotWaitingError: (a :class:`UsageError`) no pending request (the run is not waiting, or
+                the request was already answered, e.g. by a concurrent call: exactly one wins), or
+                several and none named. Nothing was changed.
+        """
+        return self._requests.answer(run_id, answer, node=node, request_id=request_id, by="respond")
 
     # -- plumbing -----------------------------------------------------------------------------
 

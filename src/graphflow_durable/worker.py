@@ -74,7 +74,9 @@ class TeamFactory(Protocol):
     ) -> DurableGraphFlow: ...
 
 
-Outcome = Literal["finished", "stopped", "cancelled", "interrupted", "failed", "lost", "deferred", "halted"]
+Outcome = Literal[
+    "finished", "stopped", "waiting", "cancelled", "interrupted", "failed", "lost", "deferred", "halted"
+]
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,10 @@ class RunOutcome:
 
     ``outcome`` is ``"finished"`` (the graph completed); ``"stopped"`` (the termination condition
     or ``max_turns`` ended the round: the run is done for the pool, and ``run()`` with no task
-    continues it); ``"cancelled"`` (``Store.cancel_run`` stopped it: the pool leaves it alone until
-    ``Store.retry_run``); ``"interrupted"`` (the team stopped before the end, e.g. it was
+    continues it); ``"waiting"`` (a node waits for human input: an answer, ``Store.respond`` or
+    ``graphflow-durable runs respond``, makes the run claimable again); ``"cancelled"``
+    (``Store.cancel_run`` stopped it: the pool leaves it alone until ``Store.retry_run``);
+    ``"interrupted"`` (the team stopped before the end, e.g. it was
     halted); ``"failed"`` (the team raised; the run is retried after a back-off, the longest one for
     a caller's mistake or bad configuration); ``"lost"`` (another worker took the run over or got
     it first: this worker wrote nothing more); ``"deferred"`` (the database failed: no attempt was
@@ -517,9 +521,9 @@ class Worker:
         status = None if final is None else final.status
         if status == "finished":
             done("finished")
-        elif status == "stopped":
+        elif status in ("stopped", "waiting"):
             result = final.result if final is not None and isinstance(final.result, dict) else {}
-            done("stopped", result.get("stop_reason"))
+            done(status, result.get("stop_reason"))
         elif status == "cancelled":
             done("cancelled", "on request; 'graphflow-durable runs retry' queues it again")
         elif final is not None and final.lease_owner not in (None, self.owner):

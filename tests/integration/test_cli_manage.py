@@ -245,3 +245,29 @@ def test_the_installed_command_prints_no_traceback_for_a_refusal(store_url: str)
     )
     assert (done.returncode, done.stdout) == (EXIT_REFUSED, "")
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+async def test_show_of_a_waiting_run_prints_what_it_waits_for(
+    capsys: pytest.CaptureFixture[str], store_url: str
+) -> None:
+    from autogen_agentchat.agents import UserProxyAgent
+    from autogen_agentchat.teams import DiGraphBuilder
+
+    from graphflow_durable import DurableGraphFlow
+
+    a, h = Scripted("A"), UserProxyAgent("H", input_func=lambda prompt: "typed")
+    graph = DiGraphBuilder().add_node(a).add_node(h).add_edge(a, h).build()
+    team = DurableGraphFlow([a, h], graph, store=store_url, run_id="asks", human_input="wait")
+    await team.run(task="go")
+    code, out, _ = cli(capsys, store_url, "show", "asks")
+    assert code == EXIT_OK
+    assert ("status", "waiting") in [tuple(line.split(None, 1)) for line in out if " " in line]
+    waits = [line for line in out if line.startswith("waits for")]
+    assert len(waits) == 1 and "H asks" in waits[0]
+    code, out, _ = cli(capsys, store_url, "show", "asks", "--json")
+    shown = json.loads(out[0])
+    assert code == EXIT_OK and [r["node"] for r in shown["pending"]] == ["H"]
+    with Store(store_url) as store:
+        store.respond("asks", "later")
+    code, out, _ = cli(capsys, store_url, "show", "asks")
+    assert not [line for line in out if line.startswith("waits for")]

@@ -65,3 +65,21 @@ def test_public_api_all_is_sorted_and_complete() -> None:
     }
     public -= {"annotations"}
     assert public <= set(names), f"exported but not in __all__: {sorted(public - set(names))}"
+
+
+def test_human_in_the_loop_example_parks_exits_is_answered_and_finishes_in_three_processes(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "human_in_the_loop.py"), "--db", str(tmp_path / "hitl.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second, third = done.stdout.split("== process")[1:]
+    assert "waiting for input: approver asks" in first and "status: waiting" in first
+    assert "answered; the run is interrupted" in second
+    assert "[draft]" not in third and "[publish] runs (heard: 'approved')" in third
+    assert "status: finished" in third

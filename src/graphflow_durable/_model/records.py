@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, get_args
 
+from graphflow_durable._model.human import InputRequest
+
 __all__ = [
     "StepKind",
     "AgentStateRecord",
@@ -26,8 +28,10 @@ __all__ = [
     "StoredMessage",
 ]
 
-RunStatus = Literal["running", "interrupted", "stopped", "failed", "cancelled", "finished"]
-"""A run's status. ``stopped``: its round was ended by the termination condition, ``max_turns`` or an
+RunStatus = Literal["running", "interrupted", "stopped", "failed", "cancelled", "finished", "waiting"]
+"""A run's status. ``waiting``: a node asked for human input (``HumanInput("wait")``) and nothing
+else can run until it is answered (``Store.respond``; an answer makes the run ``interrupted``, to be
+resumed). ``stopped``: its round was ended by the termination condition, ``max_turns`` or an
 external termination (``run()`` with no task continues it, as GraphFlow does); ``cancelled``: stopped
 on request (``Store.cancel_run``; ``run()`` with no task resumes it, worker pools leave it alone
 until ``Store.retry_run``); ``finished``: the graph completed (nothing left to run; ``run()`` with no
@@ -105,6 +109,8 @@ class StepKind(str, Enum):
     """``reset()``: a fresh scheduler after the run's messages, every participant's state."""
     IMPORT = "import"
     """``load_state()``: a saved state's thread, agent states and scheduler."""
+    WAIT = "wait"
+    """The round parks: the nodes still in flight wait for human input (data: their request ids)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,9 @@ class RunRecord:
     """The lease holder's process identity as stored (JSON: boot id, PID namespace, start time)."""
     cancel_requested_at: float | None = None
     """When a cancel was requested of the run's live driver and not yet honoured (epoch seconds)."""
+    pending: Sequence[InputRequest] = ()
+    """The run's pending requests for human input, oldest first, where the
+    reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty."""
 
 
 @dataclass(frozen=True)

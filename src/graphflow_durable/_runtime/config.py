@@ -76,6 +76,7 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     allow_graph_change: bool = False
     lease_seconds: float = 30.0
     interrupt_grace_seconds: float = 5.0
+    human_input: Any = None
 
 
 def refuse_callables(graph: DiGraph) -> None:

@@ -10,8 +10,9 @@ from autogen_agentchat.base import ChatAgent, Team
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
 from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
 from autogen_agentchat.teams._group_chat._events import GroupChatRequestPublish, GroupChatReset
-from autogen_core import MessageContext, event, rpc
+from autogen_core import DefaultTopicId, MessageContext, event, rpc
 
+from graphflow_durable._runtime.human import GroupChatInputPending, InputPending
 from graphflow_durable._runtime.link import Turns
 
 __all__ = ["DurableChatAgentContainer"]
@@ -40,9 +41,24 @@ class DurableChatAgentContainer(ChatAgentContainer):
     async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:  # type: ignore[override]
         """Run the agent's turn with its execution context set; then hear what was deferred."""
         with self._turns.running(self._agent.name):
-            await ChatAgentContainer.handle_request(self, message, ctx)
+            try:
+                await ChatAgentContainer.handle_request(self, message, ctx)
+            except InputPending as pending:  # the turn waits for a person: its input stays as it is
+                request = pending.request
+                await self.publish_message(
+                    GroupChatInputPending(
+                        name=self._agent.name, request_id=request.request_id, prompt=request.prompt
+                    ),
+                    topic_id=DefaultTopicId(type=self._parent_topic_type),
+                    cancellation_token=ctx.cancellation_token,
+                )
+                return
         self._message_buffer[:0] = self._deferred
         self._deferred = []
+
+    @event
+    async def handle_input_pending(self, message: GroupChatInputPending, ctx: MessageContext) -> None:
+        """Another node waits for a person: that is the manager's business."""
 
     @rpc
     async def handle_reset(self, message: GroupChatReset, ctx: MessageContext) -> None:  # type: ignore[override]

@@ -32,6 +32,7 @@ from autogen_core import CancellationToken, DefaultTopicId, MessageContext, even
 from graphflow_durable import context as _context
 from graphflow_durable._model.cursor import Cursor, without_one
 from graphflow_durable._model.task import task_key
+from graphflow_durable._runtime.human import GroupChatInputPending
 from graphflow_durable.errors import StateFormatError
 from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
@@ -70,6 +71,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._stop_reason: str | None = None
         self._cursor = Cursor.fresh(initial(self._spec))
         self._batch_delta: list[BaseAgentEvent | BaseChatMessage] = []
+        self._parked: dict[str, GroupChatInputPending] = {}  # in-flight nodes waiting for a person
+        self._sequential_message_types = [*self._sequential_message_types, GroupChatInputPending]
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -106,6 +109,37 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._fail(exc)
             raise
 
+    @event
+    async def handle_input_pending(self, message: GroupChatInputPending, ctx: MessageContext) -> None:
+        """A node's turn waits for human input: park the run once nothing else is running."""
+        try:
+            if message.name not in self._cursor.sched.in_flight:
+                return  # a late signal of a turn that is no longer in flight
+            self._parked[message.name] = message
+            await self._park_if_blocked()
+        except Exception as exc:
+            await self._fail(exc)
+            raise
+
+    async def _park_if_blocked(self) -> None:
+        """When every node in flight waits for a person: commit the wait (status ``waiting``, the
+        lease released) and end the round with a stop reason naming them."""
+        if not set(self._cursor.sched.in_flight) <= set(self._parked):
+            return
+        waiting = [self._parked[n] for n in dict.fromkeys(self._cursor.sched.in_flight)]
+        reason = "; ".join(
+            f"waiting for input: {w.name} asks {w.prompt!r} (request {w.request_id})" for w in waiting
+        )
+        ids = [w.request_id for w in waiting]
+        self._stop_reason = reason
+        update = RunUpdate(status="waiting", result={"stop_reason": reason}, release_lease=True)
+        await self._link.write(
+            Step(StepKind.WAIT, None, self._cursor.to_json(self._spec), {"waiting": ids}), (), (), update
+        )
+        self._parked.clear()
+        await self._link.parked(ids)
+        await self._signal_termination(StopMessage(content=reason, source=self._name))
+
     async def _fail(self, exc: Exception) -> None:
         self._link.fail(exc)
         await self._signal_termination_with_error(SerializableException.from_exception(exc))
@@ -117,6 +151,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             )
             return
         self._link.halted = False
+        self._parked.clear()
         task = list(message.messages or [])
         cursor = self._cursor
         kind = StepKind.RESUME
@@ -231,6 +266,8 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._commit(
                 Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)), records, states, None
             )
+            if self._parked:  # the others wait for a person: this was the last one running
+                await self._park_if_blocked()
             return
 
         # The batch is complete: decide the stop, or select the next batch, in this same commit.
@@ -350,6 +387,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._termination_condition.reset()
         self._cursor = Cursor.fresh(initial(self._spec))
         self._batch_delta = []
+        self._parked.clear()
 
     async def save_state(self) -> Mapping[str, Any]:
         """GraphFlow's keys (in-flight nodes first in ``ready``) plus the durable extension."""
@@ -382,6 +420,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._cursor = cursor
         self._current_turn = cursor.sched.turn
         self._batch_delta = list(thread[cursor.batch_start :])
+        self._parked.clear()
         await self._replay_termination()
 
     async def _replay_termination(self) -> None:

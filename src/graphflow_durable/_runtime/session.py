@@ -297,6 +297,14 @@ class RunSession:
         self.cancelling = requested_at
         self.halted = True
 
+    async def parked(self, request_ids: Sequence[str]) -> None:
+        """The round parked for human input (committed ``waiting``). An answer that came before the
+        park committed makes the run resumable again at once; the next attach restores the team
+        from the store (a waiting turn's agent may have changed its state before it asked)."""
+        self.forget()
+        if await asyncio.to_thread(self.store.requests.wake_if_answered, self.run_id, request_ids):
+            logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)
+
     def halt(self) -> None:
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
         self.halted = True
@@ -354,6 +362,7 @@ class RunSession:
         self.forget()
         if self.nested or self.store.get_run(self.run_id) is None:
             return
+        self.store.requests.cancel(self.run_id)  # a pending request belongs to a turn that is gone
         async with self.briefly_leased() as run:
             cursor = Cursor.fresh(initial(self.spec), origin=run.message_count)
             self.states.clear()

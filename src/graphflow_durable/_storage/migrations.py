@@ -199,6 +199,35 @@ def _m0007_cancel_request(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN cancel_requested_at DOUBLE PRECISION"))
 
 
+def _m0008_input_requests(conn: Connection) -> None:
+    """Version 8: ``graphflow_input_requests``, the requests for human input of runs (asked,
+    answered, the deadline and its default); frozen copy."""
+    md = sa.MetaData()
+    sa.Table("graphflow_runs", md, sa.Column("run_id", sa.String, primary_key=True))  # the FK's target
+    sa.Table(
+        "graphflow_input_requests",
+        md,
+        sa.Column(
+            "run_id",
+            sa.String,
+            sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("request_id", sa.String, primary_key=True),
+        sa.Column("node", sa.String, nullable=False),
+        sa.Column("prompt", sa.Text, nullable=False),
+        sa.Column("idempotency_key", sa.String, nullable=False),
+        sa.Column("status", sa.String, nullable=False),
+        sa.Column("answer", sa.Text, nullable=True),
+        sa.Column("answered_by", sa.String, nullable=True),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("answered_at", sa.Double, nullable=True),
+        sa.Column("deadline", sa.Double, nullable=True),
+        sa.Column("default_answer", sa.Text, nullable=True),
+        sa.Index("graphflow_input_requests_status", "status", "deadline"),
+    ).create(conn)
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
@@ -208,6 +237,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (5, "the lease holder's process identity (boot id, pid namespace, start time)", _m0005_lease_process),
     (6, "a checksum of each step, message and agent-state row, checked on read", _m0006_row_checksums),
     (7, "a cancel requested of a run's live driver (cancel_requested_at)", _m0007_cancel_request),
+    (8, "create the requests for human input (pending, answered, deadline)", _m0008_input_requests),
 )
 
 #: The schema version this package writes.

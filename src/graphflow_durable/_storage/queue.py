@@ -30,7 +30,7 @@ from sqlalchemy.engine import RowMapping
 
 from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import ENDED_STATUSES
-from graphflow_durable._storage.schema import queue, runs
+from graphflow_durable._storage.schema import input_requests, queue, runs
 from graphflow_durable._storage.statements import DB_NOW
 
 __all__ = [
@@ -140,6 +140,17 @@ def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
     return sa.true() if teams is None else _Q.team.in_(list(teams))
 
 
+def _unfinished(now: float) -> sa.ColumnElement[bool]:
+    """A run left to drive: not ended nor cancelled, and not waiting for a person unless a request's deadline
+    passed (the driver then takes the configured default, or fails the run)."""
+    late = sa.exists().where(
+        input_requests.c.run_id == _R.run_id,
+        input_requests.c.status == "pending",
+        input_requests.c.deadline < now,
+    )
+    return sa.or_(_R.status.not_in((*_NOT_CLAIMED, "waiting")), sa.and_(_R.status == "waiting", late))
+
+
 def _due(now: float) -> sa.ColumnElement[bool]:
     return sa.or_(_Q.not_before.is_(None), _Q.not_before <= now)
 
@@ -171,7 +182,7 @@ def claimable_runs(
         )
         .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
         .where(
-            _R.status.not_in(_NOT_CLAIMED),
+            _unfinished(now),
             takeable,
             sa.or_(_R.lease_owner.is_(None), _R.lease_owner != owner),
             _due(now),

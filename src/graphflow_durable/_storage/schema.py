@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["agent_states", "messages", "metadata", "queue", "runs", "schema_version", "steps"]
+__all__ = [
+    "agent_states",
+    "input_requests",
+    "messages",
+    "metadata",
+    "queue",
+    "runs",
+    "schema_version",
+    "steps",
+]
 
 metadata = sa.MetaData()
 
@@ -136,4 +145,31 @@ queue = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     sa.Index("graphflow_queue_status", "status", "created_at"),
     sa.Index("graphflow_queue_team", "team"),
+)
+
+#: Requests for human input (schema version 8): one row per input-function call of a turn in a
+#: run, ``request_id`` ``"{node}/{step}"`` (``#n`` for a turn's n-th call). ``status`` ``pending``
+#: until answered (``answered``; ``answered_by`` ``respond``, ``inline`` or ``default``), or
+#: ``cancelled`` when the run was reset meanwhile.
+input_requests = sa.Table(
+    "graphflow_input_requests",
+    metadata,
+    sa.Column(
+        "run_id",
+        sa.String,
+        sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("request_id", sa.String, primary_key=True),
+    sa.Column("node", sa.String, nullable=False),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("idempotency_key", sa.String, nullable=False),
+    sa.Column("status", sa.String, nullable=False),
+    sa.Column("answer", sa.Text, nullable=True),
+    sa.Column("answered_by", sa.String, nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("answered_at", sa.Double, nullable=True),
+    sa.Column("deadline", sa.Double, nullable=True),
+    sa.Column("default_answer", sa.Text, nullable=True),
+    sa.Index("graphflow_input_requests_status", "status", "deadline"),
 )

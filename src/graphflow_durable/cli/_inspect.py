@@ -60,6 +60,9 @@ def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
                 "lease_pid": run.lease_pid,
                 "attempts": 0 if sub is None else sub.attempts,
                 "last_error": None if sub is None else sub.last_error,
+                "pending": [r.to_json() for r in store.pending_requests(run.run_id)]
+                if run.status == "waiting"
+                else [],
             }
         )
     if SUBMITTED in wanted:
@@ -80,6 +83,7 @@ def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
                     "lease_pid": None,
                     "attempts": sub.attempts,
                     "last_error": sub.last_error,
+                    "pending": [],
                 }
             )
     return rows
@@ -106,6 +110,8 @@ def print_rows(rows: Sequence[dict[str, Any]], as_json: bool, out: Callable[[str
             status = f"running ({'lease expired' if state == EXPIRED else state})"
         head = "-" if row["head"] is None else str(row["head"])
         out(f"{row['run_id']:<24} {status:<24} {row['team'] or '-':<12} {head:>5} {lease}")
+        for request in row["pending"]:  # what a waiting run waits for, one line each
+            out(f"  waits for {request['request_id']}: {request['node']} asks {request['prompt']!r}")
 
 
 def verify(store: Store, run_ids: Sequence[str], as_json: bool, out: Callable[[str], None]) -> int:

@@ -137,7 +137,8 @@ def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
         "created_at": run.created_at,
         "updated_at": run.updated_at,
     }
-    # The pending input of a waiting run belongs here, beside the lease and the last error.
+    asked = store.pending_requests(run.run_id)  # what a waiting run waits for
+    shown["pending"] = [request.to_json() for request in asked]
     if args.json:
         out(json.dumps(shown, sort_keys=True))
         return
@@ -160,6 +161,14 @@ def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
         ("team", shown["team"] or "-"),
         ("attempts", str(shown["attempts"])),
         ("last error", shown["last_error"] or "-"),
+        *(
+            (
+                "waits for",
+                f"{r.request_id}: {r.node} asks {r.prompt!r}"
+                + ("" if r.deadline is None else f" (deadline {iso(r.deadline)})"),
+            )
+            for r in asked
+        ),
         ("created", iso(run.created_at)),
         ("updated", iso(run.updated_at)),
     ]

@@ -27,6 +27,7 @@ from graphflow_durable.cli._common import (
 from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
 from graphflow_durable.errors import (
     GraphflowDurableError,
+    NotWaitingError,
     RunExistsError,
     RunLockedError,
     RunStateError,
@@ -83,6 +84,9 @@ commands:
                                      delete runs of status S (default finished) last updated more
                                      than AGE (30d, 12h, 45m, 90s, 2w) ago; --dry-run lists them
   runs stats [--json]                runs per status, rows and bytes per table
+  runs respond RUN ANSWER [--node N | --request ID] [--json]
+                                     answer a waiting run's request for human input; the run
+                                     becomes resumable (a worker of the pool picks it up)
   submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
 
 --team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
@@ -101,7 +105,8 @@ exit codes:
      a RUN that does not exist, a STEP out of range, a FILE that is not a run export)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
-     process and STEP is its head
+     process and STEP is its head; runs respond: nothing to answer (the run is not waiting, the
+     request was already answered, or several are pending and none was named); nothing was changed
   4  runs verify: damaged rows were found (each printed on one line)
   5  refused by the run's state: delete/prune of a running run without --force, retry of a run
      a live worker drives, cancel/retry of a stopped or finished run (nothing was changed)
@@ -110,6 +115,7 @@ exit codes:
 #: How the library's errors end the command (first match wins: subclasses first).
 _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (RunExistsError, EXIT_CONFLICT),
+    (NotWaitingError, EXIT_CONFLICT),
     (RunStateError, EXIT_REFUSED),
     (RunLockedError, EXIT_REFUSED),
     (UsageError, EXIT_USAGE),  # StoreConfigError (a bad store URL) included
@@ -153,6 +159,14 @@ def _parser() -> argparse.ArgumentParser:
     checking.add_argument("--json", action="store_true", help="one JSON object per damaged row")
     history.add_commands(runs_commands)  # history, transcript, export, import, fork
     manage.add_parsers(runs_commands)
+    answer = runs_commands.add_parser("respond", help="answer a waiting run's request for human input")
+    answer.add_argument("--store", dest="store_sub", help="database URL")
+    answer.add_argument("run_id", metavar="RUN")
+    answer.add_argument("answer", metavar="ANSWER")
+    which = answer.add_mutually_exclusive_group()
+    which.add_argument("--node", help="the node whose request this answers (when several wait)")
+    which.add_argument("--request", help="the request id this answers (runs list shows them)")
+    answer.add_argument("--json", action="store_true", help="the answered request as one JSON object")
 
     submit = commands.add_parser("submit", help="queue a run for the worker pool")
     submit.add_argument("--store", dest="store_sub", help="database URL")
@@ -192,6 +206,8 @@ def _main(argv: Sequence[str] | None) -> int:
     managing = args.command == "runs" and args.runs_command in manage.COMMANDS
     if managing:
         manage.check(args)  # before the store is opened
+    if args.command == "runs" and args.runs_command == "respond":
+        check_run_id(args.run_id, option="RUN")
     with Store(url) as store:
         if args.command == "submit":
             return _submit(store, args)
@@ -201,6 +217,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return verify(store, args.run_ids, args.json, _out)
         if managing:
             return manage.run(store, args, _out)
+        if args.runs_command == "respond":
+            return _respond(store, args)
         return _list(store, args)
 
 
@@ -217,6 +235,18 @@ def _out(line: str) -> None:
 def _submit(store: Store, args: argparse.Namespace) -> int:
     sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
     _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
+    return EXIT_OK
+
+
+def _respond(store: Store, args: argparse.Namespace) -> int:
+    done = store.respond(args.run_id, args.answer, node=args.node, request_id=args.request)  # exit 3
+    status = store.get_run(args.run_id)
+    row = {"run_id": args.run_id, **done.to_json(), "run_status": None if status is None else status.status}
+    _out(
+        json.dumps(row)
+        if args.json
+        else f"{args.run_id}: answered {done.request_id} ({done.node}); run {row['run_status']}"
+    )
     return EXIT_OK
 
 

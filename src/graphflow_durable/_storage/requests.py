@@ -1,0 +1,246 @@
+"""Requests for human input (schema version 8): :class:`InputRequests`, held by a store as
+``store.requests``: record, read, answer, cancel.
+
+None of this is on the commit path: a request is written only when an input function is called,
+read when one is called or a run is inspected, answered by a person.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, RowMapping
+
+from graphflow_durable._model.human import InputRequest
+from graphflow_durable._storage.commit import not_found
+from graphflow_durable._storage.engine import Engines, guarded
+from graphflow_durable._storage.schema import input_requests, runs
+from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError
+
+_log = logging.getLogger("graphflow_durable.store")
+
+__all__ = ["InputRequests"]
+
+_I = input_requests.c
+
+
+def _request(row: Mapping[str, Any] | RowMapping) -> InputRequest:
+    return InputRequest(
+        run_id=row["run_id"],
+        request_id=row["request_id"],
+        node=row["node"],
+        prompt=row["prompt"],
+        idempotency_key=row["idempotency_key"],
+        status=row["status"],
+        answer=row["answer"],
+        answered_by=row["answered_by"],
+        created_at=row["created_at"],
+        answered_at=row["answered_at"],
+        deadline=row["deadline"],
+        default=row["default_answer"],
+    )
+
+
+def _find(conn: Connection, run_id: str, request_id: str) -> InputRequest | None:
+    """The request, or ``None``."""
+    row = (
+        conn.execute(sa.select(input_requests).where(_I.run_id == run_id, _I.request_id == request_id))
+        .mappings()
+        .first()
+    )
+    return None if row is None else _request(row)
+
+
+def _insert(conn: Connection, values: Mapping[str, Any]) -> InputRequest:
+    """Insert a request row (``IntegrityError`` when its id exists)."""
+    conn.execute(sa.insert(input_requests).values(**values))
+    return _request(values)
+
+
+def _pending(conn: Connection, run_ids: Sequence[str]) -> list[InputRequest]:
+    """The pending requests of the runs, oldest first."""
+    query = (
+        sa.select(input_requests)
+        .where(_I.run_id.in_(list(run_ids)), _I.status == "pending")
+        .order_by(_I.created_at, _I.request_id)
+    )
+    return [_request(row) for row in conn.execute(query).mappings()]
+
+
+def _answer(
+    conn: Connection,
+    run_id: str,
+    text: str,
+    *,
+    node: str | None,
+    request_id: str | None,
+    by: str,
+    now: float,
+) -> tuple[InputRequest, str]:
+    """Answer one pending request of ``run_id``; a ``waiting`` run becomes ``interrupted`` (to be
+    resumed). Returns the answered request and the run's status after the answer.
+
+    The run's row is locked first (PostgreSQL ``FOR UPDATE``; SQLite's write transaction is
+    exclusive), and the request is updated only while it is pending: of two concurrent answers,
+    exactly one changes it, the other gets :class:`NotWaitingError`.
+    """
+    status = conn.execute(sa.select(runs.c.status).where(runs.c.run_id == run_id).with_for_update()).scalar()
+    if status is None:
+        raise not_found(run_id)
+    open_ = _pending(conn, [run_id])
+    ids = [r.request_id for r in open_]
+    if request_id is not None:
+        target = next((r for r in open_ if r.request_id == request_id), None)
+        if target is None:
+            found = _find(conn, run_id, request_id)
+            what = "has no such request" if found is None else f"has request {request_id!r} {found.status}"
+            raise NotWaitingError(
+                f"run {run_id} {what}; nothing was changed; pending: {', '.join(ids) or 'none'}",
+                run_id=run_id,
+                request_id=request_id,
+                pending=ids,
+            )
+    else:
+        candidates = [r for r in open_ if node is None or r.node == node]
+        if not candidates:
+            whose = "" if node is None else f" from node {node!r}"
+            raise NotWaitingError(
+                f"run {run_id} is not waiting for input{whose} (status {status}; pending requests: "
+                f"{', '.join(ids) or 'none'}); nothing was changed",
+                run_id=run_id,
+                pending=ids,
+            )
+        if len(candidates) > 1 and node is None:
+            raise NotWaitingError(
+                f"run {run_id} waits on {len(candidates)} requests ({', '.join(ids)}); name the one "
+                "this answers (node or request id); nothing was changed",
+                run_id=run_id,
+                pending=ids,
+            )
+        target = candidates[0]
+    changed = conn.execute(
+        sa.update(input_requests)
+        .where(_I.run_id == run_id, _I.request_id == target.request_id, _I.status == "pending")
+        .values(status="answered", answer=text, answered_by=by, answered_at=now)
+    ).rowcount
+    if changed != 1:  # pragma: no cover - the run's row lock serialises answers
+        raise NotWaitingError(
+            f"run {run_id}: request {target.request_id!r} was answered meanwhile; nothing was changed",
+            run_id=run_id,
+            request_id=target.request_id,
+        )
+    if status == "waiting":
+        status = "interrupted"
+        conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(status=status, updated_at=now))
+    return replace(target, status="answered", answer=text, answered_by=by, answered_at=now), str(status)
+
+
+def _wake_if_answered(conn: Connection, run_id: str, request_ids: Sequence[str], now: float) -> bool:
+    """A run that just parked on ``request_ids``: if one was answered before the park was committed,
+    make the run ``interrupted`` again (to be resumed). Returns whether it did."""
+    answered = sa.exists().where(
+        _I.run_id == run_id, _I.request_id.in_(list(request_ids)), _I.status == "answered"
+    )
+    changed = conn.execute(
+        sa.update(runs)
+        .where(runs.c.run_id == run_id, runs.c.status == "waiting", answered)
+        .values(status="interrupted", updated_at=now)
+    ).rowcount
+    return bool(changed)
+
+
+def _cancel_pending(conn: Connection, run_id: str, now: float) -> int:
+    """Cancel the run's pending requests (the run was reset); return how many."""
+    return int(
+        conn.execute(
+            sa.update(input_requests)
+            .where(_I.run_id == run_id, _I.status == "pending")
+            .values(status="cancelled", answered_at=now)
+        ).rowcount
+    )
+
+
+class InputRequests:
+    """The requests for human input of a store's runs: ``store.requests``.
+
+    Shares the store's engines (its connection pool and lifetime), as ``store.queue`` does; each
+    method is one transaction, database errors raised as :class:`StoreError`. The flow records and
+    reads requests through it; :meth:`Store.respond` and :meth:`Store.pending_requests` are the
+    public faces of :meth:`answer` and :meth:`pending`.
+    """
+
+    def __init__(self, engines: Engines) -> None:
+        self._e = engines
+
+    def _guard(self, action: str, run_id: str) -> AbstractContextManager[None]:
+        return guarded(self._e, f"{action} of run {run_id}", run_id=run_id)
+
+    def pending(self, run_id: str) -> list[InputRequest]:
+        """The run's pending requests, oldest first."""
+        with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
+            return _pending(conn, [run_id])
+
+    def get(self, run_id: str, request_id: str) -> InputRequest | None:
+        """One request of the run (any status), or ``None``."""
+        with self._guard("reading an input request", run_id), self._e.read.begin() as conn:
+            return _find(conn, run_id, request_id)
+
+    def open(self, run_id: str, request: InputRequest) -> InputRequest:
+        """Record ``request`` unless one with its id exists; return the stored one (an input
+        function's call; an ``answered`` request is recorded answered)."""
+        values = {
+            "run_id": run_id,
+            "request_id": request.request_id,
+            "node": request.node,
+            "prompt": request.prompt,
+            "idempotency_key": request.idempotency_key,
+            "status": request.status,
+            "answer": request.answer,
+            "answered_by": request.answered_by,
+            "created_at": request.created_at,
+            "answered_at": request.answered_at,
+            "deadline": request.deadline,
+            "default_answer": request.default,
+        }
+        for _attempt in range(2):
+            try:
+                with self._guard("recording an input request", run_id), self._e.write.begin() as conn:
+                    found = _find(conn, run_id, request.request_id)
+                    return found if found is not None else _insert(conn, values)
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, sa.exc.IntegrityError):
+                    raise
+                # recorded concurrently: read it
+        raise ConflictError(
+            f"recording request {request.request_id} of run {run_id} kept conflicting; retry", run_id=run_id
+        )
+
+    def answer(
+        self, run_id: str, text: str, *, node: str | None = None, request_id: str | None = None, by: str
+    ) -> InputRequest:
+        """:meth:`Store.respond`, recording who answered (``by``: ``respond``, ``inline``, ``default``)."""
+        if not isinstance(text, str):
+            raise UsageError(f"an answer is text, not {type(text).__name__}", run_id=run_id, option="answer")
+        with self._guard("answering an input request", run_id), self._e.write.begin() as conn:
+            done, status = _answer(
+                conn, run_id, text, node=node, request_id=request_id, by=by, now=time.time()
+            )
+        _log.info("run %s: request %s answered (%s); the run is %s", run_id, done.request_id, by, status)
+        return done
+
+    def wake_if_answered(self, run_id: str, request_ids: Sequence[str]) -> bool:
+        """After the run parked (``waiting``) on ``request_ids``: if one was answered before the park
+        committed, make the run ``interrupted`` (resumable) again; return whether it did."""
+        with self._guard("checking the input requests", run_id), self._e.write.begin() as conn:
+            return _wake_if_answered(conn, run_id, request_ids, time.time())
+
+    def cancel(self, run_id: str) -> int:
+        """Cancel the run's pending requests (its ``reset()``); return how many."""
+        with self._guard("cancelling the input requests", run_id), self._e.write.begin() as conn:
+            return _cancel_pending(conn, run_id, time.time())

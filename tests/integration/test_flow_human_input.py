@@ -1,0 +1,235 @@
+"""Human input in one process, on both backends: parking, answering (by node, by request id, as a
+task), bad answers, concurrent answers, several requests at once, deadlines, inline answers, and
+the settings' round trip through the component config."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from autogen_agentchat.agents import UserProxyAgent
+from autogen_agentchat.teams import DiGraphBuilder
+
+from graphflow_durable import DurableGraphFlow, HumanInput, NotWaitingError, RunNotFoundError, Store
+from graphflow_durable.store import InputRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agents import Scripted
+
+asked: list[str] = []
+
+
+def person(prompt: str) -> str:
+    asked.append(prompt)
+    return "typed"
+
+
+def fan(url: str, run_id: str = "r", **kw: object) -> DurableGraphFlow:
+    """A -> (H1, H2, B) -> C: two people and an agent in parallel, C joins them."""
+    a, b, c = Scripted("A"), Scripted("B"), Scripted("C")
+    h1, h2 = UserProxyAgent("H1", input_func=person), UserProxyAgent("H2", input_func=person)
+    builder = DiGraphBuilder()
+    for node in (a, h1, h2, b, c):
+        builder.add_node(node)
+    for mid in (h1, h2, b):
+        builder.add_edge(a, mid).add_edge(mid, c)
+    return DurableGraphFlow([a, h1, h2, b, c], builder.build(), store=url, run_id=run_id, **kw)  # type: ignore[arg-type]
+
+
+def one(url: str, run_id: str = "r", **kw: object) -> DurableGraphFlow:
+    """A -> H -> C."""
+    a, c, h = Scripted("A"), Scripted("C"), UserProxyAgent("H", input_func=person)
+    graph = DiGraphBuilder().add_node(a).add_node(h).add_node(c).add_edge(a, h).add_edge(h, c).build()
+    return DurableGraphFlow([a, h, c], graph, store=url, run_id=run_id, **kw)  # type: ignore[arg-type]
+
+
+def texts(result: object) -> list[tuple[str, str]]:
+    return [(m.source, m.to_text()) for m in result.messages if m.source != "H" or m.to_text()]  # type: ignore[attr-defined]
+
+
+async def test_several_waiting_nodes_are_answered_one_by_one_by_node_and_by_request_id(
+    store_url: str,
+) -> None:
+    asked.clear()
+    team = fan(store_url, human_input="wait")
+    parked = await team.run(task="go")
+    info = team.run_info()
+    assert info is not None and info.status == "waiting"
+    assert [r.node for r in info.pending] == ["H1", "H2"]
+    assert "H1 asks" in str(parked.stop_reason) and "H2 asks" in str(parked.stop_reason)
+    with pytest.raises(NotWaitingError, match="waits on 2 requests"):
+        await team.respond("which?")  # several pending, none named: nothing changes
+    assert len(team.store.pending_requests("r")) == 2
+
+    await team.respond("one", node="H1")
+    again = await team.run()  # H1 completes, H2 still waits: parked again
+    assert team.run_info().status == "waiting"  # type: ignore[union-attr]
+    assert "H2 asks" in str(again.stop_reason) and "H1" not in str(again.stop_reason)
+    rid = team.store.pending_requests("r")[0].request_id
+    await team.respond("two", request_id=rid)
+    done = await team.run()
+    assert team.run_info().status == "finished"  # type: ignore[union-attr]
+    assert ("H2", "two") in texts(done)  # the call returns what it produced, as GraphFlow's does
+    thread = [(m.body["source"], m.body.get("content")) for m in team.store.load("r").messages]
+    assert [s for s, _ in thread] == ["user", "A", "B", "H1", "H2", "C"]
+    assert ("H1", "one") in thread and ("H2", "two") in thread
+    assert asked == []  # in wait mode the input function is never called
+    with pytest.raises(NotWaitingError, match="not waiting"):
+        await team.respond("late")
+
+
+async def test_a_task_given_to_a_waiting_run_is_the_answer_and_the_same_task_is_not(store_url: str) -> None:
+    team = one(store_url, human_input="wait")
+    await team.run(task="go")
+    same = await one(store_url, human_input="wait").run(task="go")  # a re-run script: still waiting
+    assert same.stop_reason is not None and same.stop_reason.startswith("waiting for input: H")
+    resumed = await one(store_url, human_input="wait").run(task="yes")
+    assert [s for s, _ in texts(resumed)][-2:] == ["H", "C"] and ("H", "yes") in texts(resumed)
+    assert team.run_info().status == "finished"  # type: ignore[union-attr]
+
+
+async def test_of_two_concurrent_answers_exactly_one_wins(store_url: str) -> None:
+    team = one(store_url, human_input="wait")
+    await team.run(task="go")
+    stores = [Store(store_url) for _ in range(4)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(s.respond, "r", f"answer {i}") for i, s in enumerate(stores)]
+            outcomes = [f.exception() or f.result() for f in futures]
+    finally:
+        for s in stores:
+            s.close()
+    wins = [o for o in outcomes if isinstance(o, InputRequest)]
+    assert len(wins) == 1 and all(isinstance(o, NotWaitingError) for o in outcomes if o not in wins)
+    done = await team.run()
+    assert ("H", wins[0].answer) in texts(done)
+
+
+async def test_a_deadline_takes_the_default_answer_or_fails_the_run(store_url: str) -> None:
+    team = one(store_url, "d", human_input=HumanInput("wait", timeout=0.2, default="no answer"))
+    await team.run(task="go")
+    assert team.run_info().status == "waiting"  # type: ignore[union-attr]
+    time.sleep(0.3)
+    done = await team.run()  # past the deadline: the default is the answer
+    assert ("H", "no answer") in texts(done)
+    assert team.store.requests.get("d", "H/3").answered_by == "default"  # type: ignore[union-attr]
+
+    failing = one(store_url, "f", human_input={"H": HumanInput("wait", timeout=0.2)})
+    await failing.run(task="go")
+    time.sleep(0.3)
+    with pytest.raises(RuntimeError, match="passed its deadline"):
+        await failing.run()
+    assert failing.run_info().status == "failed"  # type: ignore[union-attr]
+
+
+async def test_inline_input_is_asked_once_and_recorded(store_url: str) -> None:
+    asked.clear()
+    team = one(store_url, human_input="inline")
+    done = await team.run(task="go")
+    assert ("H", "typed") in texts(done) and len(asked) == 1
+    request = team.store.requests.get("r", "H/3")
+    assert request is not None and (request.status, request.answer, request.answered_by) == (
+        "answered",
+        "typed",
+        "inline",
+    )
+
+
+async def test_the_human_input_setting_survives_the_component_config(sqlite_url: str) -> None:
+    team = one(sqlite_url, human_input={"H": HumanInput("wait", timeout=60, default="x")})
+    config = team.dump_component()
+    assert config.config["human_input"]["H"] == {"mode": "wait", "timeout": 60, "default": "x"}
+
+
+def test_bad_human_input_settings_are_refused_clearly(sqlite_url: str) -> None:
+    with pytest.raises(ValueError, match="'wait' or 'inline'"):
+        one(sqlite_url, human_input="later")
+    with pytest.raises(ValueError, match="'Z', which is not a participant"):
+        one(sqlite_url, human_input={"Z": "wait"})
+    with pytest.raises(ValueError, match="timeout must be"):
+        HumanInput("wait", timeout=-1)
+
+
+def test_answering_a_run_that_does_not_exist_is_run_not_found(store: Store) -> None:
+    with pytest.raises(RunNotFoundError):
+        store.respond("nope", "x")
+
+
+async def test_an_ambiguous_answer_given_as_a_task_is_refused_and_the_run_keeps_waiting(
+    store_url: str,
+) -> None:
+    team = fan(store_url, human_input="wait")
+    await team.run(task="go")
+    with pytest.raises(NotWaitingError, match="waits on 2 requests"):
+        await fan(store_url, human_input="wait").run(task="yes")
+    info = team.run_info()
+    assert info is not None and info.status == "waiting" and len(info.pending) == 2
+    assert info.lease_owner is None  # the refused call gave the run back
+
+
+async def test_answers_that_name_no_pending_request_are_refused_with_what_is_pending(store_url: str) -> None:
+    team = one(store_url, human_input="wait")
+    await team.run(task="go")
+    store = team.store
+    with pytest.raises(NotWaitingError, match="has no such request") as unknown:
+        store.respond("r", "x", request_id="H/99")
+    assert unknown.value.pending == ("H/3",) and unknown.value.request_id == "H/99"
+    with pytest.raises(NotWaitingError, match="from node 'A'"):
+        store.respond("r", "x", node="A")
+    store.respond("r", "first", request_id="H/3")
+    with pytest.raises(NotWaitingError, match="has request 'H/3' answered"):
+        store.respond("r", "second", request_id="H/3")
+    assert store.requests.get("r", "H/3").answer == "first"  # type: ignore[union-attr]
+
+
+async def test_reset_cancels_the_pending_requests_of_the_run(store_url: str) -> None:
+    team = one(store_url, human_input="wait")
+    await team.run(task="go")
+    await team.reset()
+    assert team.store.pending_requests("r") == []
+    assert team.store.requests.get("r", "H/3").status == "cancelled"  # type: ignore[union-attr]
+    with pytest.raises(NotWaitingError):
+        await team.respond("too late")
+
+
+async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadline_passed(
+    store: Store,
+) -> None:
+    from graphflow_durable import Worker
+
+    def factory(run_id: str, **durable: object) -> DurableGraphFlow:
+        a, c, h = Scripted("A"), Scripted("C"), UserProxyAgent("H", input_func=person)
+        graph = DiGraphBuilder().add_node(a).add_node(h).add_node(c).add_edge(a, h).add_edge(h, c).build()
+        setting = HumanInput("wait", timeout=0.3, default="silence is consent")
+        return DurableGraphFlow([a, h, c], graph, run_id=run_id, human_input=setting, **durable)  # type: ignore[arg-type]
+
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": factory}, poll_interval=0.01)
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "waiting"  # type: ignore[union-attr]
+    assert [o.outcome for o in worker.outcomes] == ["waiting"]
+    await worker.run_until_idle()  # before the deadline: a waiting run is not claimed
+    assert len(worker.outcomes) == 1
+    time.sleep(0.4)
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
+    thread = [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
+    assert ("H", "silence is consent") in thread
+
+
+async def test_wait_inside_a_nested_team_fails_the_turn_clearly_instead_of_recording_a_partial_answer(
+    sqlite_url: str,
+) -> None:
+    from autogen_agentchat.agents import SocietyOfMindAgent
+    from autogen_ext.models.replay import ReplayChatCompletionClient
+
+    h = UserProxyAgent("H", input_func=person)
+    inner = DurableGraphFlow([h], DiGraphBuilder().add_node(h).build(), name="inner", human_input="wait")
+    mind = SocietyOfMindAgent("M", team=inner, model_client=ReplayChatCompletionClient(["summary"]))
+    outer = DurableGraphFlow([mind], DiGraphBuilder().add_node(mind).build(), store=sqlite_url, run_id="o")
+    with pytest.raises(RuntimeError, match="inside a nested team"):
+        await outer.run(task="go")
+    assert outer.run_info().status == "failed"  # type: ignore[union-attr]

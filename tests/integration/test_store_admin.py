@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
+from agents import Scripted
 from graphflow_durable.errors import (
     LeaseLostError,
     RunLockedError,
@@ -19,7 +20,7 @@ from graphflow_durable.store import AgentStateRecord, RunUpdate, Store
 
 from .test_store import LEASE, commit_text, start
 
-TABLES = ("agent_states", "messages", "steps", "queue", "runs")
+TABLES = ("agent_states", "messages", "steps", "input_requests", "queue", "runs")
 
 
 @pytest.fixture
@@ -189,6 +190,7 @@ def test_delete_removes_every_row_of_the_run_and_its_nested_runs_and_nothing_els
         "graphflow_agent_states": 4,
         "graphflow_messages": 4,
         "graphflow_steps": 4,
+        "graphflow_input_requests": 0,
         "graphflow_queue": 1,
         "graphflow_runs": 4,
     }
@@ -300,8 +302,28 @@ def test_stats_count_runs_per_status_rows_and_bytes_per_table(store: Store) -> N
         "graphflow_agent_states": 3,
         "graphflow_messages": 3,
         "graphflow_steps": 3,
+        "graphflow_input_requests": 0,
         "graphflow_queue": 1,
         "graphflow_runs": 3,
     }
     assert all(isinstance(size, int) and size > 0 for size in stats.bytes.values())
     assert stats.as_dict()["runs"]["finished"] == 2
+
+
+async def test_delete_of_a_run_waiting_for_a_person_removes_its_input_requests(
+    store: Store, raw: sa.Engine
+) -> None:
+    from autogen_agentchat.agents import UserProxyAgent
+    from autogen_agentchat.teams import DiGraphBuilder
+
+    from graphflow_durable import DurableGraphFlow
+
+    a, h = Scripted("A"), UserProxyAgent("H", input_func=lambda prompt: "typed")
+    graph = DiGraphBuilder().add_node(a).add_node(h).add_edge(a, h).build()
+    team = DurableGraphFlow([a, h], graph, store=store, run_id="asks", human_input="wait")
+    await team.run(task="go")
+    assert [r.node for r in store.pending_requests("asks")] == ["H"]
+    gone = store.delete_run("asks")
+    assert gone.rows["graphflow_input_requests"] == 1
+    assert rows_of(raw, "asks") == dict.fromkeys(TABLES, 0)
+    assert store.pending_requests("asks") == []

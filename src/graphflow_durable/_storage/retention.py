@@ -1,6 +1,7 @@
 """Deleting runs and retention, and the store's statistics.
 
-Deleting a run removes its steps, messages, agent states and queue row, and its nested runs: the
+Deleting a run removes its steps, messages, agent states, requests for human input and queue row,
+and its nested runs: the
 runs recorded with ``parent_run_id`` equal to it, and the runs a nested durable team drove inside
 its agents' turns (run id ``RUN/node/step/team``), recursively. A run that is ``running`` or held
 by a live driver is refused (``delete``) or skipped (``prune``) unless forced.
@@ -19,14 +20,14 @@ from graphflow_durable._model.records import RUN_STATUSES
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import held, not_found, run_row
 from graphflow_durable._storage.lease import iso
-from graphflow_durable._storage.schema import agent_states, messages, queue, runs, steps
+from graphflow_durable._storage.schema import agent_states, input_requests, messages, queue, runs, steps
 from graphflow_durable.errors import RunStateError, UsageError
 
 __all__ = ["TABLES", "Removal", "StoreStats", "check_prune", "delete", "prune", "stats"]
 
 _R = runs.c
 #: The package's tables, children first (the order rows are deleted in).
-TABLES: tuple[sa.Table, ...] = (agent_states, messages, steps, queue, runs)
+TABLES: tuple[sa.Table, ...] = (agent_states, messages, steps, input_requests, queue, runs)
 #: Statuses whose runs are never picked by ``prune`` or ``delete`` without ``force``.
 _ACTIVE = "running"
 #: At most this many run ids per ``IN (...)`` list (SQLite's parameter limit is far above it).

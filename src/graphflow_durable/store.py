@@ -511,7 +511,8 @@ class Store:
 
     def import_run(self, document: Mapping[str, Any], *, run_id: str | None = None) -> RunRecord:
         """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
-        return its row. Nobody holds its lease; a run exported while ``running`` is imported as
+        return its row. Nobody holds its lease; a run exported while ``running`` (or ``waiting``
+        for a person: its requests are not exported, the node asks again) is imported as
         ``interrupted``, so ``run()`` resumes it here. The run is read back before the transaction
         commits, as a resume reads it: a document that would not resume leaves nothing behind.
 

@@ -233,3 +233,24 @@ async def test_wait_inside_a_nested_team_fails_the_turn_clearly_instead_of_recor
     with pytest.raises(RuntimeError, match="inside a nested team"):
         await outer.run(task="go")
     assert outer.run_info().status == "failed"  # type: ignore[union-attr]
+
+
+async def test_a_waiting_run_exported_and_imported_asks_again_and_finishes(
+    store_url: str, tmp_path: Path
+) -> None:
+    asked.clear()
+    parked = await one(store_url, run_id="src", human_input="wait").run(task="go")
+    assert "waiting for input" in (parked.stop_reason or "")
+    with Store(store_url) as store:
+        document = store.export_run("src")
+    with Store(f"sqlite:///{tmp_path / 'moved.db'}") as elsewhere:
+        moved = elsewhere.import_run(document)
+        assert moved.status == "interrupted" and elsewhere.pending_requests("src") == []
+    team = one(f"sqlite:///{tmp_path / 'moved.db'}", run_id="src", human_input="wait")
+    again = await team.run()  # H's turn runs again and asks again: a new request, here
+    assert "waiting for input" in (again.stop_reason or "")
+    info = team.run_info()
+    assert info is not None and [r.node for r in info.pending] == ["H"]
+    await team.respond("typed")
+    done = await team.run()
+    assert [m.source for m in done.messages][-1] == "C" and asked == []

@@ -125,7 +125,9 @@ class RunRows:
     @classmethod
     def from_document(cls, doc: Any, where: str, run_id: str | None = None) -> RunRows:
         """The rows of an export document (as run ``run_id`` if given; a run exported while
-        ``running`` becomes ``interrupted``); :class:`UsageError` naming what is wrong with it."""
+        ``running``, or ``waiting`` for a person, becomes ``interrupted``: its requests for human
+        input are not exported, so a waiting node asks again); :class:`UsageError` naming what is
+        wrong with it."""
         try:
             if not isinstance(doc, Mapping) or doc.get("format") != EXPORT_FORMAT:
                 raise ValueError(f'it is not a graphflow-durable run export (no "format": "{EXPORT_FORMAT}")')
@@ -136,7 +138,7 @@ class RunRows:
             src = doc["run"]
             run = {k: src[k] for k in ("run_id", *_RUN_FIELDS)}
             run["run_id"] = check_run_id(run["run_id"] if run_id is None else run_id, option="run_id")
-            run["status"] = "interrupted" if run["status"] == "running" else run["status"]
+            run["status"] = "interrupted" if run["status"] in ("running", "waiting") else run["status"]
             run.update(
                 {
                     k: None if src[k] is None else dumps(src[k], where=f"run/{k}")

@@ -6,7 +6,8 @@ Usage: ``python tests/crash/group_worker.py STORE_URL RUNS [KILL]``: RUNS concur
 commits the writer writes, PHASE ``before`` (before its transaction begins), ``inside``
 (its statements done, before COMMIT) or ``after`` (committed, before any caller learns it).
 
-Every COMMIT is slowed by 10 ms (a slow disk) so that groups form whatever the machine's load.
+Every COMMIT waits for two more commits behind it (up to 0.1 s) once all runs exist, so that
+groups form whatever the machine's load.
 Agent turns are logged to ``$GFD_EXEC_LOG`` as in ``worker.py``. On a normal end it prints one
 JSON line: ``{run_id: [[source, content], ...]}`` and the largest group written.
 """
@@ -62,23 +63,37 @@ def arm(store: Store, kill: str) -> None:
     writer._finish = finished  # type: ignore[method-assign]
 
 
-def slow_disk(store: Store) -> None:
-    """Every COMMIT takes 10 ms more (a slow disk), so the runs' commits wait together and form
-    groups of several whatever the machine's load."""
-    commit = store._writer._commit
+def slow_disk(store: Store, runs: int) -> None:
+    """Once all ``runs`` exist, each COMMIT waits (up to 0.1 s, a slow disk) until two more commits
+    wait behind it, so that the runs' commits form groups of several whatever the machine's load.
+    (Before, a held write lock would only starve the runs' creation, which uses a connection of its
+    own and SQLite's busy handler.)"""
+    writer = store._writer
+    commit = writer._commit
+    create_run = store.create_run
+    created = 0
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        nonlocal created
+        run = create_run(*args, **kwargs)
+        created += 1
+        return run
 
     def slow(dbapi: Any, group: list[Any]) -> None:
-        time.sleep(0.01)
+        deadline = time.monotonic() + 0.1
+        while created >= runs and len(writer._waiting) < 2 and time.monotonic() < deadline:
+            time.sleep(0.002)
         commit(dbapi, group)
 
-    store._writer._commit = slow  # type: ignore[method-assign]
+    store.create_run = create  # type: ignore[method-assign]
+    writer._commit = slow  # type: ignore[method-assign]
 
 
 async def main(argv: list[str]) -> int:
     url, count = argv[0], int(argv[1])
     kill = argv[2] if len(argv) > 2 else None
     store = Store(url)
-    slow_disk(store)
+    slow_disk(store, count)
     if kill:
         arm(store, kill)
     largest = 0

@@ -324,8 +324,8 @@ class Store:
         is a record (its body a JSON value, encoded here) or a row made by the flow's agent-state
         writer (its body already JSON text, written as it is).
 
-        It is written with whatever other commits (of any run) are waiting at that moment, in one
-        transaction; this call blocks until it is durable. From a coroutine
+        The store's writer thread writes it, with whatever other commits (of any run) are waiting
+        at that moment, in one transaction; this call blocks until it is durable. From a coroutine
         use :meth:`submit_commit`, which leaves the event loop free meanwhile.
 
         Raises:
@@ -336,10 +336,9 @@ class Store:
             NotSerializableError: a value is not JSON (raised before touching the database).
             StoreError: the database failed (nothing of this commit was written).
         """
-        future: concurrent.futures.Future[int] = self._submit(
-            run_id, expected_head, fencing_token, step, messages, agent_states, update, None
-        )
-        return future.result()
+        return self._submit(
+            run_id, expected_head, fencing_token, step, messages, agent_states, update
+        ).result()
 
     def submit_commit(
         self,
@@ -352,21 +351,25 @@ class Store:
         agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
         update: RunUpdate | None = None,
     ) -> asyncio.Future[int]:
-        """:meth:`commit` for coroutines: hand the commit over and return without waiting for it.
+        """:meth:`commit` for coroutines: hand the commit to the writer thread and return at once.
 
-        Call it from a running event loop. On a SQLite file the commit's statements (and, with
-        ``synchronous=NORMAL``/``OFF``, its ``COMMIT``) may run before this returns; the fsync, and
-        PostgreSQL's round trips, never run on the loop. The returned future gives the new head once the commit
+        Call it from a running event loop. The returned future gives the new head once the commit
         is durable, or raises what :meth:`commit` raises; a value that is not JSON raises
         :class:`NotSerializableError` here, before anything is handed over. Cancelling the future
         (or the task awaiting it) does not stop the commit: it lands or fails all the same (await
         ``asyncio.shield(future)`` to learn which after a cancellation).
         """
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[int] = self._submit(
-            run_id, expected_head, fencing_token, step, messages, agent_states, update, loop
-        )
-        return future
+        future = self._submit(run_id, expected_head, fencing_token, step, messages, agent_states, update)
+        if not future.done():
+            return asyncio.wrap_future(future)
+        # Written inline already (SQLite NORMAL): no wake-up of the loop from another thread.
+        settled: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        error = future.exception()
+        if error is None:
+            settled.set_result(future.result())
+        else:
+            settled.set_exception(error)
+        return settled
 
     def _submit(
         self,
@@ -377,12 +380,10 @@ class Store:
         messages: Sequence[MessageRecord],
         agent_states: Sequence[AgentStateRecord | AgentStateRow],
         update: RunUpdate | None,
-        loop: asyncio.AbstractEventLoop | None,
-    ) -> Any:
+    ) -> concurrent.futures.Future[int]:
         rows = [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
         return self._writer.submit(
-            encode_commit(run_id, expected_head, fencing_token, time.time(), step, messages, rows, update),
-            loop,
+            encode_commit(run_id, expected_head, fencing_token, time.time(), step, messages, rows, update)
         )
 
     def load(self, run_id: str) -> RunLog:

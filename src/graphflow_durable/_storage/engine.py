@@ -64,7 +64,6 @@ class Engines:
         url: the URL with its password hidden, for messages.
         serial: a lock every operation must hold (a real lock only for in-memory SQLite, where all
             threads share one connection; otherwise a no-op).
-        shared_connection: whether that is so (in-memory SQLite).
         target: the parsed store URL (options in effect, the config URL).
     """
 
@@ -76,8 +75,6 @@ class Engines:
     url: str
     serial: AbstractContextManager[Any]
     target: StoreUrl
-    #: In-memory SQLite: every thread shares one connection, under ``serial``.
-    shared_connection: bool = False
 
     @property
     def driver_error(self) -> type[Exception]:
@@ -199,7 +196,6 @@ def _sqlite(target: StoreUrl) -> Engines:
         url=safe_url(url),
         serial=threading.RLock() if in_memory else nullcontext(),
         target=target,
-        shared_connection=in_memory,
     )
 
 

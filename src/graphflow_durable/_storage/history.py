@@ -18,7 +18,7 @@ from graphflow_durable._model.history import check_step, cut_record, cut_status
 from graphflow_durable._model.records import RunLog, RunRecord, StepKind
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.commit import not_found
+from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.lease import owner_gone
 from graphflow_durable._storage.reading import read_log
 from graphflow_durable._storage.rows import run_record

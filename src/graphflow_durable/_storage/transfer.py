@@ -28,6 +28,7 @@ from graphflow_durable._model.records import (
 )
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.checksum import (
     MESSAGES,
     STATES,
@@ -38,7 +39,6 @@ from graphflow_durable._storage.checksum import (
     state_sum,
     step_sum,
 )
-from graphflow_durable._storage.commit import not_found
 from graphflow_durable._storage.reading import read_log
 from graphflow_durable._storage.schema import agent_states, messages, steps
 from graphflow_durable.errors import ConflictError, UsageError

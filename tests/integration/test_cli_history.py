@@ -100,7 +100,10 @@ async def test_runs_fork_refuses_unknown_runs_steps_out_of_range_taken_ids_and_a
     head = (await _recorded(store_url)).run_info().head_seq
     assert main(["runs", "fork", "--store", store_url, "nope", "--at", "1"]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert err == "graphflow-durable: run nope does not exist, nothing was changed; 'graphflow-durable runs list' lists the runs\n"
+    assert (
+        err
+        == "graphflow-durable: run nope does not exist, nothing was changed; 'graphflow-durable runs list' lists the runs\n"
+    )
     assert main(["runs", "fork", "--store", store_url, "source", "--at", str(head + 1)]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert (

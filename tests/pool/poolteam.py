@@ -3,7 +3,8 @@
 ``team(run_id, **durable)`` is the factory workers load (``poolteam:team``). Its agents are the
 shared :class:`agents.Scripted` (tests/agents.py: each answers with its name, its turn and a digest
 of its input); before answering, each turn sleeps ``$GFD_AGENT_DELAY`` seconds (default 0.05) and
-is appended to ``$GFD_EXEC_LOG`` (if set) as ``pid node turn``.
+is appended to ``$GFD_EXEC_LOG`` (if set) as ``pid node turn``. While the file ``$GFD_HOLD`` exists,
+the last node E waits: the chaos test keeps every run unfinished until its kills and stops are done.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from agents import Scripted  # tests/agents.py: the one set of test agents
 async def slow_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
     """Sleep like a model call, then log the turn (a turn that is killed while sleeping is not logged)."""
     await asyncio.sleep(float(os.environ.get("GFD_AGENT_DELAY", "0.05")))
+    hold = os.environ.get("GFD_HOLD")
+    while agent.name == "E" and hold and Path(hold).exists():
+        await asyncio.sleep(0.05)
     log = os.environ.get("GFD_EXEC_LOG")
     if log:
         with open(log, "a") as f:

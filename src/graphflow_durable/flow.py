@@ -353,11 +353,14 @@ class DurableGraphFlow(GraphFlow):
             raise
         finally:
             renewer.cancel()
-            session.detach(finished_cleanly, failed)
-            if abandoned:
-                # The abandoned turns may still end in this process: no write of theirs may land
-                # on the run another process now drives (a token no lease ever has).
-                session.lease.token = -1
+            try:
+                await session.settle_at_end()
+            finally:
+                session.detach(finished_cleanly, failed)
+                if abandoned:
+                    # The abandoned turns may still end in this process: no write of theirs may
+                    # land on the run another process now drives (a token no lease ever has).
+                    session.lease.token = -1
 
     async def _wind_down(self, advance: asyncio.Future[Any]) -> bool:
         """After an interrupt: wait up to ``interrupt_grace_seconds`` for GraphFlow's stream to end

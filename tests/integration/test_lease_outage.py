@@ -150,8 +150,10 @@ async def _frozen_driver(url: str, run_id: str) -> list[str]:
             other.acquire_lease(run_id, "successor", lease_seconds=30)
         taken.set()
 
-    async def frozen_write(step: Any, messages: Sequence[Any], states: Sequence[Any], update: Any) -> int:
-        head = await write(step, messages, states, update)
+    async def frozen_write(
+        step: Any, messages: Sequence[Any], states: Sequence[Any], update: Any, **how: Any
+    ) -> int:
+        head = await write(step, messages, states, update, **how)
         if step.node == "A":  # A's completion, selecting B, is committed: freeze (as SIGSTOP does)
             thief = threading.Thread(target=take_over)
             thief.start()

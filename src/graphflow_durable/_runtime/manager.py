@@ -262,9 +262,16 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._link.turns.answered(name)
 
         if sched.in_flight:
+            # Nothing is dispatched on this answer: its commit is handed over without waiting, so
+            # that the batch's other answers join it in one group; the batch's last answer waits
+            # for them all before it dispatches (RunSession.write).
             self._cursor = self._cursor.answered(name, sched)
             await self._commit(
-                Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)), records, states, None
+                Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)),
+                records,
+                states,
+                None,
+                wait=False,
             )
             if self._parked:  # the others wait for a person: this was the last one running
                 await self._park_if_blocked()
@@ -340,6 +347,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         states: Sequence[AgentStateRecord],
         stop: StopMessage | None,
         update: RunUpdate | None = None,
+        *,
+        wait: bool = True,
     ) -> int:
         if stop is not None:
             task = update.task if update is not None else None
@@ -351,7 +360,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             )
             self._stop_reason = stop.content
         self._current_turn = self._cursor.sched.turn
-        return await self._link.write(step, messages, states, update)
+        return await self._link.write(step, messages, states, update, wait=wait)
 
     async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
         # A dispatch needs the lease: a monotonic-clock comparison, a renewal only when it is stale.

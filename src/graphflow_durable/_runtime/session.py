@@ -14,7 +14,6 @@ states) goes through :class:`~graphflow_durable._runtime.team.TeamView`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -105,6 +104,8 @@ class RunSession:
         self.head = 0
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
+        # Commits handed over and not waited for yet (a batch's answers), with their expected heads.
+        self._unsettled: list[tuple[int, asyncio.Future[int]]] = []
         self.turns = Turns(lambda: self.store)
         self.halted = False
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
@@ -407,12 +408,20 @@ class RunSession:
         messages: Sequence[MessageRecord],
         states: Sequence[AgentStateRecord],
         update: RunUpdate | None,
+        *,
+        wait: bool = True,
     ) -> int:
         """Commit one transition at the expected head under this session's fencing token.
 
         The event loop runs on while the store's writer thread commits. A cancellation that arrives
         meanwhile waits for the commit's outcome before it is raised, so :attr:`head` always says
         what is in the store.
+
+        ``wait=False`` hands the commit over and returns the head it will make without waiting:
+        for an answer of a parallel batch that is not its last, on which nothing is dispatched or
+        reported, so that the batch's other answers join it in the writer's next group. Commits
+        stay in order; the next waiting write (or :meth:`settle`) waits for it as well and raises
+        its failure, the first in order, rather than its own refusal that followed from it.
         """
         try:
             future = self.store.submit_commit(
@@ -424,22 +433,53 @@ class RunSession:
                 agent_states=self.states.encode(states, messages, self.head + 1),
                 update=update,
             )
-            try:
-                head = await asyncio.shield(future)
-            except asyncio.CancelledError:
-                await _settled(future)
-                if not future.cancelled() and future.exception() is None:
-                    self.head = future.result()
-                raise
         except BaseException:
             self.states.clear()  # it remembered this commit's states: write the next ones whole
             raise
-        self.head = head
+        self._unsettled.append((self.head, future))
+        if not wait:
+            self.head += 1
+            return self.head
+        await self.settle()
         if update is not None and update.release_lease:
             self.lease.released = True
-        return head
+        return self.head
 
-    # -- reading the run -------------------------------------------------------------------------
+    async def settle(self) -> None:
+        """Wait for every commit handed over (through cancellations: one is raised afterwards), set
+        :attr:`head` to the last one written, and raise the first failure."""
+        unsettled, self._unsettled = self._unsettled, []
+        cancelled = False
+        for _, future in unsettled:
+            cancelled = await _settled(future) or cancelled
+        failure = None
+        for expected, future in unsettled:
+            error = future.exception()  # read even after a failure: none is logged as never retrieved
+            if failure is None:  # the ones after a failure were refused because of it
+                failure = error
+                self.head = expected if error is not None else future.result()
+        if failure is not None:
+            self.states.clear()  # it remembered the failed commits' states: write the next ones whole
+            raise failure
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def settle_at_end(self) -> None:
+        """As a run ends: wait for the commits still handed over (an interrupted batch's answers).
+        The error that ended the run is the one the caller sees: a failure here is logged (a lost
+        lease as :meth:`lost` says it) and the team is marked out of step with the store."""
+        try:
+            await self.settle()
+        except LeaseLostError as exc:
+            self.synced = False
+            self.lost(exc)
+        except Exception as exc:  # noqa: BLE001 -- logged; the run's own end is what the caller sees
+            self.synced = False
+            logger.warning(
+                "run %s: an answer of the interrupted batch was not recorded (%s); it runs again on resume",
+                self.run_id,
+                exc,
+            )
 
     def stored_result(self, run: RunRecord, create: Callable[[Mapping[str, Any]], Any]) -> TaskResult:
         """The result of the run's last round, as its uninterrupted run returned it."""
@@ -502,9 +542,13 @@ class RunSession:
         )
 
 
-async def _settled(future: asyncio.Future[int]) -> None:
-    """Wait until ``future`` is done, through any number of cancellations (they were noted by the
-    caller, which raises one once the future settled)."""
+async def _settled(future: asyncio.Future[int]) -> bool:
+    """Wait until ``future`` is done, through any number of cancellations; whether one arrived (the
+    caller raises it once everything it waits for settled)."""
+    cancelled = False
     while not future.done():
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await asyncio.wait([future])
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -322,3 +323,75 @@ async def test_with_synchronous_normal_a_locked_database_does_not_block_the_even
     assert await commit == 1
     assert store.get_run("r").head_seq == 1  # type: ignore[union-attr]
     store.close()
+
+
+def _three_way_fan(before: Any) -> tuple[list[Scripted], Any]:
+    """S -> (P1, P2, P3) -> J, J waiting for all three; ``before`` runs at the start of each P's turn."""
+    from autogen_agentchat.teams import DiGraphBuilder
+
+    s, j = Scripted("S"), Scripted("J")
+    ps = [Scripted(f"P{i}", before=before) for i in (1, 2, 3)]
+    b = DiGraphBuilder()
+    for agent in (s, *ps, j):
+        b.add_node(agent)
+    for p in ps:
+        b.add_edge(s, p).add_edge(p, j)
+    b.set_entry_point(s)
+    return [s, *ps, j], b.build()
+
+
+async def test_the_answers_of_a_parallel_batch_ready_together_are_written_in_one_group(
+    sqlite_url: str,
+) -> None:
+    """The first answer's commit waits on SQLite's write lock (taken when the first P's turn
+    starts); the others do not wait for it to be durable: they queue behind it and share a group.
+    Were each answer to wait for its own commit, every commit would be a group of its own."""
+    lock: list[WriteLock] = []
+
+    async def hold_the_write_lock(agent: Scripted, messages: Any) -> None:
+        if not lock:
+            lock.append(WriteLock(sqlite_url))
+            asyncio.get_running_loop().call_later(0.3, lock[0].release)
+
+    store = Store(sqlite_url)
+    agents, graph = _three_way_fan(hold_the_write_lock)
+    team = durable(agents, graph, store, "fan")
+    commits, groups = store._writer.commits, store._writer.groups
+    result = await team.run(task="go")
+    assert [m.source for m in result.messages] == ["user", "S", "P1", "P2", "P3", "J"]
+    written, grouped = store._writer.commits - commits, store._writer.groups - groups
+    assert written == 6  # the start, then S, P1, P2, P3 and J (the first snapshot went with the creation)
+    assert grouped < written  # answers of the batch shared a group (the second and third at least)
+    done = [s.node for s in store.load("fan").steps if s.kind == "complete"]
+    assert sorted(done) == ["J", "P1", "P2", "P3", "S"] and done[-1] == "J"
+    assert stored_transcript(team) == [(m.source, m.content) for m in result.messages]  # type: ignore[union-attr]
+    store.close()
+
+
+async def test_a_batch_whose_answers_were_handed_over_raises_the_lost_lease_and_records_none(
+    store_url: str,
+) -> None:
+    """The driver freezes past its lease at the start of the batch and another owner takes the run:
+    the answers handed over without waiting are refused, the run raises the lost lease, and nothing
+    of the batch is recorded; the join never runs."""
+    calls: list[str] = []
+    frozen: list[bool] = []
+
+    async def freeze_past_the_lease(agent: Scripted, messages: Any) -> None:
+        if not frozen:
+            frozen.append(True)
+            time.sleep(0.8)  # blocks the event loop: no renewal (lease 0.5 s)
+            with Store(store_url) as other:
+                other.acquire_lease("frozen-batch", "successor", lease_seconds=30)
+
+    agents, graph = _three_way_fan(freeze_past_the_lease)
+    for agent in agents:
+        agent.calls = calls
+    team = durable(agents, graph, store_url, "frozen-batch", lease_seconds=0.5)
+    with pytest.raises(LeaseLostError):
+        await team.run(task="go")
+    assert "J" not in calls
+    with Store(store_url) as store:
+        run = store.get_run("frozen-batch")
+        assert run is not None and run.lease_owner == "successor"
+        assert [s.node for s in store.load("frozen-batch").steps if s.kind == "complete"] == ["S"]

@@ -119,23 +119,34 @@ def arm(store: Store, kill: str) -> None:
     target = int(number)
     calls = 0
     inside = False
-    submit_commit = store.submit_commit
+    handed: list[Any] = []  # the K-th commit's parameters, once handed to the writer
+    writer = store._writer
+    submit, transaction = writer.submit, writer._transaction
 
-    def submit(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
-        nonlocal calls, inside
+    def counted_submit(params: Any) -> Any:
+        nonlocal calls
         calls += 1
         if calls == target and phase == "before":
             die()
-        inside = calls == target and phase == "inside"  # read by the writer thread's COMMIT
-        future = submit_commit(*args, **kwargs)
+        if calls == target:
+            handed.append(params)
+        future = submit(params)
         if calls == target and phase == "after":  # durable, before the committer goes on
             future.add_done_callback(lambda f: die() if f.exception() is None else None)
         return future
 
+    def watched_transaction(group: Any, nowait: bool = False) -> Any:
+        # A batch's answers are handed over without waiting: the K-th commit may share a group
+        # with others, or follow one still being written. "inside" is the group that holds it.
+        nonlocal inside
+        inside = phase == "inside" and any(item.params is params for item in group for params in handed)
+        return transaction(group, nowait)
+
     engine = store._e.engine
     raw_connection = engine.raw_connection
     engine.raw_connection = lambda: KillOnCommit(raw_connection(), lambda: inside)  # type: ignore[method-assign]
-    store.submit_commit = submit  # type: ignore[method-assign]
+    writer.submit = counted_submit  # type: ignore[method-assign]
+    writer._transaction = watched_transaction  # type: ignore[method-assign]
 
 
 async def main(argv: list[str]) -> int:

@@ -15,7 +15,6 @@ worker-pool queue is an object the store holds, :attr:`Store.queue` (a :class:`W
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import socket
@@ -49,6 +48,7 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Retry
 from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.commit import (
+    CommitParams,
     encode_commit,
     encode_run,
     not_found,
@@ -336,9 +336,8 @@ class Store:
             NotSerializableError: a value is not JSON (raised before touching the database).
             StoreError: the database failed (nothing of this commit was written).
         """
-        return self._submit(
-            run_id, expected_head, fencing_token, step, messages, agent_states, update
-        ).result()
+        params = self._encode(run_id, expected_head, fencing_token, step, messages, agent_states, update)
+        return self._writer.submit(params).result()
 
     def submit_commit(
         self,
@@ -359,19 +358,10 @@ class Store:
         (or the task awaiting it) does not stop the commit: it lands or fails all the same (await
         ``asyncio.shield(future)`` to learn which after a cancellation).
         """
-        future = self._submit(run_id, expected_head, fencing_token, step, messages, agent_states, update)
-        if not future.done():
-            return asyncio.wrap_future(future)
-        # Written inline already (SQLite NORMAL): no wake-up of the loop from another thread.
-        settled: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        error = future.exception()
-        if error is None:
-            settled.set_result(future.result())
-        else:
-            settled.set_exception(error)
-        return settled
+        params = self._encode(run_id, expected_head, fencing_token, step, messages, agent_states, update)
+        return self._writer.submit_async(params, asyncio.get_running_loop())
 
-    def _submit(
+    def _encode(
         self,
         run_id: str,
         expected_head: int,
@@ -380,11 +370,9 @@ class Store:
         messages: Sequence[MessageRecord],
         agent_states: Sequence[AgentStateRecord | AgentStateRow],
         update: RunUpdate | None,
-    ) -> concurrent.futures.Future[int]:
+    ) -> CommitParams:
         rows = [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
-        return self._writer.submit(
-            encode_commit(run_id, expected_head, fencing_token, time.time(), step, messages, rows, update)
-        )
+        return encode_commit(run_id, expected_head, fencing_token, time.time(), step, messages, rows, update)
 
     def load(self, run_id: str) -> RunLog:
         """Everything needed to resume ``run_id``, read in one consistent transaction.

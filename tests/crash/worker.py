@@ -121,16 +121,16 @@ def arm(store: Store, kill: str) -> None:
     inside = False
     handed: list[Any] = []  # the K-th commit's parameters, once handed to the writer
     writer = store._writer
-    submit, transaction = writer.submit, writer._transaction
+    submit, transaction = writer.submit_async, writer._transaction
 
-    def counted_submit(params: Any) -> Any:
+    def counted_submit(params: Any, loop: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == target and phase == "before":
             die()
         if calls == target:
             handed.append(params)
-        future = submit(params)
+        future = submit(params, loop)
         if calls == target and phase == "after":  # durable, before the committer goes on
             future.add_done_callback(lambda f: die() if f.exception() is None else None)
         return future
@@ -145,7 +145,7 @@ def arm(store: Store, kill: str) -> None:
     engine = store._e.engine
     raw_connection = engine.raw_connection
     engine.raw_connection = lambda: KillOnCommit(raw_connection(), lambda: inside)  # type: ignore[method-assign]
-    writer.submit = counted_submit  # type: ignore[method-assign]
+    writer.submit_async = counted_submit  # type: ignore[method-assign]
     writer._transaction = watched_transaction  # type: ignore[method-assign]
 
 

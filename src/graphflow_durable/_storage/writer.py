@@ -19,9 +19,11 @@ each commit's head move and inserts go in one round trip (psycopg's pipeline mod
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,10 +42,13 @@ MAX_GROUP = 64
 
 @dataclass
 class _Commit:
-    """One commit handed to the writer, and what became of it."""
+    """One commit handed to the writer, and what became of it: ``waiter`` (a coroutine's, on
+    ``loop``) or ``future`` (a thread's) gives the new head or the error."""
 
     params: CommitParams
+    loop: asyncio.AbstractEventLoop | None = None
     future: Future[int] = field(default_factory=Future)
+    waiter: asyncio.Future[int] | None = None
     error: BaseException | None = None
 
     @property
@@ -97,6 +102,19 @@ class CommitWriter:
         (``LeaseLostError``, ``ConflictError``...)."""
         item = _Commit(params)
         item.future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
+        self._hand_over(item)
+        return item.future
+
+    def submit_async(self, params: CommitParams, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int]:
+        """:meth:`submit` for a coroutine on ``loop``: an asyncio future, set on that loop. A group's
+        futures of one loop are all set by one call from the writer thread (one wake-up of the
+        loop per group, not one per commit). Cancelling it does not stop the commit."""
+        item = _Commit(params, loop, waiter=loop.create_future())
+        self._hand_over(item)
+        assert item.waiter is not None
+        return item.waiter
+
+    def _hand_over(self, item: _Commit) -> None:
         with self._start_lock:
             if self.closed:
                 raise RuntimeError("the store is closed; open a new Store to write")
@@ -109,22 +127,22 @@ class CommitWriter:
             inline = self._inline and self._inbox.empty() and self._writing.acquire(blocking=False)
             if not inline:
                 self._inbox.put(item)
-                return item.future
+                return
         try:
             self._write_group([item], nowait=True)
-            return item.future
+            return
         except _Busy:  # another connection holds SQLite's write lock: the thread waits for it
             pass
         finally:
             self._writing.release()
         self._requeue(item)
-        return item.future
 
     def _requeue(self, item: _Commit) -> None:
         """Hand an inline commit that found the database locked to the thread after all."""
         with self._start_lock:
             if self._closed:  # closed meanwhile: the thread may have stopped already
-                item.future.set_exception(RuntimeError("the store is closed; open a new Store to write"))
+                item.error = RuntimeError("the store is closed; open a new Store to write")
+                _settle([item])
             else:
                 self._inbox.put(item)
 
@@ -182,12 +200,19 @@ class CommitWriter:
         self.groups += 1
         self.commits += len(group)
         for item in group:
-            if item.error is None:
-                item.future.set_result(item.expected_head + 1)
-            elif isinstance(item.error, (self._driver_error, sa.exc.SQLAlchemyError)):  # e.g. connecting
-                item.future.set_exception(store_error(self._e, item.action, item.error, run_id=item.run_id))
+            if isinstance(item.error, (self._driver_error, sa.exc.SQLAlchemyError)):  # e.g. connecting
+                item.error = store_error(self._e, item.action, item.error, run_id=item.run_id)
+        by_loop: dict[asyncio.AbstractEventLoop | None, list[_Commit]] = {}
+        for item in group:
+            by_loop.setdefault(item.loop, []).append(item)
+        for loop, items in by_loop.items():
+            if loop is None or _running_here(loop):
+                _settle(items)
             else:
-                item.future.set_exception(item.error)
+                try:
+                    loop.call_soon_threadsafe(_settle, items)
+                except RuntimeError:  # that loop is closed: nobody waits for these any more
+                    pass
 
     def _transaction(self, group: list[_Commit], nowait: bool = False) -> None:
         """Write the group in one transaction; note each refused or failed commit on its item.
@@ -298,6 +323,28 @@ class CommitWriter:
                 raise
             return False
         return bool(head.rowcount == 1)
+
+
+def _settle(items: Sequence[_Commit]) -> None:
+    """Give each caller its commit's outcome (on the caller's loop for a coroutine's)."""
+    for item in items:
+        if item.waiter is None:
+            if item.error is None:
+                item.future.set_result(item.expected_head + 1)
+            else:
+                item.future.set_exception(item.error)
+        elif not item.waiter.cancelled():
+            if item.error is None:
+                item.waiter.set_result(item.expected_head + 1)
+            else:
+                item.waiter.set_exception(item.error)
+
+
+def _running_here(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _pipeline_supported(driver: Any) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,13 @@ from agents import Scripted, chain, close_stores, durable, fail_once
 from graphflow_durable.cli.runs import EXIT_ERROR, EXIT_OK, main
 from graphflow_durable.errors import StoreError
 from graphflow_durable.store import Store
+from netproxy import NetProxy
 from pgserver import Server
 from smalldisk import SmallDisk
 
 from .test_flow_human_input import one
 from .test_store_admin import age
+from .test_store_partition import _via, proxy  # noqa: F401 (proxy: a fixture used here)
 
 #: A failing call must end within this many seconds (a hang fails the test).
 BOUND = 30.0
@@ -57,8 +60,9 @@ def database(server: Server) -> Iterator[str]:
 # -- the runs every case starts from ----------------------------------------------------------
 
 
-async def runs(url: str) -> dict[str, Any]:
-    """Three runs, every store closed afterwards; returns the export of ``done``.
+async def runs(url: str, direct: str | None = None) -> dict[str, Any]:
+    """Three runs, every store closed afterwards; returns the export of ``done``. ``direct``: the
+    database's URL for plain SQLAlchemy, when ``url`` carries the store's own options.
 
     - ``asks``: A -> H -> C waiting for a person (H's request pending);
     - ``done``: A -> B -> C finished, last updated 40 days ago (what ``prune --older-than 30d`` takes);
@@ -77,7 +81,7 @@ async def runs(url: str) -> dict[str, Any]:
     with Store(url) as store:
         store.cancel_run("halted")
         document = store.export_run("done")
-    raw = sa.create_engine(url, poolclass=sa.NullPool)
+    raw = sa.create_engine(direct or url, poolclass=sa.NullPool)
     try:
         age(raw, "done", 40)
     finally:
@@ -93,7 +97,7 @@ def rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
         meta.reflect(engine)
         with engine.connect() as conn:
             return {
-                name: sorted((tuple(map(repr, row)) for row in conn.execute(sa.select(table))))
+                name: sorted(tuple(map(repr, row)) for row in conn.execute(sa.select(table)))
                 for name, table in sorted(meta.tables.items())
                 if name.startswith("graphflow_")
             }
@@ -240,11 +244,12 @@ def terminate(server: Server) -> Callable[[sa.Connection], None]:
     return fault
 
 
-def one_store_error(error: BaseException, action: str) -> None:
+def one_store_error(error: BaseException, action: str) -> str:
     assert type(error) is StoreError, repr(error)  # not a subclass: not a conflict, not "not found"
     assert isinstance(error.__cause__, sa.exc.SQLAlchemyError | psycopg.Error), repr(error.__cause__)
     message = str(error)
     assert "\n" not in message and message.startswith(f"{action} failed on "), message
+    return message
 
 
 @pytest.mark.postgres
@@ -302,11 +307,16 @@ def _cli(
 
 
 @pytest.mark.parametrize(
-    "backend", ["sqlite (full disk)", pytest.param("postgres (connection terminated)", marks=pytest.mark.postgres)]
+    "backend",
+    ["sqlite (full disk)", pytest.param("postgres (connection terminated)", marks=pytest.mark.postgres)],
 )
 @pytest.mark.parametrize("call", CALLS, ids=[c.name for c in CALLS])
 async def test_a_runs_command_under_a_fault_prints_one_line_exits_1_changes_nothing_and_works_once_healed(
-    call: Call, backend: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    call: Call,
+    backend: str,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     export = tmp_path / "done.json"
     if backend.startswith("sqlite"):
@@ -333,4 +343,34 @@ async def test_a_runs_command_under_a_fault_prints_one_line_exits_1_changes_noth
         assert rows(url) == before
         code, out, err = _cli(capsys, url, call, export)
         assert (code, err) == (EXIT_OK, []) and out
+        call.done(store)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # a call blocking past asyncio.wait_for would escape it
+async def test_a_partition_in_the_middle_of_a_respond_is_one_store_error_within_its_bound_and_changes_nothing(
+    proxy: NetProxy,  # noqa: F811
+    postgres_database: str,
+) -> None:
+    """The representative call through a blackholing proxy: the server cancels a statement after
+    1 s, the client gives a silent server up 5 s later."""
+    url = _via(proxy, postgres_database, statement_timeout="1", connect_timeout="2")
+    call = next(c for c in CALLS if c.name == "respond")
+    document = await runs(url, postgres_database)
+    with Store(url) as store:
+        before = rows(postgres_database)
+        started = time.monotonic()
+        strike = Strike(call.statement, lambda _conn: proxy.blackhole())
+        with strike, pytest.raises(StoreError) as raised:
+            await asyncio.wait_for(call.call(store, document), BOUND)
+        took = time.monotonic() - started
+        assert strike.fired
+        message = one_store_error(raised.value, call.action)
+        assert "s3cr3t-pw" not in message and "***" in message, message
+        assert took < 15.0, took  # the answer bound (1 s + 5 s), not a hang
+        print(f"respond through a partition failed after {took:.1f} s: {message}")
+        proxy.heal()
+        assert rows(postgres_database) == before
+        await asyncio.wait_for(call.call(store, document), BOUND)
         call.done(store)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -297,11 +299,22 @@ async def test_a_write_path_on_a_full_disk_is_one_store_error_changes_nothing_an
 
 
 def _cli(
-    capsys: pytest.CaptureFixture[str], url: str, call: Call, export: Path
+    capsys: pytest.CaptureFixture[str], url: str, call: Call, export: Path, *, process: bool = False
 ) -> tuple[int, list[str], list[str]]:
-    args = [str(export) if a == "{document}" else a for a in call.cli]
+    """``graphflow-durable runs ...`` of ``call``: exit code, stdout lines, stderr lines; in this
+    process (where a fault can strike mid-command) or, ``process``, in a process of its own."""
+    argv = ["runs", *(str(export) if a == "{document}" else a for a in call.cli), "--store", url]
+    if process:
+        done = subprocess.run(
+            [sys.executable, "-m", "graphflow_durable.cli.runs", *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        return done.returncode, done.stdout.splitlines(), done.stderr.splitlines()
     capsys.readouterr()
-    code = main(["runs", *args, "--store", url])
+    code = main(argv)
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err.splitlines()
 
@@ -330,8 +343,8 @@ async def test_a_runs_command_under_a_fault_prints_one_line_exits_1_changes_noth
         before = rows(url)
         if backend.startswith("sqlite"):
             disk.fill()
-            try:
-                code, out, err = _cli(capsys, url, call, export)
+            try:  # a real process: its real stderr, logging included
+                code, out, err = _cli(capsys, url, call, export, process=True)
             finally:
                 disk.free()
         else:
@@ -374,3 +387,31 @@ async def test_a_partition_in_the_middle_of_a_respond_is_one_store_error_within_
         assert rows(postgres_database) == before
         await asyncio.wait_for(call.call(store, document), BOUND)
         call.done(store)
+
+
+async def test_an_export_to_a_file_on_a_full_disk_is_one_line_exit_1_and_leaves_the_file_as_it_was(
+    small_disk: SmallDisk, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``runs export --output FILE``: the document is written whole or not at all; an older export
+    in FILE is kept, and no temporary file is left behind."""
+    agents = [Scripted(n) for n in "AB"]
+    await durable(agents, chain(*agents), sqlite_url, "long").run(task="a long task " * 1000)
+    close_stores()
+    target = small_disk.path / "long.json"
+    target.write_text("the previous export\n")  # one block of the file system, freed by a rewrite
+    argv = ["runs", "export", "long", "--output", str(target), "--store", sqlite_url]
+    small_disk.fill()
+    try:
+        capsys.readouterr()
+        code = main(argv)
+        captured = capsys.readouterr()
+    finally:
+        small_disk.free()
+    err = captured.err.splitlines()
+    assert (code, captured.out) == (EXIT_ERROR, "")
+    assert len(err) == 1 and f"--output {target}: cannot write it (No space left on device)" in err[0], err
+    assert target.read_text() == "the previous export\n"
+    assert sorted(p.name for p in small_disk.path.iterdir()) == ["long.json"]
+    assert main(argv) == EXIT_OK
+    with Store(sqlite_url) as store:
+        assert json.loads(target.read_text()) == store.export_run("long")

@@ -255,21 +255,20 @@ def one_store_error(error: BaseException, action: str) -> str:
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("fault", ["server stopped", "connection terminated"])
 @pytest.mark.parametrize("call", CALLS, ids=[c.name for c in CALLS])
-async def test_a_write_path_broken_on_postgres_mid_transaction_is_one_store_error_changes_nothing_and_works_once_back(
-    call: Call, fault: str, server: Server, database: str
+async def test_a_write_path_whose_postgres_stops_mid_transaction_is_one_store_error_changes_nothing_and_works_once_back(
+    call: Call, server: Server, database: str
 ) -> None:
+    """(The commands' test below breaks the same calls by terminating their connection.)"""
     document = await runs(database)
     with Store(database) as store:
         before = rows(database)
-        strike = Strike(call.statement, stop(server) if fault == "server stopped" else terminate(server))
+        strike = Strike(call.statement, stop(server))
         try:
             with strike, pytest.raises(StoreError) as raised:
                 await asyncio.wait_for(call.call(store, document), BOUND)
         finally:
-            if fault == "server stopped":
-                server.up()
+            server.up()
         assert strike.fired
         one_store_error(raised.value, call.action)
         assert rows(database) == before
@@ -319,11 +318,18 @@ def _cli(
     return code, captured.out.splitlines(), captured.err.splitlines()
 
 
+#: The commands on SQLite on a full disk: those that write rows (the others share their error path).
+_ON_A_FULL_DISK = ("respond", "retry", "fork", "import")
+
+
 @pytest.mark.parametrize(
-    "backend",
-    ["sqlite (full disk)", pytest.param("postgres (connection terminated)", marks=pytest.mark.postgres)],
-)
-@pytest.mark.parametrize("call", CALLS, ids=[c.name for c in CALLS])
+    ("call", "backend"),
+    [
+        *(pytest.param(c, "sqlite (full disk)", id=f"{c.name}-sqlite") for c in CALLS if c.name in _ON_A_FULL_DISK),
+        *(pytest.param(c, "postgres (connection terminated)", id=f"{c.name}-postgres", marks=pytest.mark.postgres)
+          for c in CALLS),
+    ],
+)  # fmt: skip
 async def test_a_runs_command_under_a_fault_prints_one_line_exits_1_changes_nothing_and_works_once_healed(
     call: Call,
     backend: str,
@@ -415,3 +421,31 @@ async def test_an_export_to_a_file_on_a_full_disk_is_one_line_exit_1_and_leaves_
     assert main(argv) == EXIT_OK
     with Store(sqlite_url) as store:
         assert json.loads(target.read_text()) == store.export_run("long")
+
+
+@pytest.mark.postgres
+async def test_a_runs_command_with_postgres_down_prints_one_line_exits_1_and_works_once_it_is_up(
+    server: Server, database: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Real processes, so their whole stderr is seen (logging included)."""
+    export = tmp_path / "done.json"
+    export.write_text(json.dumps(await runs(database)))
+    before = rows(database)
+    server.down()
+    try:
+        failed = {  # the store is opened before any command runs: two stand for all
+            call.name: _cli(capsys, database, call, export, process=True)
+            for call in CALLS
+            if call.name in ("respond", "fork")
+        }
+    finally:
+        server.up()
+    for name, (code, out, err) in failed.items():
+        assert (code, out) == (EXIT_ERROR, []), (name, out)
+        assert len(err) == 1 and err[0].startswith("graphflow-durable: opening the store failed on "), err
+        assert "Connection refused" in err[0], err
+    assert rows(database) == before
+    with Store(database) as store:
+        for call in CALLS[:3] + CALLS[5:]:  # (delete and prune remove the same run)
+            assert _cli(capsys, database, call, export)[0] == EXIT_OK
+            call.done(store)

@@ -8,6 +8,13 @@ the transaction's last write, and a SQLite file on a full file system. The calle
 :class:`StoreError` naming the action (the CLI: one line on stderr, exit 1, no traceback), the
 database is exactly as it was before the call (every row of every table), and the same call
 succeeds once the fault is gone.
+
+- the calls (``respond`` and ``fork`` through the flow): PostgreSQL stopped mid-transaction; SQLite
+  on a full disk;
+- the commands: the connection terminated mid-transaction (in this process, where the fault can
+  strike inside the command); a full disk and a stopped server, in real processes;
+- ``respond`` through a partition (``tests/netproxy.py``): the error within its bound;
+- ``runs export --output FILE`` on a full disk: FILE is kept as it was.
 """
 
 from __future__ import annotations

@@ -250,6 +250,32 @@ async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadl
     assert ("H", "silence is consent") in thread
 
 
+async def test_a_cancelled_waiting_run_of_a_pool_is_left_alone_until_retried_then_asks_again(
+    store: Store,
+) -> None:
+    from graphflow_durable import Worker
+
+    def factory(run_id: str, **durable: object) -> DurableGraphFlow:
+        return one(durable.pop("store"), run_id=run_id, human_input="wait", **durable)  # type: ignore[arg-type]
+
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": factory}, poll_interval=0.01)
+    await worker.run_until_idle()
+    assert store.cancel_run("w").status == "cancelled"
+    await worker.run_until_idle()  # a cancelled run is not claimed
+    assert len(worker.outcomes) == 1 and store.get_run("w").status == "cancelled"  # type: ignore[union-attr]
+    with pytest.raises(NotWaitingError, match="is cancelled"):
+        store.respond("w", "no")
+    assert store.retry_run("w").status == "interrupted"
+    await worker.run_until_idle()  # claimed: H asks the same request again, the run waits
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "waiting"]
+    assert [r.request_id for r in store.pending_requests("w")] == ["H/3"]
+    store.respond("w", "yes")
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
+    assert ("H", "yes") in [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
+
+
 async def test_wait_inside_a_nested_team_fails_the_turn_clearly_instead_of_recording_a_partial_answer(
     sqlite_url: str,
 ) -> None:

@@ -5,6 +5,7 @@
   are skipped, except on CI (``CI=true``) where they fail.
 - ``store_url`` (function, parametrized ``sqlite`` / ``postgres``): a fresh, empty database.
 - ``store``: a :class:`Store` open on ``store_url``, closed afterwards.
+- ``small_disk``: a 2 MB file system the test may fill (``tests/smalldisk.py``; root only).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from graphflow_durable.store import Store
 sys.path.insert(0, str(Path(__file__).parent))
 
 from pgcluster import ClusterUnavailable, PgCluster
+from smalldisk import SmallDisk
 
 _db_numbers = itertools.count()
 
@@ -113,3 +115,9 @@ def store(store_url: str) -> Iterator[Store]:
     opened = Store(store_url)
     yield opened
     opened.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 2 MB tmpfs (needs root to mount; skipped otherwise), unmounted afterwards."""
+    yield from SmallDisk.mount(tmp_path / "disk")

@@ -10,9 +10,11 @@ a module-scoped fixture::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 from pgcluster import ClusterUnavailable, PgCluster
 
@@ -40,6 +42,19 @@ class Server:
     @property
     def url(self) -> str:
         return self.cluster.url
+
+    def database(self) -> Iterator[str]:
+        """Create a new database in the cluster, yield its URL, drop it (for a function fixture)."""
+        name = f"gfd_outage_{time.monotonic_ns()}"
+        admin = sa.create_engine(self.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            yield sa.make_url(self.url).set(database=name).render_as_string(hide_password=False)
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            admin.dispose()
 
     def down(self) -> None:
         """Stop the server at once (``-m immediate``: connections are cut, as in a crash)."""

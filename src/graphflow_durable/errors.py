@@ -309,8 +309,9 @@ class RunExistsError(UsageError):
 
 class NotWaitingError(UsageError):
     """An answer that has nothing to answer: the run has no pending input request (it is not
-    waiting), the named request was already answered (another process answered first), or the run
-    waits on several requests and the answer names none of them. Nothing was changed.
+    waiting), the named request was already answered (another process answered first), the run
+    waits on several requests and the answer names none of them, or the run is cancelled (resumed,
+    its node asks again). Nothing was changed.
 
     Attributes:
         run_id: the run.

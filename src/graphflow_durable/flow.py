@@ -182,7 +182,8 @@ class DurableGraphFlow(GraphFlow):
         asking node's turn gets ``answer`` as if the person had typed it. See :meth:`Store.respond`.
 
         Raises:
-            NotWaitingError: (a ``UsageError``) nothing pending to answer, or several and none named.
+            NotWaitingError: (a ``UsageError``) nothing pending to answer, several and none named,
+                or the run is cancelled (resumed, it asks again).
         """
         return await asyncio.to_thread(
             self.store.respond, self.run_id, answer, node=node, request_id=request_id

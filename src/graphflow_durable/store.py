@@ -692,7 +692,8 @@ class Store:
             RunNotFoundError: no such run.
             NotWaitingError: (a :class:`UsageError`) no pending request (the run is not waiting, or
                 the request was already answered, e.g. by a concurrent call: exactly one wins), or
-                several and none named. Nothing was changed.
+                several and none named, or the run is cancelled (resumed, it asks again). Nothing
+                was changed.
         """
         return self._requests.answer(run_id, answer, node=node, request_id=request_id, by="respond")
 

@@ -14,6 +14,7 @@ from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.teams import DiGraphBuilder
 
 from graphflow_durable import DurableGraphFlow, HumanInput, NotWaitingError, RunNotFoundError, Store
+from graphflow_durable.cli.runs import EXIT_CONFLICT, main
 from graphflow_durable.store import InputRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -195,6 +196,35 @@ async def test_reset_cancels_the_pending_requests_of_the_run(store_url: str) -> 
         await team.respond("too late")
 
 
+async def test_an_answer_to_a_cancelled_run_is_refused_and_the_resumed_run_asks_again(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Cancelled while it waits for a person: the run stays cancelled and an answer is refused
+    (nothing changed: the request stays open); run() resumes it, the node asks the same request
+    again and the run waits; the answer given then is the one the node gets."""
+    team = one(store_url, human_input="wait")
+    await team.run(task="go")
+    done = team.store.cancel_run("r")
+    assert (done.outcome, done.status) == ("cancelled", "cancelled")
+    with pytest.raises(NotWaitingError, match="run r is cancelled") as refused:
+        await team.respond("too early")
+    assert refused.value.pending == ("H/3",)
+    capsys.readouterr()
+    assert main(["runs", "respond", "r", "too early", "--store", store_url]) == EXIT_CONFLICT
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "run r is cancelled" in err[0] and "nothing was changed" in err[0], err
+    assert team.store.get_run("r").status == "cancelled"  # type: ignore[union-attr]
+    assert [(r.request_id, r.status) for r in team.store.pending_requests("r")] == [("H/3", "pending")]
+    again = await one(store_url, human_input="wait").run()  # resumed: H asks again and waits
+    assert again.stop_reason is not None and again.stop_reason.startswith("waiting for input: H")
+    assert team.run_info().status == "waiting"  # type: ignore[union-attr]
+    await team.respond("yes")
+    finished = await one(store_url, human_input="wait").run()
+    assert ("H", "yes") in texts(finished) and team.run_info().status == "finished"  # type: ignore[union-attr]
+    thread = [(m.body["source"], m.body.get("content")) for m in team.store.load("r").messages]
+    assert [s for s, _ in thread] == ["user", "A", "H", "C"] and ("H", "yes") in thread
+
+
 async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadline_passed(
     store: Store,
 ) -> None:
@@ -218,6 +248,32 @@ async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadl
     assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
     thread = [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
     assert ("H", "silence is consent") in thread
+
+
+async def test_a_cancelled_waiting_run_of_a_pool_is_left_alone_until_retried_then_asks_again(
+    store: Store,
+) -> None:
+    from graphflow_durable import Worker
+
+    def factory(run_id: str, **durable: object) -> DurableGraphFlow:
+        return one(durable.pop("store"), run_id=run_id, human_input="wait", **durable)  # type: ignore[arg-type]
+
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": factory}, poll_interval=0.01)
+    await worker.run_until_idle()
+    assert store.cancel_run("w").status == "cancelled"
+    await worker.run_until_idle()  # a cancelled run is not claimed
+    assert len(worker.outcomes) == 1 and store.get_run("w").status == "cancelled"  # type: ignore[union-attr]
+    with pytest.raises(NotWaitingError, match="is cancelled"):
+        store.respond("w", "no")
+    assert store.retry_run("w").status == "interrupted"
+    await worker.run_until_idle()  # claimed: H asks the same request again, the run waits
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "waiting"]
+    assert [r.request_id for r in store.pending_requests("w")] == ["H/3"]
+    store.respond("w", "yes")
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
+    assert ("H", "yes") in [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
 
 
 async def test_wait_inside_a_nested_team_fails_the_turn_clearly_instead_of_recording_a_partial_answer(

@@ -10,13 +10,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +22,7 @@ from agents import Gate, Scripted, chain, close_stores, durable, stored_transcri
 from graphflow_durable.errors import RunLockedError, StoreError
 from graphflow_durable.store import Store
 from pgserver import Server
+from smalldisk import SmallDisk
 
 
 @pytest.fixture(autouse=True)
@@ -213,37 +211,17 @@ async def test_a_commit_failing_in_an_outage_raises_its_own_error_and_the_run_re
     assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs (needs root to mount; skipped otherwise), unmounted afterwards."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, check=False
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
-
-
 async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_resumes(
-    small_disk: Path, caplog: pytest.LogCaptureFixture
+    small_disk: SmallDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Item 14 on a real SQLite file on a full disk: the caller sees the commit's error, not the
     one of the bookkeeping after it; once space is back the next driver resumes the run."""
-    url = f"sqlite:///{small_disk / 'runs.db'}"
+    url = f"sqlite:///{small_disk.path / 'runs.db'}"
     lease = 1.0
-    filler = small_disk / "filler"
 
     async def fill_disk(agent: Scripted, messages: Sequence[Any]) -> None:
         if agent.turn == 1:
-            with open(filler, "wb") as out, contextlib.suppress(OSError):
-                while True:
-                    out.write(b"\0" * 65536)
-                    out.flush()
+            small_disk.fill()
 
     calls: list[str] = []
     agents = [Scripted(n, calls=calls, before=fill_disk if n == "B" else None) for n in "ABC"]
@@ -253,7 +231,7 @@ async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_
         await asyncio.wait_for(team.run(task="go"), 20)
     assert raised.value is errors[0]  # the first error, not the one of the bookkeeping after it
     assert any(r.levelno == logging.WARNING and "failed too" in r.getMessage() for r in caplog.records)
-    filler.unlink()
+    small_disk.free()
     await asyncio.sleep(lease + 0.2)
     calls2: list[str] = []
     agents2 = [Scripted(n, calls=calls2) for n in "ABC"]

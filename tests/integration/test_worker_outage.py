@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from graphflow_durable.store import Store
 from pgserver import Server
@@ -41,14 +40,7 @@ def server() -> Iterator[Server]:
 @pytest.fixture
 def database(server: Server) -> Iterator[str]:
     """A new database in the module's cluster (dropped afterwards)."""
-    name = f"gfd_outage_{time.monotonic_ns()}"
-    admin = sa.create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    yield sa.make_url(server.url).set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.dispose()
+    yield from server.database()
 
 
 class Workers:

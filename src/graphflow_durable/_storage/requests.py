@@ -88,13 +88,22 @@ def _answer(
 
     The run's row is locked first (PostgreSQL ``FOR UPDATE``; SQLite's write transaction is
     exclusive), and the request is updated only while it is pending: of two concurrent answers,
-    exactly one changes it, the other gets :class:`NotWaitingError`.
+    exactly one changes it, the other gets :class:`NotWaitingError`. A person's answer (``by``
+    ``respond``) to a cancelled run is refused: the run asks again once it is resumed.
     """
     status = conn.execute(sa.select(runs.c.status).where(runs.c.run_id == run_id).with_for_update()).scalar()
     if status is None:
         raise not_found(run_id)
     open_ = _pending(conn, [run_id])
     ids = [r.request_id for r in open_]
+    if status == "cancelled" and by == "respond":
+        raise NotWaitingError(
+            f"run {run_id} is cancelled: it waits for nobody until it is resumed (run() with no task, or "
+            "'graphflow-durable runs retry' for a worker pool), and its node then asks again; answer "
+            f"then; nothing was changed (open requests: {', '.join(ids) or 'none'})",
+            run_id=run_id,
+            pending=ids,
+        )
     if request_id is not None:
         target = next((r for r in open_ if r.request_id == request_id), None)
         if target is None:

@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,6 +26,7 @@ __all__ = [
     "import_attribute",
     "require_value",
     "run_command",
+    "write_atomically",
 ]
 
 _log = logging.getLogger(__name__)
@@ -128,6 +130,27 @@ def import_attribute(spec: str, *, flag: str, example: str, code: int, usage_cod
         except AttributeError:
             raise CliError(f"{flag} {spec!r}: {module_name!r} has no attribute {attribute!r}", code) from None
     return obj
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory, synced, and a
+    rename: ``path`` is the whole new text or, on any error, as it was (a full disk included).
+
+    Raises:
+        OSError: the temporary file could not be made, written or renamed (it is removed).
+    """
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _say(prog: str, message: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
-from graphflow_durable.cli._common import CliError
+from graphflow_durable.cli._common import CliError, write_atomically
 from graphflow_durable.errors import ConflictError, RunLockedError
 from graphflow_durable.store import Store
 
@@ -121,7 +121,7 @@ def _export(store: Store, args: argparse.Namespace, out: Callable[[str], None]) 
         out(text)
         return 0
     try:
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+        write_atomically(Path(args.output), text + "\n")  # a failed write keeps FILE as it was
     except OSError as exc:
         raise CliError(f"--output {args.output}: cannot write it ({exc.strerror or exc})", 1) from None
     sys.stderr.write(f"graphflow-durable: run {args.run_id} exported to {args.output}\n")

@@ -9,11 +9,8 @@ graphflow_durable.cli.repair --help``) for the usage and exit codes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,6 +24,7 @@ from graphflow_durable.cli._common import (
     import_attribute,
     require_value,
     run_command,
+    write_atomically,
 )
 from graphflow_durable.errors import GraphMismatchError, StateFormatError, UnrepairableStateError
 from graphflow_durable.integrity import RepairResult, ValidationReport, repair_state, validate_state
@@ -247,19 +245,8 @@ def _atomic_write(path: Path, text: str, *, exclusive: bool = False) -> None:
     if exclusive and path.exists():
         raise _Fail(f"{path}: the backup already exists; move it away first (a backup is never overwritten)")
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_atomically(path, text)
     except OSError as exc:
-        raise _Fail(f"{path}: cannot write: {exc.strerror or exc}") from None
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise _Fail(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 

@@ -105,8 +105,9 @@ exit codes:
      a RUN that does not exist, a STEP out of range, a FILE that is not a run export)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
-     process and STEP is its head; runs respond: nothing to answer (the run is not waiting, the
-     request was already answered, or several are pending and none was named); nothing was changed
+     process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is
+     cancelled, the request was already answered, or several are pending and none was named);
+     nothing was changed
   4  runs verify: damaged rows were found (each printed on one line)
   5  refused by the run's state: delete/prune of a running run without --force, retry of a run
      a live worker drives, cancel/retry of a stopped or finished run (nothing was changed)

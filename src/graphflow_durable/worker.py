@@ -193,8 +193,6 @@ class Worker:
         self._poll = poll_interval
         self._lease = lease_seconds
         self._grace = grace_seconds
-        self._backoff = backoff_seconds
-        self._max_backoff = max_backoff_seconds
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.outcomes: list[RunOutcome] = []
         self._stopping = False

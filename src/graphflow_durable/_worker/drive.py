@@ -1,9 +1,8 @@
 """One claimed run driven by its team, and how the claim ended: the worker's outcome policy.
 
-What a run raises decides the outcome (see :mod:`graphflow_durable.worker`): another worker holds
-or took it: ``"lost"``; the database failed: ``"deferred"``, no attempt counted, claims paused; a
-caller's mistake: ``"failed"``, retried after the longest back-off; anything else: ``"failed"``,
-retried after an exponential back-off. A run that returns is judged by its stored status.
+What the run raised decides the outcome, as the :mod:`graphflow_durable.worker` docstring lists
+(lost, deferred, failed after the longest or an exponential back-off); a run that returned is
+judged by its stored status.
 """
 
 from __future__ import annotations

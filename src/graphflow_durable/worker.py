@@ -36,20 +36,15 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from graphflow_durable._storage.urls import safe_url
-from graphflow_durable.errors import (
-    ConflictError,
-    LeaseLostError,
-    RunLockedError,
-    SchemaVersionError,
-    StoreCorruptError,
-    StoreError,
-    UsageError,
-)
+from graphflow_durable._worker.backoff import DatabaseBackoff, passing
+from graphflow_durable._worker.drain import drain
+from graphflow_durable._worker.drive import Outcome, RunDriver
+from graphflow_durable.errors import StoreError, UsageError
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Claim, Store
 
@@ -72,11 +67,6 @@ class TeamFactory(Protocol):
     def __call__(
         self, run_id: str, /, *, store: Store, lease_owner: str, lease_seconds: float
     ) -> DurableGraphFlow: ...
-
-
-Outcome = Literal[
-    "finished", "stopped", "waiting", "cancelled", "interrupted", "failed", "lost", "deferred", "halted"
-]
 
 
 @dataclass(frozen=True)
@@ -203,24 +193,21 @@ class Worker:
         self._poll = poll_interval
         self._lease = lease_seconds
         self._grace = grace_seconds
-        self._backoff = backoff_seconds
-        self._max_backoff = max_backoff_seconds
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.outcomes: list[RunOutcome] = []
         self._stopping = False
         self._halting = False
         self._wake: asyncio.Event | None = None
-        self._db_failures = 0  # database errors in a row (claims and runs), for the claim back-off
-        self._db_since = 0.0  # monotonic time of the first of them
-        self._db_resume_at = 0.0  # monotonic time before which nothing is claimed
+        self._database = DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
+        self._driver = RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
         if isinstance(store, str):
             try:
                 self._store = Store(store)
                 self._url = self._store.url
             except StoreError as exc:
-                if not _passing(exc):
+                if not passing(exc):
                     raise
-                self._database_problem("opening the store", exc)  # run_forever() tries again
+                self._database.problem("opening the store", exc)  # run_forever() tries again
 
     @property
     def url(self) -> str:
@@ -296,7 +283,7 @@ class Worker:
         back-off until the store opens, or ``None`` once the worker was stopped meanwhile."""
         assert self._wake is not None
         while self._store is None and not self._stopping:
-            pause = self._db_resume_at - time.monotonic()
+            pause = self._database.resume_at - time.monotonic()
             if pause > 0:
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -306,11 +293,11 @@ class Worker:
                 # In a thread: a connect that hangs (a partition) must not hold off the signals.
                 self._store = await asyncio.to_thread(Store, str(self._store_arg))
             except StoreError as exc:
-                if not _passing(exc):
+                if not passing(exc):
                     raise
-                self._database_problem("opening the store", exc)
+                self._database.problem("opening the store", exc)
         if self._store is not None:
-            self._database_back()
+            self._database.back()
         return self._store
 
     async def _loop(self, *, until_idle: bool) -> None:
@@ -325,15 +312,15 @@ class Worker:
             )
             while not self._stopping:
                 claimed = False
-                paused = time.monotonic() < self._db_resume_at
+                paused = time.monotonic() < self._database.resume_at
                 while len(tasks) < self._concurrency and not self._stopping and not paused:
                     try:
                         claim = store.queue.claim(self.owner, lease_seconds=self._lease, teams=self.teams)
                     except StoreError as exc:
-                        self._database_problem("claiming work", exc)
+                        self._database.problem("claiming work", exc)
                         paused = True
                         break
-                    self._database_back()
+                    self._database.back()
                     if claim is None:
                         break
                     claimed = True
@@ -350,102 +337,10 @@ class Worker:
                 waker.cancel()
                 tasks -= done
         finally:
-            await self._drain(tasks)
+            await drain(tasks, self._wake, self._grace, lambda: self._halting)
             _log.info("worker %s: stopped", self.owner)
             if self._own_store and self._store is not None:
                 self._store.close()
-
-    async def _drain(self, tasks: set[asyncio.Task[None]]) -> None:
-        if not tasks:
-            return
-        assert self._wake is not None
-        deadline = time.monotonic() + self._grace
-        while tasks and not self._halting:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self._wake.clear()
-            waker = asyncio.ensure_future(self._wake.wait())
-            done, _ = await asyncio.wait(
-                {*tasks, waker}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            waker.cancel()
-            tasks -= done
-        # Halt: each team stops dispatching and waits for its running agents' answers, at most its
-        # interrupt_grace_seconds. A signal during that wait (the second one) halts them at once.
-        for task in tasks:
-            task.cancel()
-        recancelled = False
-        while tasks:
-            if self._halting and not recancelled:
-                recancelled = True
-                await asyncio.sleep(0.01)  # the teams took the first cancellation and are waiting
-                for task in tasks:
-                    task.cancel()  # a second one: each team stops waiting for its agents
-                continue
-            self._wake.clear()
-            waker = asyncio.ensure_future(self._wake.wait())
-            done, _ = await asyncio.wait({*tasks, waker}, return_when=asyncio.FIRST_COMPLETED)
-            waker.cancel()
-            tasks -= done
-
-    def _database_problem(self, action: str, exc: StoreError) -> float:
-        """Log a database error (not any run's fault) in one line and pause claiming; return the pause.
-
-        The pause doubles with each problem in a row; problems during a pause (the other runs in
-        flight hitting the same outage) do not lengthen it.
-        """
-        now = time.monotonic()
-        if now < self._db_resume_at:
-            pause = self._db_resume_at - now
-        else:
-            if self._db_failures == 0:
-                self._db_since = now
-            self._db_failures += 1
-            pause = min(self._backoff * 2.0 ** (self._db_failures - 1), self._max_backoff)
-            self._db_resume_at = now + pause
-        _log.error(
-            "worker %s: database problem while %s (claims paused %.3g s): %s",
-            self.owner,
-            action,
-            pause,
-            _one_line(exc),
-        )
-        return pause
-
-    def _database_back(self) -> None:
-        """The database answered: after problems, say so once and reset the back-off."""
-        if self._db_failures:
-            _log.warning(
-                "worker %s: the database is back after %.1f s of problems; claims resumed",
-                self.owner,
-                time.monotonic() - self._db_since,
-            )
-        self._db_failures = 0
-
-    def _give_back(self, claim: Claim) -> None:
-        """Release the claim; if the database fails here, say so (the lease or claim then expires)."""
-        try:
-            self.store.queue.release_claim(claim)
-        except StoreError as exc:
-            _log.error(
-                "worker %s: database problem while releasing the claim on run %s (it expires in %g s): %s",
-                self.owner,
-                claim.run_id,
-                max(claim.expires_at - time.time(), 0.0),
-                _one_line(exc),
-            )
-
-    def _record_failure(self, claim: Claim, error: str, delay: float) -> None:
-        try:
-            self.store.queue.record_failure(claim.run_id, error=error, retry_at=time.time() + delay)
-        except StoreError as exc:
-            _log.error(
-                "worker %s: database problem while recording a failure of run %s (not recorded): %s",
-                self.owner,
-                claim.run_id,
-                _one_line(exc),
-            )
 
     def _factory(self, claim: Claim) -> TeamFactory:
         if self._single is not None:
@@ -461,92 +356,15 @@ class Worker:
             log = _log.warning if outcome in ("failed", "lost") else _log.info
             log("worker %s: run %s %s%s", self.owner, run_id, outcome, f": {error}" if error else "")
 
-        _log.info("worker %s: claimed run %s (%s, %s)", self.owner, run_id, claim.kind, claim.reason)
-        try:
-            team = self._factory(claim)(
+        def build() -> DurableGraphFlow:
+            return self._factory(claim)(
                 run_id, store=self.store, lease_owner=self.owner, lease_seconds=self._lease
             )
-            if team.run_id != run_id:
-                raise UsageError(
-                    f"the team factory for {claim.team!r} built a team for run {team.run_id!r}, not "
-                    f"{run_id!r}; pass run_id=run_id and the other keyword arguments to DurableGraphFlow",
-                    run_id=run_id,
-                    option="run_id",
-                )
-            run = self.store.get_run(run_id)
-            # A submitted task starts the run; once its round has started, resuming needs no task
-            # (and the same task again would be recognised and not added twice anyway).
-            start = claim.task if claim.task is not None and (run is None or run.task is None) else None
-            await team.run(task=start)
+
+        _log.info("worker %s: claimed run %s (%s, %s)", self.owner, run_id, claim.kind, claim.reason)
+        try:
+            outcome, error = await self._driver.drive(self.store, claim, build)
         except asyncio.CancelledError:
             done("halted")
             raise
-        except (LeaseLostError, RunLockedError, ConflictError) as exc:
-            # Another worker took the run over (this one was paused or too slow) or created it
-            # first: the fencing token stopped every write; there is nothing to record here.
-            self._give_back(claim)
-            done("lost", str(exc))
-            return
-        except (UsageError, SchemaVersionError) as exc:
-            # A caller's mistake or bad configuration (a changed graph, a factory that builds another
-            # run, a database newer than this package): it fails the same way until someone fixes
-            # it, so it waits the longest back-off.
-            self._give_back(claim)
-            error = f"{type(exc).__name__}: {exc}"
-            self._record_failure(claim, error, self._max_backoff)
-            done(
-                "failed",
-                f"{error} (a mistake in the team or its configuration; retry in {self._max_backoff:g} s)",
-            )
-            return
-        except StoreError as exc:
-            if isinstance(exc, StoreCorruptError):
-                self._failed(claim, exc, done)
-                return
-            # The database failed, not the run: count no attempt against the run, pause this
-            # worker's claims, and give the claim back (the run is claimed again later).
-            pause = self._database_problem(f"driving run {run_id}", exc)
-            self._give_back(claim)
-            done("deferred", f"database problem (claims paused {pause:.3g} s; no attempt counted)")
-            return
-        except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
-            self._failed(claim, exc, done)
-            return
-        try:
-            final = self.store.get_run(run_id)
-        except StoreError as exc:
-            self._database_problem(f"reading run {run_id}", exc)
-            done("interrupted", f"the run's status could not be read: {exc}")
-            return
-        status = None if final is None else final.status
-        if status == "finished":
-            done("finished")
-        elif status in ("stopped", "waiting"):
-            result = final.result if final is not None and isinstance(final.result, dict) else {}
-            done(status, result.get("stop_reason"))
-        elif status == "cancelled":
-            done("cancelled", "on request; 'graphflow-durable runs retry' queues it again")
-        elif final is not None and final.lease_owner not in (None, self.owner):
-            done("lost", f"run {run_id} is now driven by {final.lease_owner}")
-        else:
-            done("interrupted", f"status {status}")
-
-    def _failed(self, claim: Claim, exc: BaseException, done: Callable[[Outcome, str | None], None]) -> None:
-        """The run's own failure (its team or an agent raised): count it, retry after a back-off."""
-        self._give_back(claim)
-        delay = min(self._backoff * 2**claim.attempts, self._max_backoff)
-        error = f"{type(exc).__name__}: {exc}"
-        self._record_failure(claim, error, delay)
-        _log.debug("run %s failed", claim.run_id, exc_info=exc)
-        done("failed", f"{error} (retry in {delay:g} s)")
-
-
-def _passing(exc: StoreError) -> bool:
-    """Whether ``exc`` is a database problem that may pass (not a bad URL, a foreign database, a
-    newer schema or corrupt rows: those stay until someone acts)."""
-    return not isinstance(exc, (UsageError, SchemaVersionError, StoreCorruptError))
-
-
-def _one_line(exc: BaseException) -> str:
-    """``exc``'s message on one log line (libpq's messages span several)."""
-    return " ".join(str(exc).split())
+        done(outcome, error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import time
+import traceback
 
 import pytest
 import sqlalchemy as sa
@@ -52,6 +53,17 @@ def test_every_error_class_derives_from_the_root_and_keeps_its_message_and_built
         2,
         "w2",
     )
+
+
+def test_every_error_class_is_named_by_the_public_errors_module_in_tracebacks_and_pickles() -> None:
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert (cls.__module__, cls.__qualname__) == ("graphflow_durable.errors", name)
+    error = RunNotFoundError("no run r", run_id="r")
+    assert b"graphflow_durable.errors" in pickle.dumps(error)
+    assert b"_errors" not in pickle.dumps(error)
+    line = traceback.format_exception_only(type(error), error)[-1]
+    assert line == "graphflow_durable.errors.RunNotFoundError: no run r\n"
 
 
 def test_run_locked_names_the_holder_and_its_expiry_as_attributes(store: Store) -> None:

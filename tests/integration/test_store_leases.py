@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -41,6 +42,19 @@ def test_an_expired_lease_is_taken_with_the_next_token(store: Store) -> None:
     assert run is not None
     assert (run.lease_owner, run.lease_host, run.lease_pid, run.fencing_token) == ("worker-2", "h2", 4242, 2)
     assert run.lease_expires_at is not None and run.lease_expires_at > time.time() + LEASE - 5
+
+
+def test_a_takeover_is_logged_once_at_info_by_the_store_logger(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.01)
+    time.sleep(0.05)
+    with caplog.at_level(logging.INFO, logger="graphflow_durable.store"):
+        store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
+        store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)  # the same owner: not a takeover
+    took = [r for r in caplog.records if "took the lease" in r.getMessage()]
+    assert [(r.name, r.levelno) for r in took] == [("graphflow_durable.store", logging.INFO)]
+    assert "run-1: worker-2 took the lease from worker-1" in took[0].getMessage()
 
 
 def test_the_lease_of_a_dead_process_on_this_host_is_taken_at_once(store: Store) -> None:

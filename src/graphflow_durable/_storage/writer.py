@@ -11,7 +11,9 @@ In a group of several, each commit runs after a ``SAVEPOINT``: one refused by it
 stale head, a lost lease) or failing on its own rows is rolled back to it, and the group's other
 commits are written (a group of one needs no savepoint: its transaction is rolled back). A future resolves only after the group's transaction committed: a caller never sees its
 commit before it is durable. Commits are written in the order they were handed over, so one run's
-commits (a run hands over one at a time anyway) stay ordered.
+commits stay ordered: a run hands over the answers of a parallel batch without waiting for each
+(they join one group), and waits for them all before its next dispatch. A coroutine's futures are
+set on its own event loop, one call per loop per group.
 
 It runs precompiled statements (``statements.HotPath``) on a raw DBAPI connection; on PostgreSQL
 each commit's head move and inserts go in one round trip (psycopg's pipeline mode).
@@ -20,6 +22,7 @@ each commit's head move and inserts go in one round trip (psycopg's pipeline mod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import threading
@@ -78,6 +81,8 @@ class CommitWriter:
         self._integrity_error: type[Any] = dialect.loaded_dbapi.IntegrityError
         self._hot = HotPath.for_dialect(dialect)
         self._kept: Any = None  # SQLite: the writer thread's connection, kept between groups
+        self._kept_timeout = 0  # its busy timeout now (ms)
+        self._busy_ms = int(engines.target.timeout * 1000) if engines.dialect == "sqlite" else 0
         # sqlite3 runs with isolation_level=None (see engine): the commit path must BEGIN itself.
         self._begin = "BEGIN IMMEDIATE" if engines.dialect == "sqlite" else None
         # psycopg's pipeline mode (libpq >= 14): one round trip for the statements of a commit.
@@ -219,16 +224,20 @@ class CommitWriter:
 
         ``nowait`` (SQLite, inline): raise :class:`_Busy` at once, instead of waiting the busy
         timeout on the event loop, when another connection holds the write lock."""
-        dbapi, self._kept = self._kept, None
+        dbapi, timeout, self._kept = self._kept, self._kept_timeout, None
         if dbapi is None:
-            dbapi = self._e.engine.raw_connection()
+            dbapi, timeout = self._e.engine.raw_connection(), self._busy_ms
         committed = False
         try:
             cursor = dbapi.cursor()
-            if nowait:
-                self._begin_nowait(cursor)
-            elif self._begin is not None:
-                cursor.execute(self._begin)
+            if self._begin is not None:
+                # The busy timeout only matters when BEGIN IMMEDIATE waits for the write lock; the
+                # kept connection keeps the last one set (inline commits in a row set none).
+                wanted = 0 if nowait else self._busy_ms
+                if timeout != wanted:
+                    cursor.execute(f"PRAGMA busy_timeout={wanted}")
+                    timeout = wanted
+                self._begin_immediate(cursor, nowait)
             alone = len(group) == 1  # no savepoint: the transaction itself is the commit's
             for item in group:
                 item.error = self._apply(dbapi, cursor, item, savepoint=not alone)
@@ -240,22 +249,22 @@ class CommitWriter:
             raise
         finally:
             if committed and self._e.dialect == "sqlite":
-                self._kept = dbapi
+                self._kept, self._kept_timeout = dbapi, timeout
             else:
+                if timeout != self._busy_ms:  # the pool's other users wait for the lock as configured
+                    with contextlib.suppress(Exception):
+                        dbapi.cursor().execute(f"PRAGMA busy_timeout={self._busy_ms}")
                 # Back to the pool, which rolls back whatever is uncommitted. PostgreSQL connections
                 # always go back: the pool's pre-ping finds one a server restart broke.
                 dbapi.close()
 
-    def _begin_nowait(self, cursor: Any) -> None:
-        cursor.execute("PRAGMA busy_timeout=0")
+    def _begin_immediate(self, cursor: Any, nowait: bool) -> None:
         try:
-            cursor.execute("BEGIN IMMEDIATE")
+            cursor.execute(self._begin)
         except self._driver_error as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+            if nowait and ("locked" in str(exc) or "busy" in str(exc)):
                 raise _Busy from None
             raise
-        finally:
-            cursor.execute(f"PRAGMA busy_timeout={int(self._e.target.timeout * 1000)}")
 
     def _apply(self, dbapi: Any, cursor: Any, item: _Commit, *, savepoint: bool) -> BaseException | None:
         """One commit of the group: ``None`` when it was written, else why not. With ``savepoint``

@@ -104,16 +104,16 @@ def arm(store: Store, kill: str) -> None:
         KILL_AGENT_CALL = int(rest)
         return
     if kind == "create":  # creating the run (with its first snapshot, in one transaction)
-        create_run = store.create_run
+        submit_create_run = store.submit_create_run
 
         def create(*args: Any, **kwargs: Any) -> Any:
             if rest == "before":
                 die()
-            run = create_run(*args, **kwargs)
-            die()
-            return run
+            future = submit_create_run(*args, **kwargs)
+            future.add_done_callback(lambda f: die() if f.exception() is None else None)  # durable
+            return future
 
-        store.create_run = create  # type: ignore[method-assign]
+        store.submit_create_run = create  # type: ignore[method-assign]
         return
     number, _, phase = rest.partition(":")
     target = int(number)

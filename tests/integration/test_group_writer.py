@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from agents import Scripted, chain, close_stores, durable, stored_transcript
 from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError
-from graphflow_durable.store import MessageRecord, RunUpdate, Step, Store
+from graphflow_durable.store import MessageRecord, RunUpdate, Step, StepKind, Store
 
 LEASE = 60.0
 
@@ -161,8 +161,8 @@ async def test_many_runs_of_one_store_share_its_writer_and_each_ends_as_alone(st
         run = team.run_info()
         assert run is not None and run.status == "finished" and run.lease_owner is None
     written = store._writer.commits - commits
-    # the start and one per agent: the first snapshot went with the run's creation, the lease with the last
-    assert written == 12 * (1 + 3)
+    # the creation (with the first snapshot), the start, one per agent (the last gives the lease up)
+    assert written == 12 * (1 + 1 + 3)
     assert store._writer.groups - groups < written
     store.close()
 
@@ -300,8 +300,9 @@ async def test_with_synchronous_normal_an_idle_writer_commits_inline(sqlite_url:
     """No fsync to wait for: the commit is written on the caller's thread, no hand-over."""
     store = Store(f"{sqlite_url}?synchronous=NORMAL")
     _create(store, "r")
+    written = store._writer.commits
     future = _step(store, "r", 0)
-    assert store._writer.commits == 1  # written before submit_commit returned
+    assert future.done() and store._writer.commits == written + 1  # written before submit_commit returned
     assert await future == 1
     store.close()
 
@@ -360,7 +361,7 @@ async def test_the_answers_of_a_parallel_batch_ready_together_are_written_in_one
     result = await team.run(task="go")
     assert [m.source for m in result.messages] == ["user", "S", "P1", "P2", "P3", "J"]
     written, grouped = store._writer.commits - commits, store._writer.groups - groups
-    assert written == 6  # the start, then S, P1, P2, P3 and J (the first snapshot went with the creation)
+    assert written == 7  # the creation (with the first snapshot), the start, then S, P1, P2, P3 and J
     assert grouped < written  # answers of the batch shared a group (the second and third at least)
     done = [s.node for s in store.load("fan").steps if s.kind == "complete"]
     assert sorted(done) == ["J", "P1", "P2", "P3", "S"] and done[-1] == "J"
@@ -395,3 +396,30 @@ async def test_a_batch_whose_answers_were_handed_over_raises_the_lost_lease_and_
         run = store.get_run("frozen-batch")
         assert run is not None and run.lease_owner == "successor"
         assert [s.node for s in store.load("frozen-batch").steps if s.kind == "complete"] == ["S"]
+
+
+async def test_a_new_run_is_created_by_the_writer_in_turn_with_other_runs_commits(sqlite_url: str) -> None:
+    """A creation waits its turn in the writer's queue, like a commit, and shares the group written
+    next (before, it ran on a thread of its own that competed for SQLite's write lock)."""
+    store = Store(sqlite_url)
+    _create(store, "a")
+    groups_before = store._writer.groups
+    lock = WriteLock(sqlite_url)
+    first = _step(store, "a", 0)
+    await asyncio.sleep(0.2)  # the writer thread now waits on the lock with "a" in hand
+    first_step = Step(StepKind.CREATED, None, {"s": 1})
+    created = store.submit_create_run(
+        "new", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE, first_step=first_step
+    )
+    taken = store.submit_create_run("a", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+    after = _step(store, "a", 1)
+    lock.release()
+    outcomes = await asyncio.gather(first, created, taken, after, return_exceptions=True)
+    assert outcomes[0] == 1 and outcomes[3] == 2
+    assert isinstance(outcomes[2], ConflictError) and "run a already exists" in str(outcomes[2])
+    record = outcomes[1]
+    assert record == store.get_run("new")  # the record given back is the row as stored
+    assert record.head_seq == 1 and record.fencing_token == 1 and record.lease_expires_at > time.time()
+    assert [s.kind for s in store.load("new").steps] == ["created"]
+    assert store._writer.groups - groups_before == 2  # "a" alone, then the three that queued
+    store.close()

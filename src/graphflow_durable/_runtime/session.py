@@ -177,9 +177,8 @@ class RunSession:
                     "agent_states": self.states.encode(states, (), 1),
                 }
             try:
-                # Writes (and SQLite's fsync) in a thread: the event loop runs the process's other runs.
-                run = await asyncio.to_thread(
-                    store.create_run,
+                # The store's writer creates it (with other runs' commits): the loop runs on.
+                run = await store.submit_create_run(
                     self.run_id,
                     graph_fingerprint=self.fingerprint,
                     graph=self.graph_description,

@@ -22,13 +22,16 @@ from graphflow_durable._model.records import (
     StepKind,
 )
 from graphflow_durable._storage.checksum import add_sums
-from graphflow_durable._storage.lease import lease_lost
+from graphflow_durable._storage.lease import lease_lost, process_identity
 from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError, UsageError
 
 __all__ = [
     "VALID_STATUS",
     "CommitParams",
+    "CreateParams",
     "encode_commit",
+    "encode_creation",
+    "run_exists",
     "encode_run",
     "not_found",
     "refusal",
@@ -79,6 +82,51 @@ class CommitParams:
     messages: list[dict[str, Any]]
     states: list[dict[str, Any]]
     updates_run: bool
+
+
+@dataclass(frozen=True)
+class CreateParams:
+    """Bind parameters of a new run: its row (without the lease's expiry, which the INSERT takes
+    from the lease clock: ``p_now``, ``p_seconds``) and, for a run that starts at head 1, its first
+    step with the agent states (``first``)."""
+
+    run: dict[str, Any]
+    first: CommitParams | None
+
+
+def encode_creation(
+    run_id: str,
+    graph_fingerprint: str,
+    graph: Mapping[str, Any],
+    owner: str,
+    lease_seconds: float,
+    parent_run_id: str | None,
+    host: str | None,
+    pid: int | None,
+    now: float,
+    first_step: Step | None,
+    agent_states: Sequence[AgentStateRow],
+) -> CreateParams:
+    """Encode a new run (and its first step) before any SQL; see :func:`encode_run`."""
+    run = encode_run(run_id, graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, now)
+    del run["lease_expires_at"]
+    run["lease_process"] = process_identity(run["lease_pid"])
+    run["p_now"], run["p_seconds"] = now, lease_seconds
+    first = None
+    if first_step is not None:
+        first = encode_commit(run_id, 0, 1, now, first_step, (), agent_states, None)
+        run["head_seq"] = 1
+    return CreateParams(run, first)
+
+
+def run_exists(run_id: str, url: str) -> ConflictError:
+    """The refusal of a new run whose id is taken."""
+    return ConflictError(
+        f"run {run_id} already exists in {url}; choose a new run_id to start a new run, or resume the "
+        "existing one (acquire its lease and load it)",
+        run_id=run_id,
+        url=url,
+    )
 
 
 def encode_commit(

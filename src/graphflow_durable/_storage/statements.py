@@ -143,6 +143,12 @@ def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:
 
 
 INSERT_RUN = sa.insert(runs)
+#: The columns a new run's row is written with (the others keep their defaults).
+NEW_RUN_COLUMNS = (
+    "run_id", "graph_fingerprint", "graph", "status", "head_seq", "message_count", "task", "result",
+    "lease_owner", "lease_host", "lease_pid", "lease_process", "fencing_token", "parent_run_id",
+    "created_at", "updated_at",
+)  # fmt: skip
 INSERT_STEP = sa.insert(steps)
 INSERT_MESSAGE = sa.insert(messages)
 INSERT_STATE = sa.insert(agent_states)
@@ -236,6 +242,17 @@ SCAN_STATES = (
 )
 
 _expires = DB_NOW + sa.bindparam("p_seconds", type_=sa.Double)
+#: A new run's row, leased until the lease clock's now + ``p_seconds``; returns that expiry.
+INSERT_NEW_RUN = (
+    sa.insert(runs)
+    .values(
+        {
+            **{name: sa.bindparam(name, type_=runs.c[name].type) for name in NEW_RUN_COLUMNS},
+            "lease_expires_at": _expires,
+        }
+    )
+    .returning(_R.lease_expires_at)
+)
 _lease_values = {
     "lease_owner": sa.bindparam("p_owner", type_=sa.String),
     "lease_host": sa.bindparam("p_host", type_=sa.String),
@@ -319,6 +336,7 @@ class HotPath:
     insert_message: Prepared
     insert_state: Prepared
     select_lease: Prepared
+    insert_run: Prepared
 
     @classmethod
     def for_dialect(cls, dialect: Dialect) -> HotPath:
@@ -333,4 +351,5 @@ class HotPath:
             insert_message=Prepared.compile(INSERT_MESSAGE, dialect),
             insert_state=Prepared.compile(INSERT_STATE, dialect),
             select_lease=Prepared.compile(SELECT_LEASE, dialect),
+            insert_run=Prepared.compile(INSERT_NEW_RUN, dialect),
         )

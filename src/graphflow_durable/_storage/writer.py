@@ -13,7 +13,7 @@ commits are written (a group of one needs no savepoint: its transaction is rolle
 commit before it is durable. Commits are written in the order they were handed over, so one run's
 commits stay ordered: a run hands over the answers of a parallel batch without waiting for each
 (they join one group), and waits for them all before its next dispatch. A coroutine's futures are
-set on its own event loop, one call per loop per group.
+set on its own event loop (no second future chained to it).
 
 It runs precompiled statements (``statements.HotPath``) on a raw DBAPI connection; on PostgreSQL
 each commit's head move and inserts go in one round trip (psycopg's pipeline mode).
@@ -26,15 +26,15 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._storage.commit import CommitParams, refusal
+from graphflow_durable._storage.commit import CommitParams, CreateParams, refusal, run_exists
 from graphflow_durable._storage.engine import Engines, store_error
+from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
 
 __all__ = ["CommitWriter"]
@@ -45,26 +45,28 @@ MAX_GROUP = 64
 
 @dataclass
 class _Commit:
-    """One commit handed to the writer, and what became of it: ``waiter`` (a coroutine's, on
-    ``loop``) or ``future`` (a thread's) gives the new head or the error."""
+    """One commit (or a new run: :class:`CreateParams`) handed to the writer, and what became of
+    it: ``waiter`` (a coroutine's, on ``loop``) or ``future`` (a thread's) gives ``result`` (a
+    commit's new head, a new run's record) or the error."""
 
-    params: CommitParams
+    params: CommitParams | CreateParams
     loop: asyncio.AbstractEventLoop | None = None
-    future: Future[int] = field(default_factory=Future)
-    waiter: asyncio.Future[int] | None = None
+    future: Future[Any] = field(default_factory=Future)
+    waiter: asyncio.Future[Any] | None = None
+    result: Any = None
     error: BaseException | None = None
 
     @property
     def run_id(self) -> str:
+        if isinstance(self.params, CreateParams):
+            return str(self.params.run["run_id"])
         return str(self.params.run["p_run_id"])
 
     @property
-    def expected_head(self) -> int:
-        return int(self.params.run["p_expected"])
-
-    @property
     def action(self) -> str:
-        return f"committing step {self.expected_head + 1} of run {self.run_id}"
+        if isinstance(self.params, CreateParams):
+            return f"creating run {self.run_id}"
+        return f"committing step {int(self.params.run['p_expected']) + 1} of run {self.run_id}"
 
 
 class _Busy(Exception):
@@ -100,9 +102,10 @@ class CommitWriter:
         self.groups = 0  # groups written (for tests and benchmarks: commits per group)
         self.commits = 0
 
-    def submit(self, params: CommitParams) -> Future[int]:
+    def submit(self, params: CommitParams | CreateParams) -> Future[Any]:
         """Hand one encoded commit to the writer thread (or, SQLite NORMAL/OFF with the writer idle,
-        write it here); the future gives the new head once it is durable, or raises why not: a
+        write it here); the future gives the new head (a new run: its record) once it is durable, or
+        raises why not: a
         :class:`StoreError` (a database error, its driver error chained) or the guard's refusal
         (``LeaseLostError``, ``ConflictError``...)."""
         item = _Commit(params)
@@ -110,10 +113,11 @@ class CommitWriter:
         self._hand_over(item)
         return item.future
 
-    def submit_async(self, params: CommitParams, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int]:
-        """:meth:`submit` for a coroutine on ``loop``: an asyncio future, set on that loop. A group's
-        futures of one loop are all set by one call from the writer thread (one wake-up of the
-        loop per group, not one per commit). Cancelling it does not stop the commit."""
+    def submit_async(
+        self, params: CommitParams | CreateParams, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[Any]:
+        """:meth:`submit` for a coroutine on ``loop``: an asyncio future, set on that loop by the
+        writer thread (no concurrent future chained to it). Cancelling it does not stop the commit."""
         item = _Commit(params, loop, waiter=loop.create_future())
         self._hand_over(item)
         assert item.waiter is not None
@@ -147,7 +151,7 @@ class CommitWriter:
         with self._start_lock:
             if self._closed:  # closed meanwhile: the thread may have stopped already
                 item.error = RuntimeError("the store is closed; open a new Store to write")
-                _settle([item])
+                _settle(item)
             else:
                 self._inbox.put(item)
 
@@ -207,16 +211,15 @@ class CommitWriter:
         for item in group:
             if isinstance(item.error, (self._driver_error, sa.exc.SQLAlchemyError)):  # e.g. connecting
                 item.error = store_error(self._e, item.action, item.error, run_id=item.run_id)
-        by_loop: dict[asyncio.AbstractEventLoop | None, list[_Commit]] = {}
         for item in group:
-            by_loop.setdefault(item.loop, []).append(item)
-        for loop, items in by_loop.items():
-            if loop is None or _running_here(loop):
-                _settle(items)
+            if item.loop is None or _running_here(item.loop):
+                _settle(item)
             else:
+                # One call per commit, not one for the group: the runs it wakes then resume over
+                # several turns of their loop instead of all in one (which lengthens that turn).
                 try:
-                    loop.call_soon_threadsafe(_settle, items)
-                except RuntimeError:  # that loop is closed: nobody waits for these any more
+                    item.loop.call_soon_threadsafe(_settle, item)
+                except RuntimeError:  # that loop is closed: nobody waits for this any more
                     pass
 
     def _transaction(self, group: list[_Commit], nowait: bool = False) -> None:
@@ -271,6 +274,8 @@ class CommitWriter:
         it runs after one and a refused or failed commit is rolled back to it, the group's other
         commits untouched; without (a group of one), the transaction is rolled back."""
         params = item.params
+        if isinstance(params, CreateParams):
+            return self._create(dbapi, cursor, item, params, savepoint)
         update_head = self._hot.update_head[bool(params.messages), params.updates_run]
         try:
             if self._pipeline:
@@ -287,6 +292,7 @@ class CommitWriter:
             failed: BaseException = exc
             return failed
         if moved:
+            item.result = int(params.run["p_new_head"])
             return None
         self._undo(dbapi, cursor, savepoint)
         select = self._hot.select_lease
@@ -294,7 +300,25 @@ class CommitWriter:
         found = cursor.fetchone()
         row = None if found is None else LeaseTuple(*found)
         first_seq = params.messages[0]["seq"] if params.messages else None
-        return refusal(item.run_id, row, item.expected_head, int(params.run["p_token"]), first_seq)
+        return refusal(item.run_id, row, int(params.run["p_expected"]), int(params.run["p_token"]), first_seq)
+
+    def _create(
+        self, dbapi: Any, cursor: Any, item: _Commit, params: CreateParams, savepoint: bool
+    ) -> BaseException | None:
+        """A new run's row, and its first step and agent states; refused if the id is taken."""
+        insert = self._hot.insert_run
+        try:
+            if savepoint:
+                cursor.execute("SAVEPOINT graphflow_commit")
+            cursor.execute(insert.sql, insert.bind(params.run))
+            (expires,) = cursor.fetchone()
+            if params.first is not None:
+                self._insert_rows(cursor, params.first)
+        except self._integrity_error:  # the primary key: the run exists
+            self._undo(dbapi, cursor, savepoint)
+            return run_exists(item.run_id, self._e.url)
+        item.result = run_record({**params.run, "lease_expires_at": float(expires)})
+        return None
 
     @staticmethod
     def _undo(dbapi: Any, cursor: Any, savepoint: bool) -> None:
@@ -334,19 +358,18 @@ class CommitWriter:
         return bool(head.rowcount == 1)
 
 
-def _settle(items: Sequence[_Commit]) -> None:
-    """Give each caller its commit's outcome (on the caller's loop for a coroutine's)."""
-    for item in items:
-        if item.waiter is None:
-            if item.error is None:
-                item.future.set_result(item.expected_head + 1)
-            else:
-                item.future.set_exception(item.error)
-        elif not item.waiter.cancelled():
-            if item.error is None:
-                item.waiter.set_result(item.expected_head + 1)
-            else:
-                item.waiter.set_exception(item.error)
+def _settle(item: _Commit) -> None:
+    """Give the caller its commit's outcome (on the caller's loop for a coroutine's)."""
+    if item.waiter is None:
+        if item.error is None:
+            item.future.set_result(item.result)
+        else:
+            item.future.set_exception(item.error)
+    elif not item.waiter.cancelled():
+        if item.error is None:
+            item.waiter.set_result(item.result)
+        else:
+            item.waiter.set_exception(item.error)
 
 
 def _running_here(loop: asyncio.AbstractEventLoop) -> bool:

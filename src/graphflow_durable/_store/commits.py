@@ -50,7 +50,8 @@ class CommitMethods(StoreBase):
             StoreError: the database failed (nothing of this commit was written).
         """
         params = self._encode(run_id, expected_head, fencing_token, step, messages, agent_states, update)
-        return self._writer.submit(params).result()
+        head: int = self._writer.submit(params).result()
+        return head
 
     def submit_commit(
         self,

@@ -3,6 +3,7 @@ scheduler state, and verify rows against their checksums."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,13 +13,11 @@ import sqlalchemy as sa
 from graphflow_durable._agentstate.writer import state_row
 from graphflow_durable._model.records import AgentStateRecord, AgentStateRow, RunLog, RunRecord, Step
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.commit import encode_commit, encode_run, not_found
-from graphflow_durable._storage.lease import process_identity
+from graphflow_durable._storage.commit import CreateParams, encode_creation, not_found
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._store.base import StoreBase
-from graphflow_durable.errors import ConflictError
 
 __all__ = ["RunMethods"]
 
@@ -54,33 +53,80 @@ class RunMethods(StoreBase):
             ConflictError: a run with this id exists already.
             NotSerializableError: ``graph`` is not JSON.
         """
-        local = time.time()
-        values = encode_run(
-            run_id, graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, local
+        params = self._encode_creation(
+            run_id,
+            graph_fingerprint,
+            graph,
+            owner,
+            lease_seconds,
+            parent_run_id,
+            host,
+            pid,
+            first_step,
+            agent_states,
         )
-        first = None
-        if first_step is not None:
-            rows = [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
-            first = encode_commit(run_id, 0, 1, local, first_step, (), rows, None)
-            values["head_seq"] = 1
-        with self._guard(f"creating run {run_id}", run_id), self._e.write.begin() as conn:
-            # the lease expires by the lease clock (PostgreSQL: the server's), like every lease
-            values["lease_expires_at"] = S.lease_clock(conn, local) + lease_seconds
-            values["lease_process"] = process_identity(values["lease_pid"])
-            try:
-                conn.execute(S.INSERT_RUN, values)
-                if first is not None:
-                    conn.execute(S.INSERT_STEP, first.step)
-                    if first.states:
-                        conn.execute(S.INSERT_STATE, first.states)
-            except sa.exc.IntegrityError as exc:  # the primary key: the run exists
-                raise ConflictError(
-                    f"run {run_id} already exists in {self._e.url}; choose a new run_id to start a new "
-                    "run, or resume the existing one (acquire its lease and load it)",
-                    run_id=run_id,
-                    url=self._e.url,
-                ) from exc
-        return run_record(values)
+        record: RunRecord = self._writer.submit(params).result()
+        return record
+
+    def submit_create_run(
+        self,
+        run_id: str,
+        *,
+        graph_fingerprint: str,
+        graph: Mapping[str, Any],
+        owner: str,
+        lease_seconds: float,
+        parent_run_id: str | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+        first_step: Step | None = None,
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
+    ) -> asyncio.Future[RunRecord]:
+        """:meth:`create_run` for coroutines: hand the new run to the store's writer (with the
+        commits of other runs) and return at once; the future gives the run's record once it is
+        durable, or raises what :meth:`create_run` raises (a value that is not JSON raises here,
+        before anything is handed over). Call it from a running event loop."""
+        params = self._encode_creation(
+            run_id,
+            graph_fingerprint,
+            graph,
+            owner,
+            lease_seconds,
+            parent_run_id,
+            host,
+            pid,
+            first_step,
+            agent_states,
+        )
+        return self._writer.submit_async(params, asyncio.get_running_loop())
+
+    def _encode_creation(
+        self,
+        run_id: str,
+        graph_fingerprint: str,
+        graph: Mapping[str, Any],
+        owner: str,
+        lease_seconds: float,
+        parent_run_id: str | None,
+        host: str | None,
+        pid: int | None,
+        first_step: Step | None,
+        agent_states: Sequence[AgentStateRecord | AgentStateRow],
+    ) -> CreateParams:
+        rows = [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
+        return encode_creation(
+            run_id,
+            graph_fingerprint,
+            graph,
+            owner,
+            lease_seconds,
+            parent_run_id,
+            host,
+            pid,
+            time.time(),
+            first_step,
+            rows,
+        )
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run's row, or ``None`` when there is no such run."""

@@ -32,44 +32,11 @@ __all__ = [
     "encode_commit",
     "encode_creation",
     "run_exists",
-    "encode_run",
     "not_found",
     "refusal",
 ]
 
 VALID_STATUS = frozenset(RUN_STATUSES)
-
-
-def encode_run(
-    run_id: str,
-    graph_fingerprint: str,
-    graph: Mapping[str, Any],
-    owner: str,
-    lease_seconds: float,
-    parent_run_id: str | None,
-    host: str | None,
-    pid: int | None,
-    now: float,
-) -> dict[str, Any]:
-    """The row of a new run: running, head 0, leased to ``owner`` (this process by default), token 1."""
-    return {
-        "run_id": run_id,
-        "graph_fingerprint": graph_fingerprint,
-        "graph": dumps(graph, where="graph"),
-        "status": "running",
-        "head_seq": 0,
-        "message_count": 0,
-        "task": None,
-        "result": None,
-        "lease_owner": owner,
-        "lease_host": socket.gethostname() if host is None else host,
-        "lease_pid": os.getpid() if pid is None else pid,
-        "lease_expires_at": now + lease_seconds,
-        "fencing_token": 1,
-        "parent_run_id": parent_run_id,
-        "created_at": now,
-        "updated_at": now,
-    }
 
 
 @dataclass(frozen=True)
@@ -107,11 +74,29 @@ def encode_creation(
     first_step: Step | None,
     agent_states: Sequence[AgentStateRow],
 ) -> CreateParams:
-    """Encode a new run (and its first step) before any SQL; see :func:`encode_run`."""
-    run = encode_run(run_id, graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, now)
-    del run["lease_expires_at"]
-    run["lease_process"] = process_identity(run["lease_pid"])
-    run["p_now"], run["p_seconds"] = now, lease_seconds
+    """Encode a new run before any SQL: running, leased to ``owner`` (this process by default) with
+    token 1, at head 0, or at head 1 with ``first_step`` and the agent states."""
+    pid = os.getpid() if pid is None else pid
+    run = {
+        "run_id": run_id,
+        "graph_fingerprint": graph_fingerprint,
+        "graph": dumps(graph, where="graph"),
+        "status": "running",
+        "head_seq": 0,
+        "message_count": 0,
+        "task": None,
+        "result": None,
+        "lease_owner": owner,
+        "lease_host": socket.gethostname() if host is None else host,
+        "lease_pid": pid,
+        "lease_process": process_identity(pid),
+        "fencing_token": 1,
+        "parent_run_id": parent_run_id,
+        "created_at": now,
+        "updated_at": now,
+        "p_now": now,
+        "p_seconds": lease_seconds,
+    }
     first = None
     if first_step is not None:
         first = encode_commit(run_id, 0, 1, now, first_step, (), agent_states, None)

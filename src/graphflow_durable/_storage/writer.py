@@ -9,8 +9,9 @@ the commits that arrive meanwhile form the next group.
 
 In a group of several, each commit runs after a ``SAVEPOINT``: one refused by its run's guard (a
 stale head, a lost lease) or failing on its own rows is rolled back to it, and the group's other
-commits are written (a group of one needs no savepoint: its transaction is rolled back). A future resolves only after the group's transaction committed: a caller never sees its
-commit before it is durable. Commits are written in the order they were handed over, so one run's
+commits are written (a group of one needs no savepoint: its transaction is rolled back). A future
+resolves only after the group's transaction committed: a caller never sees its commit before it is
+durable. A new run (its row, first step and agent states) is an item of the queue like a commit. Commits are written in the order they were handed over, so one run's
 commits stay ordered: a run hands over the answers of a parallel batch without waiting for each
 (they join one group), and waits for them all before its next dispatch. A coroutine's futures are
 set on its own event loop (no second future chained to it).
@@ -103,11 +104,10 @@ class CommitWriter:
         self.commits = 0
 
     def submit(self, params: CommitParams | CreateParams) -> Future[Any]:
-        """Hand one encoded commit to the writer thread (or, SQLite NORMAL/OFF with the writer idle,
-        write it here); the future gives the new head (a new run: its record) once it is durable, or
-        raises why not: a
-        :class:`StoreError` (a database error, its driver error chained) or the guard's refusal
-        (``LeaseLostError``, ``ConflictError``...)."""
+        """Hand one encoded commit (or new run) to the writer thread (or, SQLite NORMAL/OFF with the
+        writer idle, write it here); the future gives the new head (a new run: its record) once it
+        is durable, or raises why not: a :class:`StoreError` (a database error, its driver error
+        chained) or the guard's refusal (``LeaseLostError``, ``ConflictError``...)."""
         item = _Commit(params)
         item.future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
         self._hand_over(item)

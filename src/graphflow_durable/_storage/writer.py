@@ -11,10 +11,11 @@ In a group of several, each commit runs after a ``SAVEPOINT``: one refused by it
 stale head, a lost lease) or failing on its own rows is rolled back to it, and the group's other
 commits are written (a group of one needs no savepoint: its transaction is rolled back). A future
 resolves only after the group's transaction committed: a caller never sees its commit before it is
-durable. A new run (its row, first step and agent states) is an item of the queue like a commit. Commits are written in the order they were handed over, so one run's
-commits stay ordered: a run hands over the answers of a parallel batch without waiting for each
-(they join one group), and waits for them all before its next dispatch. A coroutine's futures are
-set on its own event loop (no second future chained to it).
+durable. A new run (its row, first step and agent states) is an item of the queue like a commit.
+Commits are written in the order they were handed over, so one run's commits stay ordered: a run
+hands over the answers of a parallel batch without waiting for each (they join one group), and
+waits for them all before its next dispatch. A coroutine's futures are set on its own event loop
+(no second future chained to it).
 
 It runs precompiled statements (``statements.HotPath``) on a raw DBAPI connection; on PostgreSQL
 each commit's head move and inserts go in one round trip (psycopg's pipeline mode).

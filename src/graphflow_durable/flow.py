@@ -23,6 +23,7 @@ from autogen_core import AgentRuntime, CancellationToken
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
 from graphflow_durable._model.task import task_key, task_messages
+from graphflow_durable._runtime import stored
 from graphflow_durable._runtime.config import (
     DEFAULT_STORE_ENV,
     DurableGraphFlowConfig,
@@ -291,7 +292,7 @@ class DurableGraphFlow(GraphFlow):
             if run is not None and run.status == "waiting":
                 own = messages is not None and run.task == task_key(messages)  # a re-run script's task
                 if await on_waiting_run(self.store, session.run_id, None if own else messages):
-                    yield session.stored_result(run, self._message_factory.create)
+                    yield stored.stored_result(session, run, self._message_factory.create)
                     finished_cleanly = True
                     return
                 messages = None  # the task was the answer: the waiting turn resumes with it
@@ -306,7 +307,7 @@ class DurableGraphFlow(GraphFlow):
                         run.status,
                     )
                 if same_task or (messages is None and run.status == "finished"):
-                    yield session.stored_result(run, self._message_factory.create)
+                    yield stored.stored_result(session, run, self._message_factory.create)
                     finished_cleanly = True
                     return
             elif messages is not None and run is not None and run.task == task_key(messages):
@@ -355,7 +356,7 @@ class DurableGraphFlow(GraphFlow):
         finally:
             renewer.cancel()
             try:
-                await session.settle_at_end()
+                await session.commits.settle_at_end()
             finally:
                 session.detach(finished_cleanly, failed)
                 if abandoned:
@@ -456,13 +457,13 @@ class DurableGraphFlow(GraphFlow):
         """
         session = self._session
         if at is not None:
-            return await session.state_of(self.store.cut(session.run_id, at))
+            return await stored.state_of(session, self.store.cut(session.run_id, at))
         if session.pending_import is None and self.store.get_run(session.run_id) is not None:
             # The store's head is the consistent cut. In memory, mid-run, an in-flight agent may be
             # mid-turn (its state already holding this turn's input, its buffer already cleared),
             # an answer may have reached some participants' buffers before the manager committed
             # it, and the manager extends its thread before its commit: none of that is a cut.
-            return await session.state_at_head()
+            return await stored.state_at_head(session)
         return copy.deepcopy(dict(await super().save_state()))
 
     def _to_config(self) -> DurableGraphFlowConfig:

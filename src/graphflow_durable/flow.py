@@ -2,17 +2,18 @@
 
 The public facade. The team holds a :class:`~graphflow_durable._runtime.session.RunSession` (its
 stored run) and hands it to its manager and participant containers; what a run does with the
-store is there, AutoGen's private names are in ``_runtime``, and no SQL is anywhere near.
+store is there, AutoGen's private names are in ``_runtime``, and no SQL is anywhere near. The
+public methods over the stored run (its record, history, transcript, fork, the answer to a request)
+come from its base in ``_flow/stored.py``; what a call does on the run it attached, and the
+wind-down after an interrupt, are in ``_flow/start.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import logging
 import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondition
@@ -20,9 +21,12 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_core import AgentRuntime, CancellationToken
 
+from graphflow_durable._flow.start import opening, wind_down
+from graphflow_durable._flow.stored import StoredRunMethods
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
-from graphflow_durable._model.task import task_key, task_messages
+from graphflow_durable._model.task import task_messages
+from graphflow_durable._runtime import stored
 from graphflow_durable._runtime.config import (
     DEFAULT_STORE_ENV,
     DurableGraphFlowConfig,
@@ -30,16 +34,17 @@ from graphflow_durable._runtime.config import (
     config_store_url,
     default_store_url,
     durable_state,
+    flow_arguments,
     refuse_callables,
 )
 from graphflow_durable._runtime.container import DurableChatAgentContainer
-from graphflow_durable._runtime.human import HumanGate, on_waiting_run
+from graphflow_durable._runtime.human import HumanGate
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.errors import UsageError
 from graphflow_durable.scheduler import GraphSpec
-from graphflow_durable.store import ENDED_STATUSES, RunRecord, StepInfo, Store
+from graphflow_durable.store import Store
 
 __all__ = [
     "DEFAULT_STORE_ENV",
@@ -50,10 +55,8 @@ __all__ = [
     "default_store_url",
 ]
 
-logger = logging.getLogger(__name__)
 
-
-class DurableGraphFlow(GraphFlow):
+class DurableGraphFlow(StoredRunMethods, GraphFlow):
     """A :class:`~autogen_agentchat.teams.GraphFlow` whose every transition is committed to a database.
 
     Swap the class name and add ``store=`` and ``run_id=``: every agent completion, the
@@ -156,76 +159,6 @@ class DurableGraphFlow(GraphFlow):
         self._gate = HumanGate(self._session, *human_inputs(human_input, [p.name for p in participants]))
         self._gate.install(participants)
 
-    # -- public surface --------------------------------------------------------------------------
-
-    @property
-    def run_id(self) -> str:
-        """The id of the run this team drives (generated when not given)."""
-        return self._session.run_id
-
-    @property
-    def store(self) -> Store:
-        """The store this team commits to (opened on first use)."""
-        return self._session.store
-
-    def run_info(self) -> RunRecord | None:
-        """The stored run's record (status, head, lease..., its pending requests for human input in
-        ``pending``), or ``None`` before the first run."""
-        run = self.store.get_run(self.run_id)
-        return run if run is None else replace(run, pending=tuple(self.store.pending_requests(self.run_id)))
-
-    async def respond(
-        self, answer: str, *, node: str | None = None, request_id: str | None = None
-    ) -> InputRequest:
-        """Answer the run's pending request for human input (``node`` or ``request_id`` names it when
-        several are pending); the next :meth:`run` (or a worker of a pool) resumes the run, and the
-        asking node's turn gets ``answer`` as if the person had typed it. See :meth:`Store.respond`.
-
-        Raises:
-            NotWaitingError: (a ``UsageError``) nothing pending to answer, several and none named,
-                or the run is cancelled (resumed, it asks again).
-        """
-        return await asyncio.to_thread(
-            self.store.respond, self.run_id, answer, node=node, request_id=request_id
-        )
-
-    # -- history, time travel and fork ---------------------------------------------------------
-
-    def history(self, *, round: int | None = None, node: str | None = None) -> list[StepInfo]:
-        """The stored run's steps in order (see :meth:`Store.history`), only round ``round`` and/or
-        node ``node`` if given.
-
-        Raises:
-            RunNotFoundError: the run is not in the store (before the first run).
-        """
-        return self.store.history(self.run_id, round=round, node=node)
-
-    def transcript(
-        self, *, round: int | None = None, node: str | None = None
-    ) -> list[BaseAgentEvent | BaseChatMessage]:
-        """The stored run's thread as AutoGen message objects, in order; only round ``round`` and/or
-        the answers of node ``node`` if given (see :meth:`Store.transcript`).
-
-        Raises:
-            RunNotFoundError: the run is not in the store (before the first run).
-        """
-        create = self._message_factory.create
-        return [create(m.body) for m in self.store.transcript(self.run_id, round=round, node=node)]
-
-    def fork(
-        self, at: int, *, run_id: str | None = None, replace: tuple[int, BaseChatMessage] | None = None
-    ) -> RunRecord:
-        """Start a new run from this run's step ``at`` (see :meth:`Store.fork`); the stored run is
-        only read. Drive the new run with a team built like this one with ``run_id=`` its id:
-        ``run()`` with no task continues it from that step. ``replace=(seq, message)``: message
-        ``seq`` (a node's text answer) is ``message`` instead, and what followed it runs again.
-
-        Raises:
-            RunNotFoundError, UsageError, RunLockedError, ConflictError: as :meth:`Store.fork`.
-        """
-        edit = None if replace is None else (replace[0], replace[1].dump())
-        return self.store.fork(self.run_id, at, new_run_id=run_id, replace=edit)
-
     # -- AutoGen factories -----------------------------------------------------------------------
 
     def _create_group_chat_manager_factory(
@@ -288,30 +221,11 @@ class DurableGraphFlow(GraphFlow):
         renewer = asyncio.ensure_future(session.lease.keep())
         finished_cleanly = failed = abandoned = False
         try:
-            if run is not None and run.status == "waiting":
-                own = messages is not None and run.task == task_key(messages)  # a re-run script's task
-                if await on_waiting_run(self.store, session.run_id, None if own else messages):
-                    yield session.stored_result(run, self._message_factory.create)
-                    finished_cleanly = True
-                    return
-                messages = None  # the task was the answer: the waiting turn resumes with it
-            elif run is not None and run.status in ENDED_STATUSES:
-                same_task = messages is not None and first_call and run.task == task_key(messages)
-                if same_task:
-                    logger.info(
-                        "run %s is %s and its last round began with this task: returning the stored "
-                        "result without running anything (give a new task to start another round, or "
-                        "call reset() to start over)",
-                        session.run_id,
-                        run.status,
-                    )
-                if same_task or (messages is None and run.status == "finished"):
-                    yield session.stored_result(run, self._message_factory.create)
-                    finished_cleanly = True
-                    return
-            elif messages is not None and run is not None and run.task == task_key(messages):
-                logger.info("run %s: same task as the interrupted round; resuming it", session.run_id)
-                messages = None
+            result, messages = await opening(session, run, messages, first_call, self._message_factory.create)
+            if result is not None:  # a finished or parked run, or a re-run script's ended round
+                yield result
+                finished_cleanly = True
+                return
             earlier = self._earlier_messages(output_task_messages)
             if messages is not None or not first_call:
                 earlier = []  # GraphFlow's habit: a call returns what it produced
@@ -336,7 +250,9 @@ class DurableGraphFlow(GraphFlow):
                     except asyncio.CancelledError:
                         session.halt()
                         advance.cancel()
-                        abandoned = not await self._wind_down(advance)
+                        abandoned = not await wind_down(
+                            advance, self._interrupt_grace, self._team_view, session.run_id
+                        )
                         raise
                     if earlier and isinstance(item, TaskResult):
                         item = TaskResult(messages=[*earlier, *item.messages], stop_reason=item.stop_reason)
@@ -355,35 +271,13 @@ class DurableGraphFlow(GraphFlow):
         finally:
             renewer.cancel()
             try:
-                await session.settle_at_end()
+                await session.commits.settle_at_end()
             finally:
                 session.detach(finished_cleanly, failed)
                 if abandoned:
                     # The abandoned turns may still end in this process: no write of theirs may
                     # land on the run another process now drives (a token no lease ever has).
                     session.lease.token = -1
-
-    async def _wind_down(self, advance: asyncio.Future[Any]) -> bool:
-        """After an interrupt: wait up to ``interrupt_grace_seconds`` for GraphFlow's stream to end
-        (the agents already running answer and are recorded). Past it, or on a second cancellation,
-        cancel the turns still running and stop waiting; returns whether the stream ended."""
-        try:
-            await asyncio.wait({advance}, timeout=self._interrupt_grace)
-        except asyncio.CancelledError:
-            pass  # a second interrupt: stop waiting at once
-        if advance.done():
-            if not advance.cancelled():
-                advance.exception()  # retrieved: the interrupt is what the caller sees
-            return True
-        cancelled = self._team_view.cancel_in_flight()
-        logger.warning(
-            "run %s: interrupted, but %d agent turn(s) did not end within interrupt_grace_seconds=%g; "
-            "stopped waiting: the run is left interrupted and those nodes run again on resume",
-            self._session.run_id,
-            cancelled,
-            self._interrupt_grace,
-        )
-        return False
 
     def _earlier_messages(self, output_task_messages: bool) -> list[BaseAgentEvent | BaseChatMessage]:
         """What the interrupted round had produced before this team object resumed it."""
@@ -456,13 +350,13 @@ class DurableGraphFlow(GraphFlow):
         """
         session = self._session
         if at is not None:
-            return await session.state_of(self.store.cut(session.run_id, at))
+            return await stored.state_of(session, self.store.cut(session.run_id, at))
         if session.pending_import is None and self.store.get_run(session.run_id) is not None:
             # The store's head is the consistent cut. In memory, mid-run, an in-flight agent may be
             # mid-turn (its state already holding this turn's input, its buffer already cleared),
             # an answer may have reached some participants' buffers before the manager committed
             # it, and the manager extends its thread before its commit: none of that is a cut.
-            return await session.state_at_head()
+            return await stored.state_at_head(session)
         return copy.deepcopy(dict(await super().save_state()))
 
     def _to_config(self) -> DurableGraphFlowConfig:
@@ -480,26 +374,5 @@ class DurableGraphFlow(GraphFlow):
 
     @classmethod
     def _from_config(cls, config: GraphFlowConfig) -> DurableGraphFlow:
-        participants = [ChatAgent.load_component(p) for p in config.participants]
-        termination = (
-            TerminationCondition.load_component(config.termination_condition)
-            if config.termination_condition
-            else None
-        )
-        durable = (
-            config if isinstance(config, DurableGraphFlowConfig) else DurableGraphFlowConfig(**dict(config))
-        )
-        return cls(
-            participants,
-            config.graph,
-            name=config.name,
-            description=config.description,
-            termination_condition=termination,
-            max_turns=config.max_turns,
-            store=durable.store,
-            run_id=durable.run_id,
-            allow_graph_change=durable.allow_graph_change,
-            lease_seconds=durable.lease_seconds,
-            interrupt_grace_seconds=durable.interrupt_grace_seconds,
-            human_input=durable.human_input,
-        )
+        participants, graph, options = flow_arguments(config)
+        return cls(participants, graph, **options)

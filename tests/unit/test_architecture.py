@@ -50,17 +50,14 @@ def test_an_autogen_import_in_the_storage_layer_breaks_the_contracts(tmp_path: P
     assert "graphflow_durable._storage.schema -> autogen_agentchat" in result.stdout
 
 
-# Modules past the limit that are still to be split: a module leaves this list once it is split.
-OVER_THE_LIMIT = {"flow.py", "scheduler.py", "_runtime/session.py", "_runtime/manager.py"}
 LIMIT = 400
 
 
-def test_no_module_of_the_package_is_past_400_lines_except_those_still_to_be_split() -> None:
+def test_no_module_of_the_package_is_past_400_lines() -> None:
     sizes = {
         path.relative_to(PACKAGE).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
         for path in PACKAGE.rglob("*.py")
     }
-    over = {name for name, lines in sizes.items() if lines > LIMIT}
-    assert over <= OVER_THE_LIMIT, {name: sizes[name] for name in over - OVER_THE_LIMIT}
-    for public in ("store.py", "worker.py", "errors.py"):
-        assert sizes[public] <= LIMIT, (public, sizes[public])
+    assert len(sizes) > 50  # the package was found: the check is not vacuous
+    over = {name: lines for name, lines in sizes.items() if lines > LIMIT}
+    assert not over, over

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autogen_agentchat.base import ChatAgent, TerminationCondition
 from autogen_agentchat.teams import DiGraph
 from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
 
@@ -28,6 +29,7 @@ __all__ = [
     "config_store_url",
     "default_store_url",
     "durable_state",
+    "flow_arguments",
     "refuse_callables",
 ]
 
@@ -137,3 +139,31 @@ def durable_state(
     for change in repaired.changes:
         logger.debug("run %s: repaired %s", run_id, change)
     return copy.deepcopy(dict(repaired.state))
+
+
+def flow_arguments(config: GraphFlowConfig) -> tuple[list[ChatAgent], DiGraph, dict[str, Any]]:
+    """DurableGraphFlow's constructor arguments from its component config (a plain GraphFlow's too):
+    the participants, the graph and the keyword arguments."""
+    participants = [ChatAgent.load_component(p) for p in config.participants]
+    termination = (
+        TerminationCondition.load_component(config.termination_condition)
+        if config.termination_condition
+        else None
+    )
+    durable = config if isinstance(config, DurableGraphFlowConfig) else DurableGraphFlowConfig(**dict(config))
+    return (
+        participants,
+        config.graph,
+        {
+            "name": config.name,
+            "description": config.description,
+            "termination_condition": termination,
+            "max_turns": config.max_turns,
+            "store": durable.store,
+            "run_id": durable.run_id,
+            "allow_graph_change": durable.allow_graph_change,
+            "lease_seconds": durable.lease_seconds,
+            "interrupt_grace_seconds": durable.interrupt_grace_seconds,
+            "human_input": durable.human_input,
+        },
+    )

@@ -9,13 +9,31 @@ from typing import Any
 from autogen_agentchat.base import ChatAgent, Team
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
 from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
-from autogen_agentchat.teams._group_chat._events import GroupChatRequestPublish, GroupChatReset
+from autogen_agentchat.teams._group_chat._events import (
+    GroupChatAgentResponse,
+    GroupChatRequestPublish,
+    GroupChatReset,
+    GroupChatTeamResponse,
+)
 from autogen_core import DefaultTopicId, MessageContext, event, rpc
 
 from graphflow_durable._runtime.human import GroupChatInputPending, InputPending
 from graphflow_durable._runtime.link import Turns
 
-__all__ = ["DurableChatAgentContainer"]
+__all__ = ["DurableChatAgentContainer", "answer_delta"]
+
+
+def answer_delta(
+    message: GroupChatAgentResponse | GroupChatTeamResponse,
+) -> tuple[list[BaseAgentEvent | BaseChatMessage], list[bool]]:
+    """A participant's answer as the messages it adds to the thread, in order, and which of them
+    its container broadcast to the other participants (an agent: its chat message, the last; a
+    nested team: each of its chat messages)."""
+    if isinstance(message, GroupChatAgentResponse):
+        delta = [*(message.response.inner_messages or []), message.response.chat_message]
+        return delta, [i == len(delta) - 1 for i in range(len(delta))]
+    delta = list(message.result.messages)
+    return delta, [isinstance(m, BaseChatMessage) for m in delta]
 
 
 class DurableChatAgentContainer(ChatAgentContainer):

@@ -1,4 +1,5 @@
-"""The run's lease as one driver holds it: its fencing token, when it was last confirmed, renewal.
+"""The run's lease as one driver holds it: its fencing token, when it was last confirmed, renewal,
+and a brief hold for one write outside a run.
 
 :class:`RunLease` is held by the :class:`~graphflow_durable._runtime.session.RunSession` and is the
 one owner of the token and of the monotonic time of the last successful acquisition or renewal.
@@ -12,9 +13,12 @@ import math
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from graphflow_durable.errors import LeaseLostError, RunNotFoundError, StoreError
+from graphflow_durable.errors import LeaseLostError, RunNotFoundError, StateFormatError, StoreError
+from graphflow_durable.store import RunRecord
 
 if TYPE_CHECKING:  # the session holds its lease
     from graphflow_durable._runtime.session import RunSession
@@ -84,6 +88,25 @@ class RunLease:
         )
         self.confirmed_at, self.released = started, False
         return self.token
+
+    @contextmanager
+    def briefly(self) -> Iterator[RunRecord]:
+        """Hold the run's lease for one write outside a run (reset, load_state); yield its record.
+
+        Raises RunLockedError when another live process drives the run.
+        """
+        session = self._session
+        store = session.store
+        self.take()
+        try:
+            run = store.get_run(session.run_id)
+            if run is None:  # pragma: no cover - a run is never deleted under a held lease
+                raise StateFormatError(
+                    f"run {session.run_id!r} disappeared from the store", run_id=session.run_id
+                )
+            yield run
+        finally:
+            store.release_lease(session.run_id, self.token)
 
     def renew(self) -> float | None:
         """Renew the lease once (raises what the store raises); on success, note when. Returns when a

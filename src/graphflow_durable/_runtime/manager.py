@@ -5,6 +5,10 @@ commits every transition through its run session (``RunSession.write``) before
 anything it decided becomes visible: one commit per agent completion, holding the messages, the
 scheduler state after the decrements, enqueues and the next selection, and the agent's state
 after its turn.
+
+When a round stops (termination condition, ``max_turns``, the graph's natural end, every node in
+flight waiting for a person) is decided by its held :class:`~graphflow_durable._runtime.stops.RoundStops`;
+the manager commits the decision and signals it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from autogen_core import CancellationToken, DefaultTopicId, MessageContext, even
 from graphflow_durable import context as _context
 from graphflow_durable._model.cursor import Cursor, without_one
 from graphflow_durable._model.task import task_key
+from graphflow_durable._runtime.container import answer_delta
 from graphflow_durable._runtime.human import GroupChatInputPending
+from graphflow_durable._runtime.stops import RoundStops
 from graphflow_durable.errors import StateFormatError
 from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
@@ -43,13 +49,6 @@ if TYPE_CHECKING:  # the session holds the team that builds this manager
 __all__ = ["DurableGraphFlowManager"]
 
 logger = logging.getLogger(__name__)
-
-
-def _published(delta: Sequence[BaseAgentEvent | BaseChatMessage], team: bool) -> list[bool]:
-    """Which messages of a delta were broadcast to the participants."""
-    if team:
-        return [isinstance(m, BaseChatMessage) for m in delta]
-    return [i == len(delta) - 1 for i in range(len(delta))]
 
 
 class DurableGraphFlowManager(GraphFlowManager):
@@ -71,7 +70,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._stop_reason: str | None = None
         self._cursor = Cursor.fresh(initial(self._spec))
         self._batch_delta: list[BaseAgentEvent | BaseChatMessage] = []
-        self._parked: dict[str, GroupChatInputPending] = {}  # in-flight nodes waiting for a person
+        # The round's stop decisions: termination checks, and the in-flight nodes waiting for a person.
+        self._stops = RoundStops(self._termination_condition, self._max_turns, self._name, self._spec)
         self._sequential_message_types = [*self._sequential_message_types, GroupChatInputPending]
 
     # -- state ---------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         try:
             if message.name not in self._cursor.sched.in_flight:
                 return  # a late signal of a turn that is no longer in flight
-            self._parked[message.name] = message
+            self._stops.parked[message.name] = message
             await self._park_if_blocked()
         except Exception as exc:
             await self._fail(exc)
@@ -124,19 +124,16 @@ class DurableGraphFlowManager(GraphFlowManager):
     async def _park_if_blocked(self) -> None:
         """When every node in flight waits for a person: commit the wait (status ``waiting``, the
         lease released) and end the round with a stop reason naming them."""
-        if not set(self._cursor.sched.in_flight) <= set(self._parked):
+        waiting = self._stops.waiting(self._cursor.sched.in_flight)
+        if waiting is None:
             return
-        waiting = [self._parked[n] for n in dict.fromkeys(self._cursor.sched.in_flight)]
-        reason = "; ".join(
-            f"waiting for input: {w.name} asks {w.prompt!r} (request {w.request_id})" for w in waiting
-        )
-        ids = [w.request_id for w in waiting]
+        reason, ids = waiting
         self._stop_reason = reason
         update = RunUpdate(status="waiting", result={"stop_reason": reason}, release_lease=True)
         await self._link.write(
             Step(StepKind.WAIT, None, self._cursor.to_json(self._spec), {"waiting": ids}), (), (), update
         )
-        self._parked.clear()
+        self._stops.parked.clear()
         await self._link.parked(ids)
         await self._signal_termination(StopMessage(content=reason, source=self._name))
 
@@ -151,7 +148,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             )
             return
         self._link.halted = False
-        self._parked.clear()
+        self._stops.parked.clear()
         task = list(message.messages or [])
         cursor = self._cursor
         kind = StepKind.RESUME
@@ -176,7 +173,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         records = [MessageRecord(cursor.origin + first + i, m.dump(), True) for i, m in enumerate(task)]
 
         update = RunUpdate(status="running", task=task_key(task) if kind is StepKind.START else None)
-        stop = await self._condition_stop(task) if task else None
+        stop = await self._stops.condition_stop(task) if task else None
         if stop is not None:
             self._cursor = cursor.ended(cursor.sched, stopped=True)
             await self._commit(Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update)
@@ -240,18 +237,13 @@ class DurableGraphFlowManager(GraphFlowManager):
                 name,
             )
             return
-        team = isinstance(message, GroupChatTeamResponse)
-        delta: list[BaseAgentEvent | BaseChatMessage]
-        if isinstance(message, GroupChatAgentResponse):
-            delta = [*(message.response.inner_messages or []), message.response.chat_message]
-        else:
-            delta = list(message.result.messages)
+        delta, published = answer_delta(message)
         first = self._thread_len()
         self._message_thread.extend(delta)
         self._batch_delta.extend(delta)
         records = [
             MessageRecord(self._cursor.origin + first + i, m.dump(), p)
-            for i, (m, p) in enumerate(zip(delta, _published(delta, team), strict=True))
+            for i, (m, p) in enumerate(zip(delta, published, strict=True))
         ]
         last = next((m for m in reversed(delta) if isinstance(m, BaseChatMessage)), None)
         if last is None:
@@ -273,12 +265,12 @@ class DurableGraphFlowManager(GraphFlowManager):
                 None,
                 wait=False,
             )
-            if self._parked:  # the others wait for a person: this was the last one running
+            if self._stops.parked:  # the others wait for a person: this was the last one running
                 await self._park_if_blocked()
             return
 
         # The batch is complete: decide the stop, or select the next batch, in this same commit.
-        stop, sched, natural = await self._batch_stop(sched)
+        stop, sched, natural = await self._stops.batch_stop(sched, self._batch_delta)
         if stop is not None:
             self._cursor = self._cursor.answered(name, sched).ended(sched, stopped=not natural)
             await self._commit(
@@ -302,41 +294,6 @@ class DurableGraphFlowManager(GraphFlowManager):
             None,
         )
         await self._dispatch(speakers, head, ctx.cancellation_token)
-
-    # -- termination, mirroring GraphFlowManager._apply_termination_condition ---------------------
-
-    async def _condition_stop(self, delta: Sequence[BaseAgentEvent | BaseChatMessage]) -> StopMessage | None:
-        if self._termination_condition is None:
-            return None
-        stop = await self._termination_condition(delta)
-        if stop is not None:
-            await self._termination_condition.reset()
-        return stop
-
-    async def _batch_stop(self, sched: SchedulerState) -> tuple[StopMessage | None, SchedulerState, bool]:
-        """GraphFlow's end-of-batch checks, in its order: natural end, condition, max turns.
-
-        Returns the stop (if any), the scheduler state after it, and whether it is the graph's
-        natural end (otherwise a stop: the scheduler keeps its ready nodes for the next round).
-        """
-        if not sched.ready:
-            if self._termination_condition is not None:
-                await self._termination_condition.reset()
-            end = StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name)
-            return end, finish(self._spec, sched), True
-        # Every message of the batch reaches the condition, not only the last answer's.
-        stop = await self._condition_stop(self._batch_delta)
-        if stop is not None:
-            return stop, sched.with_turn(0), False
-        sched = sched.with_turn(sched.turn + 1)
-        if self._max_turns is not None and sched.turn >= self._max_turns:
-            if self._termination_condition is not None:
-                await self._termination_condition.reset()
-            stop = StopMessage(
-                content=f"Maximum number of turns {self._max_turns} reached.", source=self._name
-            )
-            return stop, sched.with_turn(0), False
-        return None, sched, False
 
     # -- commit and dispatch ------------------------------------------------------------------
 
@@ -396,7 +353,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._termination_condition.reset()
         self._cursor = Cursor.fresh(initial(self._spec))
         self._batch_delta = []
-        self._parked.clear()
+        self._stops.parked.clear()
 
     async def save_state(self) -> Mapping[str, Any]:
         """GraphFlow's keys (in-flight nodes first in ``ready``) plus the durable extension."""
@@ -429,21 +386,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._cursor = cursor
         self._current_turn = cursor.sched.turn
         self._batch_delta = list(thread[cursor.batch_start :])
-        self._parked.clear()
-        await self._replay_termination()
-
-    async def _replay_termination(self) -> None:
-        """Let the termination condition see the committed history of the current round again."""
-        if self._termination_condition is None:
-            return
-        await self._termination_condition.reset()
-        seen = self._message_thread[self._cursor.round_start : self._cursor.batch_start]
-        if not seen or self._cursor.finished:
-            return
-        if await self._termination_condition(seen) is not None:
-            logger.warning(
-                "run %s: the termination condition fires on the replayed history of the round; "
-                "it is reset and the run continues as it did before the interruption",
-                self._link.run_id,
-            )
-            await self._termination_condition.reset()
+        self._stops.parked.clear()
+        # The termination condition sees the committed history of the current round again.
+        seen = [] if cursor.finished else thread[cursor.round_start : cursor.batch_start]
+        await self._stops.replay(seen, self._link.run_id)

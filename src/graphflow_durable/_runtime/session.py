@@ -7,8 +7,12 @@ the head sequence number, the agent-state writer, and whether the run was halted
 error. :meth:`RunSession.write` is the single crossing into the store while a run is under way:
 one completion flows down manager -> session -> agent-state writer -> store, never back up.
 
-What the session does to the team itself (restore it from the log, read its participants'
-states) goes through :class:`~graphflow_durable._runtime.team.TeamView`.
+Its parts: the write path (:class:`~graphflow_durable._runtime.commits.Commits`, the commits
+handed to the store's writer and their outcomes), the lease
+(:class:`~graphflow_durable._runtime.lease.RunLease`), and the team made from the stored run and
+back (:mod:`~graphflow_durable._runtime.stored`). What the session does to the team itself
+(restore it from the log, read its participants' states) goes through
+:class:`~graphflow_durable._runtime.team.TeamView`.
 """
 
 from __future__ import annotations
@@ -19,33 +23,28 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-from autogen_agentchat.base import TaskResult
-from autogen_agentchat.messages import BaseChatMessage
 
 from graphflow_durable._agentstate.writer import StateLog
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
-from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._runtime import logs
+from graphflow_durable._runtime.commits import Commits
 from graphflow_durable._runtime.config import default_store_url, shared_store
 from graphflow_durable._runtime.lease import RunLease
 from graphflow_durable._runtime.link import Turns, outer_run_store
+from graphflow_durable._runtime.stored import import_state, restore
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.context import current_execution
-from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StateFormatError, StoreError
+from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreError
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     ENDED_STATUSES,
     AgentStateRecord,
     MessageRecord,
-    RunLog,
     RunRecord,
     RunStatus,
     RunUpdate,
@@ -104,8 +103,7 @@ class RunSession:
         self.head = 0
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
-        # Commits handed over and not waited for yet (a batch's answers), with their expected heads.
-        self._unsettled: list[tuple[int, asyncio.Future[int]]] = []
+        self.commits = Commits(self)  # the write path: commits handed over, their outcomes
         self.turns = Turns(lambda: self.store)
         self.halted = False
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
@@ -193,8 +191,8 @@ class RunSession:
             self.lease.created(run.fencing_token, started)
             if self.pending_import is not None:
                 # A loaded state: the run's status is the state's (a finished one runs nothing).
-                await self._import(self.pending_import, origin=0)
-                await self._restore()
+                await import_state(self, self.pending_import, origin=0)
+                await restore(self)
                 return store.get_run(self.run_id)
             return None
         self.check_graph(run)
@@ -207,10 +205,10 @@ class RunSession:
         if self.pending_import is not None:
             # Another process created the run after load_state() found none: the loaded state
             # becomes the run's new starting point, as load_state() does on an existing run.
-            await self._import(self.pending_import, origin=run.message_count)
-            await self._restore()
+            await import_state(self, self.pending_import, origin=run.message_count)
+            await restore(self)
         elif stale:
-            at = await self._restore()
+            at = await restore(self)
             if not at.cursor.finished:
                 start = at.cursor.round_start
                 self.resumed_round = [(e.body, e.completes is None) for e in at.entries[start:]]
@@ -333,23 +331,6 @@ class RunSession:
             differences=tuple(diff),
         )
 
-    @asynccontextmanager
-    async def briefly_leased(self) -> AsyncIterator[RunRecord]:
-        """Hold the run's lease for one write outside a run (reset, load_state); yield its record.
-
-        Raises RunLockedError when another live process drives the run.
-        """
-        store = self.store
-        self.lease.take()
-        try:
-            run = store.get_run(self.run_id)
-            if run is None:  # pragma: no cover - a run is never deleted under a held lease
-                raise StateFormatError(f"run {self.run_id!r} disappeared from the store", run_id=self.run_id)
-            self.head = run.head_seq
-            yield run
-        finally:
-            store.release_lease(self.run_id, self.lease.token)
-
     async def restart(self) -> None:
         """After the team's reset: commit a ``reset`` step (a fresh cursor after the run's messages,
         every participant's state, written whole) under a lease held just for it.
@@ -363,7 +344,8 @@ class RunSession:
         if self.nested or self.store.get_run(self.run_id) is None:
             return
         self.store.requests.cancel(self.run_id)  # a pending request belongs to a turn that is gone
-        async with self.briefly_leased() as run:
+        with self.lease.briefly() as run:
+            self.head = run.head_seq
             cursor = Cursor.fresh(initial(self.spec), origin=run.message_count)
             self.states.clear()
             states = await self.team.agent_states()
@@ -384,9 +366,10 @@ class RunSession:
         self.turns.clear()
         self.resumed_round = None
         if self.store.get_run(self.run_id) is not None:
-            async with self.briefly_leased() as run:
+            with self.lease.briefly() as run:
+                self.head = run.head_seq
                 self.check_graph(run)
-                await self._import(state, origin=run.message_count)
+                await import_state(self, state, origin=run.message_count)
             self.synced = False
             return
         await self.team.load_plain(state)
@@ -410,144 +393,6 @@ class RunSession:
         *,
         wait: bool = True,
     ) -> int:
-        """Commit one transition at the expected head under this session's fencing token.
-
-        The event loop runs on while the store's writer thread commits. A cancellation that arrives
-        meanwhile waits for the commit's outcome before it is raised, so :attr:`head` always says
-        what is in the store.
-
-        ``wait=False`` hands the commit over and returns the head it will make without waiting:
-        for an answer of a parallel batch that is not its last, on which nothing is dispatched or
-        reported, so that the batch's other answers join it in the writer's next group. Commits
-        stay in order; the next waiting write (or :meth:`settle`) waits for it as well and raises
-        its failure, the first in order, rather than its own refusal that followed from it.
-        """
-        try:
-            future = self.store.submit_commit(
-                self.run_id,
-                expected_head=self.head,
-                fencing_token=self.lease.token,
-                step=step,
-                messages=messages,
-                agent_states=self.states.encode(states, messages, self.head + 1),
-                update=update,
-            )
-        except BaseException:
-            self.states.clear()  # it remembered this commit's states: write the next ones whole
-            raise
-        self._unsettled.append((self.head, future))
-        if not wait:
-            self.head += 1
-            return self.head
-        await self.settle()
-        if update is not None and update.release_lease:
-            self.lease.released = True
-        return self.head
-
-    async def settle(self) -> None:
-        """Wait for every commit handed over (through cancellations: one is raised afterwards), set
-        :attr:`head` to the last one written, and raise the first failure."""
-        unsettled, self._unsettled = self._unsettled, []
-        cancelled = False
-        for _, future in unsettled:
-            cancelled = await _settled(future) or cancelled
-        failure = None
-        for expected, future in unsettled:
-            error = future.exception()  # read even after a failure: none is logged as never retrieved
-            if failure is None:  # the ones after a failure were refused because of it
-                failure = error
-                self.head = expected if error is not None else future.result()
-        if failure is not None:
-            self.states.clear()  # it remembered the failed commits' states: write the next ones whole
-            raise failure
-        if cancelled:
-            raise asyncio.CancelledError
-
-    async def settle_at_end(self) -> None:
-        """As a run ends: wait for the commits still handed over (an interrupted batch's answers).
-        The error that ended the run is the one the caller sees: a failure here is logged (a lost
-        lease as :meth:`lost` says it) and the team is marked out of step with the store."""
-        try:
-            await self.settle()
-        except LeaseLostError as exc:
-            self.synced = False
-            self.lost(exc)
-        except Exception as exc:  # noqa: BLE001 -- logged; the run's own end is what the caller sees
-            self.synced = False
-            logger.warning(
-                "run %s: an answer of the interrupted batch was not recorded (%s); it runs again on resume",
-                self.run_id,
-                exc,
-            )
-
-    def stored_result(self, run: RunRecord, create: Callable[[Mapping[str, Any]], Any]) -> TaskResult:
-        """The result of the run's last round, as its uninterrupted run returned it."""
-        log = self.store.load(self.run_id)
-        cursor = cursor_from_log(log, self.spec)
-        thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
-        result = run.result if isinstance(run.result, Mapping) else {}
-        return TaskResult(messages=[create(m.body) for m in thread], stop_reason=result.get("stop_reason"))
-
-    async def state_at_head(self) -> dict[str, Any]:
-        """The team state (TeamState dump, durable format) at the store's head."""
-        return await self.state_of(self.store.load(self.run_id))
-
-    async def state_of(self, log: RunLog) -> dict[str, Any]:
-        """The team state (TeamState dump, durable format) at the head of ``log`` (the run, or its
-        cut at a past step); a participant with no stored state there gives its current one."""
-        at = plan(log, self.spec, self.team.participant_names)
-        states = {
-            name: log.agent_states[name] if name in log.agent_states else await self.team.agent_state(name)
-            for name in self.team.participant_names
-        }
-        result = log.run.result if isinstance(log.run.result, Mapping) else {}
-        return at.team_state(
-            self.run_id, self.team.manager_name, states, self.fingerprint, result.get("stop_reason")
-        )
-
-    async def _restore(self) -> Plan:
-        """Put the team at the store's head."""
-        log = self.store.load(self.run_id)
-        at = plan(log, self.spec, self.team.participant_names)
-        await self.team.restore(at, log.agent_states, self.run_id)
-        self.states.prime(log.run.message_count)
-        return at
-
-    async def _import(self, state: Mapping[str, Any], *, origin: int) -> None:
-        """Seed the run with a loaded state: its thread (from message ``origin`` on), agent states
-        and cursor in one commit."""
-        self.pending_import = None
-        agent_states = state["agent_states"]
-        manager = agent_states[self.team.manager_name]
-        ext = manager["graphflow_durable"]
-        thread = [self.team.create_message(m) for m in manager["message_thread"]]
-        records = [
-            MessageRecord(origin + i, m.dump(), isinstance(m, BaseChatMessage)) for i, m in enumerate(thread)
-        ]
-        states = [
-            AgentStateRecord(name, agent_states[name]["agent_state"])
-            for name in self.team.participant_names
-            if name in agent_states
-        ]
-        cursor = replace(Cursor.from_extension(ext), origin=origin)
-        status: RunStatus = "interrupted" if cursor.status == "running" else cursor.status
-        reason = ext.get("stop_reason") if cursor.finished else None
-        self.states.clear()  # the loaded agent states are written whole
-        await self.write(
-            Step(StepKind.IMPORT, None, cursor.to_json(self.spec), {"dispatches": ext.get("dispatches", {})}),
-            records,
-            states,
-            RunUpdate(status=status, result={"stop_reason": reason}),
-        )
-
-
-async def _settled(future: asyncio.Future[int]) -> bool:
-    """Wait until ``future`` is done, through any number of cancellations; whether one arrived (the
-    caller raises it once everything it waits for settled)."""
-    cancelled = False
-    while not future.done():
-        try:
-            await asyncio.wait([future])
-        except asyncio.CancelledError:
-            cancelled = True
-    return cancelled
+        """Commit one transition at the expected head under this session's fencing token (see
+        :meth:`Commits.write`: ``wait=False`` hands it over without waiting for it)."""
+        return await self.commits.write(step, messages, states, update, wait=wait)

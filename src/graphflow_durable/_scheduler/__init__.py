@@ -1,0 +1,3 @@
+"""The scheduler's values (state); :mod:`graphflow_durable.scheduler` is their public home and
+holds the rules. Import them from there.
+"""

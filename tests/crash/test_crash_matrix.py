@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from graphflow_durable.store import Store
+from processes import run_script
 
 WORKER = Path(__file__).with_name("worker.py")
 RUN = "crash-run"
@@ -27,9 +28,7 @@ pytestmark = [pytest.mark.crash]
 
 
 def run_worker(url: str, exec_log: Path, kill: str | None = None) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, str(WORKER), url, RUN] + ([kill] if kill else [])
-    env = {**os.environ, "GFD_EXEC_LOG": str(exec_log)}
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, check=False)
+    return run_script(WORKER, url, RUN, *([kill] if kill else []), exec_log=exec_log)
 
 
 def completions(url: str) -> Counter[str]:

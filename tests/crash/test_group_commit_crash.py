@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from graphflow_durable.store import Store
+from processes import run_script
 
 WORKER = Path(__file__).with_name("group_worker.py")
 RUNS = 4
@@ -30,9 +30,7 @@ pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
 
 def run_group(url: str, exec_log: Path, kill: str | None = None) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, str(WORKER), url, str(RUNS), *([kill] if kill else [])]
-    env = {**os.environ, "GFD_EXEC_LOG": str(exec_log)}
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=180, check=False)
+    return run_script(WORKER, url, str(RUNS), *([kill] if kill else []), exec_log=exec_log, timeout=180)
 
 
 def recorded(url: str) -> dict[str, tuple[int, Counter[str], set[tuple[str, str]]]]:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from graphflow_durable import Store
+from processes import last_json as result
+from processes import run_script
 
 WORKER = Path(__file__).with_name("human_worker.py")
 
@@ -25,19 +27,9 @@ pytestmark = [pytest.mark.crash]
 def run(
     url: str, log: Path, mode: str, kill: str | None = None, run_id: str = "run"
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(WORKER), url, run_id, mode, *([kill] if kill else [])],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GFD_EXEC_LOG": str(log), "GFD_ANSWER": "ship it"},
-        timeout=120,
-        check=False,
+    return run_script(
+        WORKER, url, run_id, mode, *([kill] if kill else []), exec_log=log, GFD_ANSWER="ship it"
     )
-
-
-def result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout.splitlines()[-1]))
 
 
 def turns(log: Path) -> list[str]:

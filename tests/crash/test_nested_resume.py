@@ -4,15 +4,14 @@ of starting it again."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from graphflow_durable import Store
+from processes import run_script
 
 WORKER = Path(__file__).with_name("nested_worker.py")
 
@@ -20,14 +19,7 @@ pytestmark = [pytest.mark.crash]
 
 
 def run(url: str, log: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(WORKER), url, *extra],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GFD_EXEC_LOG": str(log)},
-        timeout=120,
-        check=False,
-    )
+    return run_script(WORKER, url, *extra, exec_log=log)
 
 
 def transcripts(url: str) -> dict[str, list[tuple[str, str]]]:

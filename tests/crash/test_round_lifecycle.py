@@ -4,17 +4,16 @@ the same script returns the result the uninterrupted round returns."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from graphflow_durable import Store
+from processes import last_json as result
+from processes import run_script
 
 WORKER = Path(__file__).with_name("rounds_worker.py")
 
@@ -24,19 +23,7 @@ pytestmark = [pytest.mark.crash]
 def run(
     url: str, log: Path, mode: str, kill: str | None = None, run_id: str = "run"
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(WORKER), url, run_id, mode, *([kill] if kill else [])],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GFD_EXEC_LOG": str(log)},
-        timeout=120,
-        check=False,
-    )
-
-
-def result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout.splitlines()[-1]))
+    return run_script(WORKER, url, run_id, mode, *([kill] if kill else []), exec_log=log)
 
 
 def turns(log: Path) -> list[str]:

@@ -297,13 +297,15 @@ async def test_a_renewal_racing_the_last_commit_is_not_a_lost_lease(
 
 
 async def test_with_synchronous_normal_an_idle_writer_commits_inline(sqlite_url: str) -> None:
-    """No fsync to wait for: the commit is written on the caller's thread, no hand-over."""
+    """No fsync to wait for: the commit is written on the caller's thread, no hand-over (and no
+    writer thread is started while none is needed)."""
     store = Store(f"{sqlite_url}?synchronous=NORMAL")
     _create(store, "r")
     written = store._writer.commits
     future = _step(store, "r", 0)
     assert future.done() and store._writer.commits == written + 1  # written before submit_commit returned
     assert await future == 1
+    assert store._writer._thread is None
     store.close()
 
 
@@ -315,6 +317,7 @@ async def test_with_synchronous_normal_a_locked_database_does_not_block_the_even
     _create(store, "r")
     lock = WriteLock(sqlite_url)
     commit = _step(store, "r", 0)  # returns at once although the lock is taken
+    assert store._writer._thread is not None and store._writer._thread.is_alive()
     ticks = 0
     for _ in range(20):
         await asyncio.sleep(0.01)

@@ -103,6 +103,19 @@ def _start_time(pid: int) -> int | None:
 def process_identity(pid: int) -> str:
     """What identifies process ``pid`` of this PID namespace beyond host name and pid, as stored
     with a lease (JSON): the boot id, the PID namespace, and the process's start time."""
+    if pid == os.getpid():
+        return _own_identity(pid)
+    return _identity(pid)
+
+
+@functools.lru_cache(maxsize=1)
+def _own_identity(pid: int) -> str:
+    # This process's identity never changes while it lives (a forked child has another pid):
+    # read /proc once, not for every run it creates or claims.
+    return _identity(pid)
+
+
+def _identity(pid: int) -> str:
     identity = {"boot": _boot_id(), "pidns": _pid_namespace(), "start": _start_time(pid)}
     return json.dumps(identity, sort_keys=True, separators=(",", ":"))
 

@@ -1,8 +1,8 @@
 """The commit hot path: a writer thread per store that commits in groups.
 
 :class:`CommitWriter` is held by the :class:`~graphflow_durable.store.Store`. It owns one thread
-(started on the first commit) and the connection that thread keeps between commits. Callers hand
-it encoded commits (:class:`CommitParams`) and get a future; the thread takes every commit that is
+(started when it is first needed) and the connection that thread keeps between commits. Callers
+hand it encoded commits (:class:`CommitParams`) and get a future; the thread takes every commit that is
 waiting when it is free and writes them as one group: one transaction, so one fsync (SQLite) or one
 ``COMMIT`` (PostgreSQL) for the whole group. While it writes, the callers' event loops run on, and
 the commits that arrive meanwhile form the next group.
@@ -128,15 +128,16 @@ class CommitWriter:
         with self._start_lock:
             if self.closed:
                 raise RuntimeError("the store is closed; open a new Store to write")
-            if self._pid != os.getpid():  # first use, or a child of a fork: its own thread
-                self._pid, self._inbox, self._kept = os.getpid(), queue.SimpleQueue(), None
-                thread = threading.Thread(target=self._work, args=(self._inbox,), daemon=True)
-                thread.name = "graphflow-durable-writer"
-                thread.start()
-                self._thread = thread
+            if self._pid != os.getpid():  # first use, or a child of a fork: its own queue and thread
+                self._pid, self._inbox, self._kept, self._thread = (
+                    os.getpid(),
+                    queue.SimpleQueue(),
+                    None,
+                    None,
+                )
             inline = self._inline and self._inbox.empty() and self._writing.acquire(blocking=False)
             if not inline:
-                self._inbox.put(item)
+                self._queue(item)
                 return
         try:
             self._write_group([item], nowait=True)
@@ -154,7 +155,17 @@ class CommitWriter:
                 item.error = RuntimeError("the store is closed; open a new Store to write")
                 _settle(item)
             else:
-                self._inbox.put(item)
+                self._queue(item)
+
+    def _queue(self, item: _Commit) -> None:
+        """Put ``item`` in the thread's queue, starting the thread if it is not running yet (a short
+        run on SQLite NORMAL may never need it). Called with ``_start_lock`` held."""
+        if self._thread is None:
+            thread = threading.Thread(target=self._work, args=(self._inbox,), daemon=True)
+            thread.name = "graphflow-durable-writer"
+            thread.start()
+            self._thread = thread
+        self._inbox.put(item)
 
     @property
     def closed(self) -> bool:

@@ -130,8 +130,9 @@ class RunMethods(StoreBase):
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run's row, or ``None`` when there is no such run."""
+        select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
         with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
-            row = conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).mappings().first()
+            row = conn.exec_driver_sql(select.sql, select.bind({"p_run_id": run_id})).mappings().first()
         return None if row is None else run_record(row)
 
     def list_runs(self, status: str | Sequence[str] | None = None) -> list[RunRecord]:

@@ -129,12 +129,8 @@ class CommitWriter:
             if self.closed:
                 raise RuntimeError("the store is closed; open a new Store to write")
             if self._pid != os.getpid():  # first use, or a child of a fork: its own queue and thread
-                self._pid, self._inbox, self._kept, self._thread = (
-                    os.getpid(),
-                    queue.SimpleQueue(),
-                    None,
-                    None,
-                )
+                self._pid, self._inbox = os.getpid(), queue.SimpleQueue()
+                self._kept = self._thread = None
             inline = self._inline and self._inbox.empty() and self._writing.acquire(blocking=False)
             if not inline:
                 self._queue(item)

@@ -78,6 +78,16 @@ class Workers:
             assert time.monotonic() < deadline, f"worker {n} never logged {text!r}:\n{self.stderr(n)}"
             time.sleep(0.05)
 
+    def wait_up(self, n: int, timeout: float = 30) -> None:
+        """Until worker ``n`` printed its first stdout line: from then on it handles SIGTERM (its
+        store may be opened, and fail, before that: in the Worker's constructor)."""
+        deadline = time.monotonic() + timeout
+        out = self.tmp / f"worker-{n}.out"
+        while not out.read_text(errors="replace").endswith("\n"):
+            assert self.procs[n].poll() is None, f"worker {n} exited:\n{self.stderr(n)}"
+            assert time.monotonic() < deadline, f"worker {n} never printed its first line:\n{self.stderr(n)}"
+            time.sleep(0.05)
+
     def alive(self) -> None:
         for n, proc in enumerate(self.procs):
             assert proc.poll() is None, f"worker {n} exited with {proc.returncode}:\n{self.stderr(n)}"
@@ -204,6 +214,7 @@ def test_a_worker_started_while_postgres_is_down_stops_on_sigterm(
     try:
         proc = workers.start()
         workers.wait_for(0, "database problem while opening the store")
+        workers.wait_up(0)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0, workers.stderr(0)
     finally:

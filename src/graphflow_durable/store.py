@@ -21,6 +21,7 @@ from graphflow_durable._model.history import StepInfo
 from graphflow_durable._model.human import InputRequest
 from graphflow_durable._model.records import (
     ENDED_STATUSES,
+    FIRST_FENCING_TOKEN,
     RUN_STATUSES,
     AgentStateRecord,
     MessageRecord,
@@ -52,6 +53,7 @@ from graphflow_durable._store.runs import RunMethods
 
 __all__ = [
     "ENDED_STATUSES",
+    "FIRST_FENCING_TOKEN",
     "RUN_STATUSES",
     "AgentStateRecord",
     "Cancellation",

@@ -12,14 +12,18 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from autogen_agentchat.base import TerminationCondition
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMessage
 
 from agents import Scripted, chain, close_stores, durable, stored_transcript
-from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError
+from graphflow_durable._model.cursor import Cursor
+from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError, UsageError
+from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import MessageRecord, RunUpdate, Step, StepKind, Store
 
 LEASE = 60.0
@@ -426,3 +430,192 @@ async def test_a_new_run_is_created_by_the_writer_in_turn_with_other_runs_commit
     assert [s.kind for s in store.load("new").steps] == ["created"]
     assert store._writer.groups - groups_before == 2  # "a" alone, then the three that queued
     store.close()
+
+
+def _created(store: Store, run_id: str) -> asyncio.Future[Any]:
+    first_step = Step(StepKind.CREATED, None, {"s": 1})
+    return store.submit_create_run(
+        run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE, first_step=first_step
+    )
+
+
+def _first_commit(store: Store, run_id: str) -> asyncio.Future[int]:
+    return store.submit_commit(run_id, expected_head=1, fencing_token=1, step=Step(StepKind.START, None, {}))
+
+
+async def test_a_run_created_together_with_its_first_commit_takes_one_transaction_and_a_refused_one_takes_the_commit_with_it(
+    sqlite_url: str,
+) -> None:
+    store = Store(sqlite_url)
+    taken = _created(store, "taken")  # another driver's run, at head 1 with token 1
+    assert (await taken).head_seq == 1
+    groups_before = store._writer.groups
+    with store.together():
+        futures = [
+            _created(store, "new"),
+            _first_commit(store, "new"),
+            _created(store, "taken"),
+            _first_commit(store, "taken"),  # its guard (head 1, token 1) would pass on the other's run
+        ]
+        await asyncio.sleep(0.05)
+        assert not any(f.done() for f in futures)  # nothing is handed over before the block ends
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    assert outcomes[0].head_seq == 1 and outcomes[1] == 2
+    assert isinstance(outcomes[2], ConflictError) and outcomes[3] is outcomes[2]
+    assert store._writer.groups - groups_before == 1
+    assert [s.kind for s in store.load("new").steps] == ["created", "start"]
+    assert [s.kind for s in store.load("taken").steps] == ["created"]  # the other's run untouched
+    store.close()
+
+
+async def test_a_blocking_commit_inside_together_is_refused_and_nothing_is_written(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    with store.together(), pytest.raises(UsageError, match=r"inside Store.together\(\).*submit_commit"):
+        store.create_run("r", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+    assert store.get_run("r") is None
+    store.close()
+
+
+class _CreatedMeanwhile(TerminationCondition):
+    """A termination condition that, asked about the task (after the team attached the new run,
+    before the round's first commit), lets time pass and optionally has another driver create the
+    same run id meanwhile."""
+
+    def __init__(self, url: str, run_id: str | None, wait: float = 0.0) -> None:
+        self._url, self._run_id, self._wait = url, run_id, wait
+        self.before: Callable[[Sequence[BaseAgentEvent | BaseChatMessage]], Awaitable[None]] | None = None
+
+    @property
+    def terminated(self) -> bool:
+        return False
+
+    async def __call__(self, messages: Sequence[BaseAgentEvent | BaseChatMessage]) -> StopMessage | None:
+        await asyncio.sleep(self._wait)
+        if self.before is not None:
+            before, self.before = self.before, None
+            await before(messages)
+        if self._run_id is not None:
+            with Store(self._url) as other:
+                other.create_run(
+                    self._run_id, graph_fingerprint="other", graph={}, owner="other", lease_seconds=LEASE
+                )
+            self._run_id = None
+        return None
+
+    async def reset(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite FULL", "sqlite NORMAL (inline)", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_new_run_is_created_in_the_transaction_of_its_first_commit(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "postgres":
+        url = str(request.getfixturevalue("postgres_database"))
+    else:
+        url = str(request.getfixturevalue("sqlite_url")) + (
+            "?synchronous=NORMAL" if "NORMAL" in backend else ""
+        )
+    a, b = Scripted("a"), Scripted("b")
+    team = durable([a, b], chain(a, b), url, "folded")
+    store = team.store
+    groups_before = store._writer.groups
+    result = await team.run(task="go")
+    assert [m.source for m in result.messages] == ["user", "a", "b"]
+    steps = store.load("folded").steps
+    assert [s.kind for s in steps] == ["created", "start", "complete", "complete"]
+    assert store._writer.groups - groups_before == len(steps) - 1  # created + start: one transaction
+    assert store.get_run("folded").status == "finished"
+
+
+async def test_a_run_created_by_another_driver_before_the_first_commit_is_refused_and_left_untouched(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[str] = []
+    a, b = Scripted("a", calls=calls), Scripted("b", calls=calls)
+    team = durable(
+        [a, b], chain(a, b), sqlite_url, "raced", termination=_CreatedMeanwhile(sqlite_url, "raced")
+    )
+    with pytest.raises(ConflictError, match="run raced already exists"):
+        await team.run(task="go")
+    assert calls == []  # nothing was dispatched
+    with Store(sqlite_url) as store:
+        run = store.get_run("raced")
+        assert run is not None
+        assert (run.graph_fingerprint, run.lease_owner, run.status, run.head_seq) == (
+            "other",
+            "other",
+            "running",
+            0,
+        )
+        assert store.load("raced").steps == []
+    assert "lease" not in caplog.text  # no renewal nor release was tried on the other's run
+
+
+async def test_the_lease_is_not_renewed_before_the_run_it_is_created_with_exists(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a lease of 0.15 s (renewed every 0.05 s) and 0.4 s between attach and the first commit,
+    the renewer runs while the run is not stored yet: it must neither find it missing nor halt."""
+    calls: list[str] = []
+    a, b = Scripted("a", calls=calls), Scripted("b", calls=calls)
+    team = durable(
+        [a, b],
+        chain(a, b),
+        sqlite_url,
+        "slow-start",
+        termination=_CreatedMeanwhile(sqlite_url, None, 0.4),
+        lease_seconds=0.15,
+    )
+    result = await team.run(task="go")
+    assert calls == ["a", "b"] and [m.source for m in result.messages] == ["user", "a", "b"]
+    assert team.store.get_run("slow-start").status == "finished"
+    assert "lease" not in caplog.text
+
+
+async def test_after_a_refused_creation_the_next_run_takes_the_other_drivers_run_over_and_renews_its_lease(
+    sqlite_url: str,
+) -> None:
+    """The other driver made the run with the same graph and died (its lease expires): the next
+    run() of the refused team takes it over, runs it, and keeps its lease renewed all along."""
+    lease = 0.3
+    leases_seen: list[float] = []
+
+    async def outlive_the_lease(agent: Scripted, messages: Any) -> None:
+        await asyncio.sleep(3 * lease)  # renewals every lease / 3 keep the lease alive meanwhile
+        with Store(sqlite_url) as other:
+            run = other.get_run("taken-over")
+            assert run is not None and run.lease_expires_at is not None
+            leases_seen.append(run.lease_expires_at - time.time())
+
+    calls: list[str] = []
+    a, b = Scripted("a", calls=calls), Scripted("b", calls=calls, before=outlive_the_lease)
+    spec = GraphSpec.from_digraph(chain(a, b))
+    raced = _CreatedMeanwhile(sqlite_url, None)
+    team = durable([a, b], chain(a, b), sqlite_url, "taken-over", termination=raced, lease_seconds=lease)
+
+    async def create_as_another_driver(messages: Any) -> None:
+        with Store(sqlite_url) as other:  # the same graph, a first step, a short lease, another host
+            other.create_run(
+                "taken-over",
+                graph_fingerprint=team._session.fingerprint,
+                graph=team._session.graph_description,
+                owner="other",
+                lease_seconds=0.05,
+                host="elsewhere",
+                pid=1,
+                first_step=Step(StepKind.CREATED, None, Cursor.fresh(initial(spec)).to_json(spec)),
+            )
+
+    raced.before = create_as_another_driver
+    with pytest.raises(ConflictError, match="run taken-over already exists"):
+        await team.run(task="go")
+    assert calls == []
+    await asyncio.sleep(0.1)  # the other driver's lease expires
+    result = await team.run(task="go")
+    assert calls == ["a", "b"] and [m.source for m in result.messages] == ["user", "a", "b"]
+    assert leases_seen and leases_seen[0] > 0, leases_seen  # still leased after 3 lease lengths
+    run = team.store.get_run("taken-over")
+    assert run is not None and run.status == "finished" and run.fencing_token == 2

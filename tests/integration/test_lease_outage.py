@@ -245,9 +245,9 @@ async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_
 async def test_the_database_gone_while_a_run_is_created_is_its_error_and_nothing_half_made(
     server: Server,
 ) -> None:
-    """The run's row and its first snapshot are one transaction (written by the store's writer):
-    PostgreSQL stopped right then fails run() with a StoreError, leaves no run, and the next run()
-    starts it."""
+    """The run's row, its first snapshot and the round's first commit are one transaction (written
+    by the store's writer): PostgreSQL stopped right then fails run() with a StoreError, leaves no
+    run, and the next run() starts it."""
     calls: list[str] = []
     opened = Gate()
     opened.open()
@@ -255,19 +255,19 @@ async def test_the_database_gone_while_a_run_is_created_is_its_error_and_nothing
     store = team.store
     submit_create_run = store.submit_create_run
 
-    async def create_in_an_outage(*args: Any, **kwargs: Any) -> Any:
+    def create_in_an_outage(*args: Any, **kwargs: Any) -> Any:
         server.down()
-        try:
-            return await submit_create_run(*args, **kwargs)
-        finally:
-            server.up()
+        return submit_create_run(*args, **kwargs)
 
-    store.submit_create_run = create_in_an_outage  # type: ignore[method-assign,assignment]
-    with pytest.raises(StoreError, match="creating run outage-create"):
-        await asyncio.wait_for(team.run(task="go"), 30)
+    store.submit_create_run = create_in_an_outage  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StoreError, match="creating run outage-create"):
+            await asyncio.wait_for(team.run(task="go"), 30)
+    finally:
+        server.up()
+        store.submit_create_run = submit_create_run  # type: ignore[method-assign]
     assert calls == []
     assert store.get_run("outage-create") is None
-    store.submit_create_run = submit_create_run  # type: ignore[method-assign]
     await asyncio.wait_for(team.run(task="go"), 30)
     assert calls == ["A", "B", "C"]
     assert [s for s, _ in stored_transcript(team)] == ["user", "A", "B", "C"]

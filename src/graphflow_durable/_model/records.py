@@ -20,6 +20,7 @@ __all__ = [
     "RunLog",
     "RunRecord",
     "ENDED_STATUSES",
+    "FIRST_FENCING_TOKEN",
     "RUN_STATUSES",
     "RunStatus",
     "RunUpdate",
@@ -38,6 +39,9 @@ until ``Store.retry_run``); ``finished``: the graph completed (nothing left to r
 task returns the stored result)."""
 
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
+
+#: The fencing token of a new run's first lease (every takeover then increments it).
+FIRST_FENCING_TOKEN = 1
 
 #: Statuses whose last round has ended: the run is at rest until a caller continues it.
 ENDED_STATUSES: tuple[RunStatus, ...] = ("stopped", "finished")

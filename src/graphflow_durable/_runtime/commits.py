@@ -1,20 +1,23 @@
 """The write path of a run session: its transitions handed to the store's writer, and their outcomes.
 
 :class:`Commits` is held by the :class:`~graphflow_durable._runtime.session.RunSession` and is the
-one owner of the commits handed over and not waited for yet (a parallel batch's answers). It moves
-the session's head as the store's writer answers; :meth:`RunSession.write` is its one caller
-while a run is under way.
+one owner of the commits handed over and not waited for yet (a parallel batch's answers), and of a
+new run's creation, which waits for the round's first commit to go with it. It moves the session's
+head as the store's writer answers; :meth:`RunSession.write` is its one caller while a run is under
+way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from graphflow_durable._model.records import AgentStateRow
 from graphflow_durable.errors import LeaseLostError
-from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step
+from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step
 
 if TYPE_CHECKING:  # the session holds its write path
     from graphflow_durable._runtime.session import RunSession
@@ -30,8 +33,45 @@ class Commits:
 
     def __init__(self, session: RunSession) -> None:
         self._session = session
-        # Commits handed over and not waited for yet (a batch's answers), with their expected heads.
-        self._unsettled: list[tuple[int, asyncio.Future[int]]] = []
+        # Commits handed over and not waited for yet (a batch's answers), with their expected heads;
+        # a new run's creation is one of them (expected head 0, its future gives the run's record).
+        self._unsettled: list[tuple[int, asyncio.Future[Any]]] = []
+        # A new run's first step and agent states, to be created with the first commit.
+        self._creation: tuple[Step, Sequence[AgentStateRow]] | None = None
+        self._creating: asyncio.Future[RunRecord] | None = None  # handed over, not settled yet
+        self._refused = False  # the creation failed: the run id is not this session's run
+
+    @property
+    def created(self) -> bool:
+        """Whether the session's run exists as this session made or found it: not still to be
+        created with the first commit, nor created by a commit not settled yet, nor refused (a
+        run of that id made by another driver meanwhile)."""
+        return self._creation is None and self._creating is None and not self._refused
+
+    def attached(self) -> None:
+        """A new attach: a creation the last one had refused says nothing of the run found now."""
+        self._refused = False
+
+    def create_with_first(self, step: Step, agent_states: Sequence[AgentStateRow]) -> None:
+        """Create the run (``step`` its first, with ``agent_states``) together with the next commit:
+        in one transaction, one fsync. Until then nothing of the run is in the store."""
+        self._creation = (step, agent_states)
+
+    def create(self) -> asyncio.Future[RunRecord]:
+        """Hand the run's creation over now (with the first step given to :meth:`create_with_first`
+        if there is one, else at head 0); the future gives its record once it is durable."""
+        session = self._session
+        first_step, agent_states = self._creation or (None, ())
+        self._creation = None
+        return session.store.submit_create_run(
+            session.run_id,
+            graph_fingerprint=session.fingerprint,
+            graph=session.graph_description,
+            owner=session.owner,
+            lease_seconds=session.lease_seconds,
+            first_step=first_step,
+            agent_states=agent_states,
+        )
 
     async def write(
         self,
@@ -55,16 +95,22 @@ class Commits:
         its failure, the first in order, rather than its own refusal that followed from it.
         """
         session = self._session
+        store = session.store
         try:
-            future = session.store.submit_commit(
-                session.run_id,
-                expected_head=session.head,
-                fencing_token=session.lease.token,
-                step=step,
-                messages=messages,
-                agent_states=session.states.encode(states, messages, session.head + 1),
-                update=update,
-            )
+            # A run still to be created goes in the same transaction as its first commit.
+            with store.together() if self._creation is not None else contextlib.nullcontext():
+                if self._creation is not None:
+                    self._creating = self.create()
+                    self._unsettled.append((0, self._creating))
+                future = store.submit_commit(
+                    session.run_id,
+                    expected_head=session.head,
+                    fencing_token=session.lease.token,
+                    step=step,
+                    messages=messages,
+                    agent_states=session.states.encode(states, messages, session.head + 1),
+                    update=update,
+                )
         except BaseException:
             session.states.clear()  # it remembered this commit's states: write the next ones whole
             raise
@@ -85,12 +131,18 @@ class Commits:
         cancelled = False
         for _, future in unsettled:
             cancelled = await _settled(future) or cancelled
+        creating, self._creating = self._creating, None
+        if creating is not None and creating.done() and creating.exception() is not None:
+            self._refused = True  # never write on (nor release) a run this session did not create
         failure = None
         for expected, future in unsettled:
             error = future.exception()  # read even after a failure: none is logged as never retrieved
             if failure is None:  # the ones after a failure were refused because of it
                 failure = error
-                session.head = expected if error is not None else future.result()
+                if error is not None:
+                    session.head = expected
+                elif future is not creating:
+                    session.head = future.result()
         if failure is not None:
             session.states.clear()  # it remembered the failed commits' states: write the next ones whole
             raise failure
@@ -102,6 +154,9 @@ class Commits:
         The error that ended the run is the one the caller sees: a failure here is logged (a lost
         lease as :meth:`RunSession.lost` says it) and the team is marked out of step with the store."""
         session = self._session
+        if self._creation is not None:  # the round ended before its first commit: create the run alone
+            self._creating = self.create()
+            self._unsettled.append((0, self._creating))
         try:
             await self.settle()
         except LeaseLostError as exc:

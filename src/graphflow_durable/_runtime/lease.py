@@ -112,6 +112,8 @@ class RunLease:
         """Renew the lease once (raises what the store raises); on success, note when. Returns when a
         cancel of the run was requested from another process (``None``: it was not)."""
         session = self._session
+        if not session.commits.created:
+            return None  # created with the round's first commit (or refused): no lease stored to renew
         started = time.monotonic()
         beat = session.store.heartbeat(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
         self.confirmed_at = started

@@ -43,6 +43,7 @@ from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreEr
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     ENDED_STATUSES,
+    FIRST_FENCING_TOKEN,
     AgentStateRecord,
     MessageRecord,
     RunRecord,
@@ -163,38 +164,30 @@ class RunSession:
         started = time.monotonic()
         run = store.get_run(self.run_id)
         self.resumed_round, self.said_lost, self.cancelling = None, False, None
+        self.commits.attached()
         if run is None:
             self.states.clear()
-            first: dict[str, Any] = {}
-            if self.pending_import is None:  # the first snapshot goes in the creating transaction
+            if self.pending_import is None:
+                # Created in one transaction with the round's first commit (Commits.write): a new
+                # run's row, its first snapshot of every agent and that commit cost one commit.
                 await self.team.reset_if_used()
-                cursor = Cursor.fresh(initial(self.spec))
-                states = await self.team.agent_states()
-                first = {
-                    "first_step": Step(StepKind.CREATED, None, cursor.to_json(self.spec)),
-                    "agent_states": self.states.encode(states, (), 1),
-                }
+                step = Step(StepKind.CREATED, None, Cursor.fresh(initial(self.spec)).to_json(self.spec))
+                states = self.states.encode(await self.team.agent_states(), (), 1)
+                self.commits.create_with_first(step, states)
+                self.head, self.synced = 1, True
+                self.lease.created(FIRST_FENCING_TOKEN, started)
+                return None
             try:
-                # The store's writer creates it (with other runs' commits): the loop runs on.
-                run = await store.submit_create_run(
-                    self.run_id,
-                    graph_fingerprint=self.fingerprint,
-                    graph=self.graph_description,
-                    owner=self.owner,
-                    lease_seconds=self.lease_seconds,
-                    **first,
-                )
+                run = await self.commits.create()
             except BaseException:
                 self.states.clear()
                 raise
             self.head, self.synced = run.head_seq, True
             self.lease.created(run.fencing_token, started)
-            if self.pending_import is not None:
-                # A loaded state: the run's status is the state's (a finished one runs nothing).
-                await import_state(self, self.pending_import, origin=0)
-                await restore(self)
-                return store.get_run(self.run_id)
-            return None
+            # A loaded state: the run's status is the state's (a finished one runs nothing).
+            await import_state(self, self.pending_import, origin=0)
+            await restore(self)
+            return store.get_run(self.run_id)
         self.check_graph(run)
         await asyncio.to_thread(self.lease.take)
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
@@ -229,8 +222,8 @@ class RunSession:
         self.fatal = None
         if not clean:
             self.synced = False
-        if self.lease.released:
-            return  # the round's last commit recorded its end and gave the lease up
+        if self.lease.released or not self.commits.created:
+            return  # the round's last commit recorded its end and gave the lease up; or no run of ours
         try:
             run = store.get_run(self.run_id)
             if run is not None and run.status == "running" and run.fencing_token == self.lease.token:

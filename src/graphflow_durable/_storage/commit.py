@@ -14,6 +14,7 @@ from typing import Any
 
 from graphflow_durable._model.codec import dumps
 from graphflow_durable._model.records import (
+    FIRST_FENCING_TOKEN,
     RUN_STATUSES,
     AgentStateRow,
     MessageRecord,
@@ -90,7 +91,7 @@ def encode_creation(
         "lease_host": socket.gethostname() if host is None else host,
         "lease_pid": pid,
         "lease_process": process_identity(pid),
-        "fencing_token": 1,
+        "fencing_token": FIRST_FENCING_TOKEN,
         "parent_run_id": parent_run_id,
         "created_at": now,
         "updated_at": now,
@@ -99,7 +100,7 @@ def encode_creation(
     }
     first = None
     if first_step is not None:
-        first = encode_commit(run_id, 0, 1, now, first_step, (), agent_states, None)
+        first = encode_commit(run_id, 0, FIRST_FENCING_TOKEN, now, first_step, (), agent_states, None)
         run["head_seq"] = 1
     return CreateParams(run, first)
 

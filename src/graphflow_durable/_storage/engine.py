@@ -40,7 +40,16 @@ from graphflow_durable._storage.urls import (
 )
 from graphflow_durable.errors import StoreError
 
-__all__ = ["Engines", "describe", "guarded", "open_engines", "peek_sqlite_tables", "safe_url", "store_error"]
+__all__ = [
+    "Engines",
+    "describe",
+    "guarded",
+    "open_engines",
+    "peek_sqlite_tables",
+    "read_row",
+    "safe_url",
+    "store_error",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -96,6 +105,28 @@ def guarded(engines: Engines, action: str, *, run_id: str | None = None) -> Iter
             yield
         except (sa.exc.SQLAlchemyError, engines.driver_error) as exc:
             raise store_error(engines, action, exc, run_id=run_id) from exc
+
+
+def read_row(engines: Engines, sql: str, params: Any) -> dict[str, Any] | None:
+    """The first row of one driver-SQL statement as a dict (``None``: no row), read on a raw pooled
+    connection: one statement is its own consistent read, so SQLAlchemy's connection and
+    transaction machinery (~0.07 ms on SQLite, more than the read) is skipped. Run it under
+    :func:`guarded`: a driver error is raised as it is, its connection never reused if broken."""
+    dbapi = engines.engine.raw_connection()
+    try:
+        cursor = dbapi.cursor()
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return dict(zip([column[0] for column in cursor.description], row, strict=True))
+    except engines.driver_error as exc:
+        error: Any = exc  # the dialect's own driver error
+        if engines.engine.dialect.is_disconnect(error, dbapi.dbapi_connection, None):
+            dbapi.invalidate(exc)
+        raise
+    finally:
+        dbapi.close()  # back to the pool, which ends the read (PostgreSQL: its implicit transaction)
 
 
 def store_error(

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._model.records import (
+    FIRST_FENCING_TOKEN,
     RUN_STATUSES,
     RunLog,
     RunRecord,
@@ -256,7 +257,7 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
         "lease_pid": None,
         "lease_expires_at": None,
         "lease_process": None,
-        "fencing_token": 1,
+        "fencing_token": FIRST_FENCING_TOKEN,
     }
     try:
         conn.execute(S.INSERT_RUN, values)

@@ -14,11 +14,13 @@ resolves only after the group's transaction committed: a caller never sees its c
 durable. A new run (its row, first step and agent states) is an item of the queue like a commit.
 Commits are written in the order they were handed over, so one run's commits stay ordered: a run
 hands over the answers of a parallel batch without waiting for each (they join one group), and
-waits for them all before its next dispatch. A coroutine's futures are set on its own event loop
-(no second future chained to it).
+waits for them all before its next dispatch. Items handed over :meth:`~CommitWriter.together`
+always share a group (a new run and its first commit: one transaction), and one of them after a
+failed one of the same run is not written: it fails with that item's error. A coroutine's futures
+are set on its own event loop (no second future chained to it).
 
-It runs precompiled statements (``statements.HotPath``) on a raw DBAPI connection; on PostgreSQL
-each commit's head move and inserts go in one round trip (psycopg's pipeline mode).
+It runs a group's transaction on a raw DBAPI connection; what each item of the group writes is
+``items.GroupItems``'s.
 """
 
 from __future__ import annotations
@@ -28,47 +30,21 @@ import contextlib
 import os
 import queue
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._storage.commit import CommitParams, CreateParams, refusal, run_exists
+from graphflow_durable._storage.commit import CommitParams, CreateParams
 from graphflow_durable._storage.engine import Engines, store_error
-from graphflow_durable._storage.rows import run_record
-from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
+from graphflow_durable._storage.items import GroupItems, Item
+from graphflow_durable.errors import UsageError
 
 __all__ = ["CommitWriter"]
 
 #: At most this many commits go in one group (bounds a group's transaction and its latency).
 MAX_GROUP = 64
-
-
-@dataclass
-class _Commit:
-    """One commit (or a new run: :class:`CreateParams`) handed to the writer, and what became of
-    it: ``waiter`` (a coroutine's, on ``loop``) or ``future`` (a thread's) gives ``result`` (a
-    commit's new head, a new run's record) or the error."""
-
-    params: CommitParams | CreateParams
-    loop: asyncio.AbstractEventLoop | None = None
-    future: Future[Any] = field(default_factory=Future)
-    waiter: asyncio.Future[Any] | None = None
-    result: Any = None
-    error: BaseException | None = None
-
-    @property
-    def run_id(self) -> str:
-        if isinstance(self.params, CreateParams):
-            return str(self.params.run["run_id"])
-        return str(self.params.run["p_run_id"])
-
-    @property
-    def action(self) -> str:
-        if isinstance(self.params, CreateParams):
-            return f"creating run {self.run_id}"
-        return f"committing step {int(self.params.run['p_expected']) + 1} of run {self.run_id}"
 
 
 class _Busy(Exception):
@@ -82,16 +58,14 @@ class CommitWriter:
         self._e = engines
         dialect = engines.engine.dialect
         self._driver_error: type[Any] = dialect.loaded_dbapi.Error
-        self._integrity_error: type[Any] = dialect.loaded_dbapi.IntegrityError
-        self._hot = HotPath.for_dialect(dialect)
+        self._items = GroupItems(engines)
         self._kept: Any = None  # SQLite: the writer thread's connection, kept between groups
         self._kept_timeout = 0  # its busy timeout now (ms)
         self._busy_ms = int(engines.target.timeout * 1000) if engines.dialect == "sqlite" else 0
         # sqlite3 runs with isolation_level=None (see engine): the commit path must BEGIN itself.
         self._begin = "BEGIN IMMEDIATE" if engines.dialect == "sqlite" else None
-        # psycopg's pipeline mode (libpq >= 14): one round trip for the statements of a commit.
-        self._pipeline = engines.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
-        self._inbox: queue.SimpleQueue[_Commit | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[list[Item] | None] = queue.SimpleQueue()
+        self._held = threading.local()  # .items: what this thread hands over at the end of together()
         self._thread: threading.Thread | None = None
         self._pid: int | None = None  # the process the thread runs in
         self._start_lock = threading.Lock()
@@ -109,9 +83,15 @@ class CommitWriter:
         writer idle, write it here); the future gives the new head (a new run: its record) once it
         is durable, or raises why not: a :class:`StoreError` (a database error, its driver error
         chained) or the guard's refusal (``LeaseLostError``, ``ConflictError``...)."""
-        item = _Commit(params)
+        if getattr(self._held, "items", None) is not None:
+            raise UsageError(
+                "a blocking commit inside Store.together() would wait for itself: use submit_commit() "
+                "or submit_create_run() there, or commit outside the block",
+                option="together",
+            )
+        item = Item(params)
         item.future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
-        self._hand_over(item)
+        self._hand_over([item])
         return item.future
 
     def submit_async(
@@ -119,12 +99,37 @@ class CommitWriter:
     ) -> asyncio.Future[Any]:
         """:meth:`submit` for a coroutine on ``loop``: an asyncio future, set on that loop by the
         writer thread (no concurrent future chained to it). Cancelling it does not stop the commit."""
-        item = _Commit(params, loop, waiter=loop.create_future())
-        self._hand_over(item)
+        item = Item(params, loop, waiter=loop.create_future())
+        held: list[Item] | None = getattr(self._held, "items", None)
+        if held is not None:
+            held.append(item)
+        else:
+            self._hand_over([item])
         assert item.waiter is not None
         return item.waiter
 
-    def _hand_over(self, item: _Commit) -> None:
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Hold what this thread hands over to :meth:`submit_async` inside the block, and hand it
+        over as one unit when the block ends: written in one group (one transaction). Nested
+        blocks join the outermost one."""
+        if getattr(self._held, "items", None) is not None:
+            yield
+            return
+        held: list[Item] = []
+        self._held.items = held
+        try:
+            yield
+        finally:
+            self._held.items = None
+            last: dict[str, Item] = {}
+            for item in held:
+                item.after = last.get(item.run_id)
+                last[item.run_id] = item
+            if held:
+                self._hand_over(held)
+
+    def _hand_over(self, items: list[Item]) -> None:
         with self._start_lock:
             if self.closed:
                 raise RuntimeError("the store is closed; open a new Store to write")
@@ -133,35 +138,37 @@ class CommitWriter:
                 self._kept = self._thread = None
             inline = self._inline and self._inbox.empty() and self._writing.acquire(blocking=False)
             if not inline:
-                self._queue(item)
+                self._queue(items)
                 return
         try:
-            self._write_group([item], nowait=True)
+            self._write_group(items, nowait=True)
             return
         except _Busy:  # another connection holds SQLite's write lock: the thread waits for it
             pass
         finally:
             self._writing.release()
-        self._requeue(item)
+        self._requeue(items)
 
-    def _requeue(self, item: _Commit) -> None:
-        """Hand an inline commit that found the database locked to the thread after all."""
+    def _requeue(self, items: list[Item]) -> None:
+        """Hand inline commits that found the database locked to the thread after all."""
         with self._start_lock:
             if self._closed:  # closed meanwhile: the thread may have stopped already
-                item.error = RuntimeError("the store is closed; open a new Store to write")
-                _settle(item)
+                for item in items:
+                    item.error = RuntimeError("the store is closed; open a new Store to write")
+                    _settle(item)
             else:
-                self._queue(item)
+                self._queue(items)
 
-    def _queue(self, item: _Commit) -> None:
-        """Put ``item`` in the thread's queue, starting the thread if it is not running yet (a short
-        run on SQLite NORMAL may never need it). Called with ``_start_lock`` held."""
+    def _queue(self, items: list[Item]) -> None:
+        """Put ``items`` (written in one group) in the thread's queue, starting the thread if it is
+        not running yet (a short run on SQLite NORMAL may never need it). Called with
+        ``_start_lock`` held."""
         if self._thread is None:
             thread = threading.Thread(target=self._work, args=(self._inbox,), daemon=True)
             thread.name = "graphflow-durable-writer"
             thread.start()
             self._thread = thread
-        self._inbox.put(item)
+        self._inbox.put(items)
 
     @property
     def closed(self) -> bool:
@@ -183,28 +190,28 @@ class CommitWriter:
 
     # -- the writer thread -------------------------------------------------------------------
 
-    def _work(self, inbox: queue.SimpleQueue[_Commit | None]) -> None:
+    def _work(self, inbox: queue.SimpleQueue[list[Item] | None]) -> None:
         while True:
             first = inbox.get()
             if first is None:
                 return
-            group = [first]
+            group = list(first)
             stop = False
             while len(group) < MAX_GROUP:
                 try:
-                    item = inbox.get_nowait()
+                    items = inbox.get_nowait()
                 except queue.Empty:
                     break
-                if item is None:
+                if items is None:
                     stop = True
                     break
-                group.append(item)
+                group.extend(items)
             with self._writing:
                 self._write_group(group)
             if stop:
                 return
 
-    def _write_group(self, group: list[_Commit], *, nowait: bool = False) -> None:
+    def _write_group(self, group: list[Item], *, nowait: bool = False) -> None:
         try:
             with self._e.serial:  # in-memory SQLite: one connection for every thread
                 self._transaction(group, nowait)
@@ -230,7 +237,7 @@ class CommitWriter:
                 except RuntimeError:  # that loop is closed: nobody waits for this any more
                     pass
 
-    def _transaction(self, group: list[_Commit], nowait: bool = False) -> None:
+    def _transaction(self, group: list[Item], nowait: bool = False) -> None:
         """Write the group in one transaction; note each refused or failed commit on its item.
 
         ``nowait`` (SQLite, inline): raise :class:`_Busy` at once, instead of waiting the busy
@@ -251,7 +258,11 @@ class CommitWriter:
                 self._begin_immediate(cursor, nowait)
             alone = len(group) == 1  # no savepoint: the transaction itself is the commit's
             for item in group:
-                item.error = self._apply(dbapi, cursor, item, savepoint=not alone)
+                after = item.after
+                if after is not None and after.error is not None:
+                    item.error = after.error  # it followed from that one: not written
+                else:
+                    item.error = self._items.apply(dbapi, cursor, item, savepoint=not alone)
             dbapi.commit()
             committed = True
         except self._driver_error as exc:
@@ -277,96 +288,8 @@ class CommitWriter:
                 raise _Busy from None
             raise
 
-    def _apply(self, dbapi: Any, cursor: Any, item: _Commit, *, savepoint: bool) -> BaseException | None:
-        """One commit of the group: ``None`` when it was written, else why not. With ``savepoint``
-        it runs after one and a refused or failed commit is rolled back to it, the group's other
-        commits untouched; without (a group of one), the transaction is rolled back."""
-        params = item.params
-        if isinstance(params, CreateParams):
-            return self._create(dbapi, cursor, item, params, savepoint)
-        update_head = self._hot.update_head[bool(params.messages), params.updates_run]
-        try:
-            if self._pipeline:
-                moved = self._apply_pipelined(dbapi, cursor, update_head, params, savepoint)
-            else:
-                if savepoint:
-                    cursor.execute("SAVEPOINT graphflow_commit")
-                cursor.execute(update_head.sql, update_head.bind(params.run))
-                moved = cursor.rowcount == 1
-                if moved:
-                    self._insert_rows(cursor, params)
-        except self._integrity_error as exc:  # the head moved, so the rows themselves are wrong
-            self._undo(dbapi, cursor, savepoint)
-            failed: BaseException = exc
-            return failed
-        if moved:
-            item.result = int(params.run["p_new_head"])
-            return None
-        self._undo(dbapi, cursor, savepoint)
-        select = self._hot.select_lease
-        cursor.execute(select.sql, select.bind(params.run))
-        found = cursor.fetchone()
-        row = None if found is None else LeaseTuple(*found)
-        first_seq = params.messages[0]["seq"] if params.messages else None
-        return refusal(item.run_id, row, int(params.run["p_expected"]), int(params.run["p_token"]), first_seq)
 
-    def _create(
-        self, dbapi: Any, cursor: Any, item: _Commit, params: CreateParams, savepoint: bool
-    ) -> BaseException | None:
-        """A new run's row, and its first step and agent states; refused if the id is taken."""
-        insert = self._hot.insert_run
-        try:
-            if savepoint:
-                cursor.execute("SAVEPOINT graphflow_commit")
-            cursor.execute(insert.sql, insert.bind(params.run))
-            (expires,) = cursor.fetchone()
-            if params.first is not None:
-                self._insert_rows(cursor, params.first)
-        except self._integrity_error:  # the primary key: the run exists
-            self._undo(dbapi, cursor, savepoint)
-            return run_exists(item.run_id, self._e.url)
-        item.result = run_record({**params.run, "lease_expires_at": float(expires)})
-        return None
-
-    @staticmethod
-    def _undo(dbapi: Any, cursor: Any, savepoint: bool) -> None:
-        if savepoint:
-            cursor.execute("ROLLBACK TO SAVEPOINT graphflow_commit")
-        else:
-            dbapi.rollback()
-
-    def _insert_rows(self, cursor: Any, params: CommitParams) -> None:
-        hot = self._hot
-        cursor.execute(hot.insert_step.sql, hot.insert_step.bind(params.step))
-        if params.messages:
-            insert = hot.insert_message
-            cursor.executemany(insert.sql, [insert.bind(row) for row in params.messages])
-        if params.states:
-            insert = hot.insert_state
-            cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
-
-    def _apply_pipelined(
-        self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams, savepoint: bool
-    ) -> bool:
-        """PostgreSQL: the savepoint, the head move and the inserts in one round trip; whether the
-        head moved. If it did not, the inserts ran for nothing (or failed on a key that the winner
-        already wrote): the caller rolls them back."""
-        connection = dbapi.dbapi_connection
-        head = connection.cursor()
-        try:
-            with connection.pipeline():
-                if savepoint:
-                    cursor.execute("SAVEPOINT graphflow_commit")
-                head.execute(update_head.sql, update_head.bind(params.run))
-                self._insert_rows(cursor, params)
-        except self._integrity_error:
-            if head.rowcount == 1:
-                raise
-            return False
-        return bool(head.rowcount == 1)
-
-
-def _settle(item: _Commit) -> None:
+def _settle(item: Item) -> None:
     """Give the caller its commit's outcome (on the caller's loop for a coroutine's)."""
     if item.waiter is None:
         if item.error is None:
@@ -385,8 +308,3 @@ def _running_here(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _pipeline_supported(driver: Any) -> bool:
-    pipeline = getattr(driver, "Pipeline", None)
-    return pipeline is not None and bool(pipeline.is_supported())

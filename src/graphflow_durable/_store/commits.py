@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 from graphflow_durable._agentstate.writer import state_row
 from graphflow_durable._model.records import AgentStateRecord, AgentStateRow, MessageRecord, RunUpdate, Step
@@ -16,7 +17,7 @@ __all__ = ["CommitMethods"]
 
 
 class CommitMethods(StoreBase):
-    """The hot path: :meth:`commit` and :meth:`submit_commit`."""
+    """The hot path: :meth:`commit`, :meth:`submit_commit`, and several handed over :meth:`together`."""
 
     def commit(
         self,
@@ -74,6 +75,19 @@ class CommitMethods(StoreBase):
         """
         params = self._encode(run_id, expected_head, fencing_token, step, messages, agent_states, update)
         return self._writer.submit_async(params, asyncio.get_running_loop())
+
+    def together(self) -> AbstractContextManager[None]:
+        """A block whose :meth:`submit_commit` and :meth:`submit_create_run` calls (from this thread)
+        are handed to the writer together when it ends, and written in one transaction: one fsync
+        (SQLite), one ``COMMIT`` (PostgreSQL). Each is still written or refused on its own, except
+        that one after a failed one of the same run is not written and fails with that error: a run
+        created together with its first commit never gets that commit on a run it did not create.
+
+        Nothing is handed over before the block ends: awaiting one of its futures inside it would
+        wait forever, and the blocking :meth:`commit` and :meth:`create_run` raise
+        :class:`UsageError` there.
+        """
+        return self._writer.together()
 
     def _encode(
         self,

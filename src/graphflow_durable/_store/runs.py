@@ -14,6 +14,7 @@ from graphflow_durable._agentstate.writer import state_row
 from graphflow_durable._model.records import AgentStateRecord, AgentStateRow, RunLog, RunRecord, Step
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.commit import CreateParams, encode_creation, not_found
+from graphflow_durable._storage.engine import read_row
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
 from graphflow_durable._storage.rows import run_record
 from graphflow_durable._storage.schema import runs
@@ -131,8 +132,8 @@ class RunMethods(StoreBase):
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run's row, or ``None`` when there is no such run."""
         select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
-        with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
-            row = conn.exec_driver_sql(select.sql, select.bind({"p_run_id": run_id})).mappings().first()
+        with self._guard(f"reading run {run_id}", run_id):
+            row = read_row(self._e, select.sql, select.bind({"p_run_id": run_id}))
         return None if row is None else run_record(row)
 
     def list_runs(self, status: str | Sequence[str] | None = None) -> list[RunRecord]:

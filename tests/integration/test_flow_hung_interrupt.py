@@ -26,7 +26,10 @@ TESTS = Path(__file__).parents[1]
 GRACE = 1.0
 
 SCRIPT = """
-import asyncio, os, sys
+import asyncio, os, signal, sys
+# Ctrl+C as in a terminal, however the tests were started (a shell's background job inherits SIGINT
+# ignored, and so would this process).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 from agents import Scripted
 from autogen_agentchat.teams import DiGraphBuilder

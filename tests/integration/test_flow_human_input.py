@@ -14,7 +14,7 @@ from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.teams import DiGraphBuilder
 
 from graphflow_durable import DurableGraphFlow, HumanInput, NotWaitingError, RunNotFoundError, Store
-from graphflow_durable.cli.runs import EXIT_CONFLICT, main
+from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, main
 from graphflow_durable.store import InputRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -215,6 +215,11 @@ async def test_an_answer_to_a_cancelled_run_is_refused_and_the_resumed_run_asks_
     assert len(err) == 1 and "run r is cancelled" in err[0] and "nothing was changed" in err[0], err
     assert team.store.get_run("r").status == "cancelled"  # type: ignore[union-attr]
     assert [(r.request_id, r.status) for r in team.store.pending_requests("r")] == [("H/3", "pending")]
+    assert main(["runs", "show", "r", "--store", store_url]) == EXIT_OK
+    shown = capsys.readouterr().out.splitlines()
+    assert not [line for line in shown if line.startswith("waits for")]  # a cancelled run waits for nothing
+    asked = [line for line in shown if line.startswith("asked")]
+    assert len(asked) == 1 and "H/3: H asks" in asked[0] and "once the run is resumed" in asked[0], shown
     again = await one(store_url, human_input="wait").run()  # resumed: H asks again and waits
     assert again.stop_reason is not None and again.stop_reason.startswith("waiting for input: H")
     assert team.run_info().status == "waiting"  # type: ignore[union-attr]

@@ -158,7 +158,8 @@ class RunSession:
     async def attach(self) -> RunRecord | None:
         """Claim the run and make the team equal to the store's head.
 
-        Returns the run's record, or ``None`` when this call created the run.
+        Returns the run's record, or ``None`` for a new run: it is created in the transaction of
+        the round's first commit (``Commits.create_with_first``), the lease with it.
         """
         store = self.store
         started = time.monotonic()

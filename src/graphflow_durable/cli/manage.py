@@ -138,7 +138,7 @@ def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
         "updated_at": run.updated_at,
     }
     asked = store.pending_requests(run.run_id)  # what a waiting run waits for (or a cancelled one asked)
-    waiting = run.status == "waiting"
+    parked = run.status == "waiting"
     shown["pending"] = [request.to_json() for request in asked]
     if args.json:
         out(json.dumps(shown, sort_keys=True))
@@ -164,11 +164,11 @@ def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
         ("last error", shown["last_error"] or "-"),
         *(
             (
-                "waits for" if waiting else "asked",
+                "waits for" if parked else "asked",
                 f"{r.request_id}: {r.node} asks {r.prompt!r}"
                 + ("" if r.deadline is None else f" (deadline {iso(r.deadline)})")
                 # An answer is refused until the resumed run asks again (and waits).
-                + ("" if waiting else " (open; answer it once the run is resumed and waits again)"),
+                + ("" if parked else " (open; answer it once the run is resumed and waits again)"),
             )
             for r in asked
         ),

@@ -241,6 +241,33 @@ async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_
     assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]
 
 
+async def test_a_run_created_on_a_full_disk_is_its_error_leaves_no_run_and_starts_once_space_is_back(
+    small_disk: SmallDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's row, its first snapshot and the round's first commit are one transaction: on a
+    full disk run() raises the StoreError of creating it (and logs no WARNING beside it), nothing of
+    the run is stored, no agent ran, and once space is back the same run() starts it from the
+    beginning."""
+    url = f"sqlite:///{small_disk.path / 'runs.db'}"
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls) for n in "AB"]
+    team = durable(agents, chain(*agents), url, "full-at-creation")
+    store = team.store
+    assert store.get_run("full-at-creation") is None  # the store is open (its write-ahead log too)
+    small_disk.fill()
+    try:
+        with pytest.raises(StoreError, match=r"creating run full-at-creation failed.*disk is full"):
+            await asyncio.wait_for(team.run(task="go"), 20)
+    finally:
+        small_disk.free()
+    assert calls == []
+    assert store.get_run("full-at-creation") is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    result = await asyncio.wait_for(team.run(task="go"), 20)
+    assert calls == ["A", "B"] and [m.source for m in result.messages] == ["user", "A", "B"]
+    assert store.get_run("full-at-creation").status == "finished"  # type: ignore[union-attr]
+
+
 @pytest.mark.postgres
 async def test_the_database_gone_while_a_run_is_created_is_its_error_and_nothing_half_made(
     server: Server,

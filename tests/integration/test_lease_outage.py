@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agents import Gate, Scripted, chain, close_stores, durable, stored_transcript
+from agents import Gate, Scripted, chain, close_stores, durable, fan, stored_transcript
 from graphflow_durable.errors import RunLockedError, StoreError
 from graphflow_durable.store import Store
 from pgserver import Server
@@ -209,6 +209,47 @@ async def test_a_commit_failing_in_an_outage_raises_its_own_error_and_the_run_re
     await asyncio.wait_for(again.run(), 20)
     assert calls2 == ["B", "C"]
     assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]
+
+
+@pytest.mark.postgres
+async def test_an_outage_while_a_batch_hands_its_answers_over_records_none_and_the_batch_runs_again(
+    server: Server,
+) -> None:
+    """A fan-out's two answers come while PostgreSQL is down: the first is handed over without
+    waiting, the batch's last waits for both; run() raises the first one's error, no answer of the
+    batch is recorded and the join never runs. The next driver, once the lease expired, runs both
+    branches again, then the join."""
+    lease = 1.0
+    calls: list[str] = []
+    gates = {"B1": Gate(), "B2": Gate()}
+    a, d = Scripted("A", calls=calls), Scripted("D", calls=calls)
+    b1, b2 = (Scripted(n, calls=calls, before=gates[n]) for n in ("B1", "B2"))
+    team = durable([a, b1, b2, d], fan(a, b1, b2, d), server.url, "outage-batch", lease_seconds=lease)
+    errors = _first_commit_error(team)
+    running = asyncio.ensure_future(team.run(task="go"))
+    for gate in gates.values():
+        await asyncio.wait_for(gate.started.wait(), 10)
+    await asyncio.to_thread(server.down)
+    try:
+        for gate in gates.values():  # both answer while the server is down
+            gate.open()
+        with pytest.raises(StoreError) as raised:
+            await asyncio.wait_for(running, 20)
+    finally:
+        await asyncio.to_thread(server.up)
+    assert len(errors) == 2 and raised.value is errors[0]  # the first answer's error
+    assert "D" not in calls
+    with Store(server.url) as store:
+        assert [s.node for s in store.load("outage-batch").steps if s.kind == "complete"] == ["A"]
+    await asyncio.sleep(lease + 0.2)
+    calls2: list[str] = []
+    agents2 = [Scripted(n, calls=calls2) for n in ("A", "B1", "B2", "D")]
+    again = durable(
+        agents2, fan(*agents2), server.url, "outage-batch", lease_seconds=lease, lease_owner="next"
+    )
+    await asyncio.wait_for(again.run(), 20)
+    assert sorted(calls2[:2]) == ["B1", "B2"] and calls2[2:] == ["D"]
+    assert sorted(s for s, _ in stored_transcript(again)) == ["A", "B1", "B2", "D", "user"]
 
 
 async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_resumes(

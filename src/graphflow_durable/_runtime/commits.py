@@ -73,6 +73,11 @@ class Commits:
             agent_states=agent_states,
         )
 
+    def _hand_over_creation(self) -> None:
+        """Hand the run's creation over, first among the commits not settled yet."""
+        self._creating = self.create()
+        self._unsettled.append((0, self._creating))
+
     async def write(
         self,
         step: Step,
@@ -100,8 +105,7 @@ class Commits:
             # A run still to be created goes in the same transaction as its first commit.
             with store.together() if self._creation is not None else contextlib.nullcontext():
                 if self._creation is not None:
-                    self._creating = self.create()
-                    self._unsettled.append((0, self._creating))
+                    self._hand_over_creation()
                 future = store.submit_commit(
                     session.run_id,
                     expected_head=session.head,
@@ -131,8 +135,8 @@ class Commits:
         cancelled = False
         for _, future in unsettled:
             cancelled = await _settled(future) or cancelled
-        creating, self._creating = self._creating, None
-        if creating is not None and creating.done() and creating.exception() is not None:
+        creating, self._creating = self._creating, None  # among the unsettled: done now
+        if creating is not None and creating.exception() is not None:
             self._refused = True  # never write on (nor release) a run this session did not create
         failure = None
         for expected, future in unsettled:
@@ -155,8 +159,7 @@ class Commits:
         lease as :meth:`RunSession.lost` says it) and the team is marked out of step with the store."""
         session = self._session
         if self._creation is not None:  # the round ended before its first commit: create the run alone
-            self._creating = self.create()
-            self._unsettled.append((0, self._creating))
+            self._hand_over_creation()
         try:
             await self.settle()
         except LeaseLostError as exc:

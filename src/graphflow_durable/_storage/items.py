@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from graphflow_durable._storage.commit import CommitParams, CreateParams, refusal, run_exists
@@ -34,7 +34,7 @@ class Item:
     params: CommitParams | CreateParams
     loop: asyncio.AbstractEventLoop | None = None
     after: Item | None = None  # handed over together before this one, of the same run
-    future: Future[Any] = field(default_factory=Future)
+    future: Future[Any] | None = None  # a thread's (a coroutine's item has a waiter instead)
     waiter: asyncio.Future[Any] | None = None
     result: Any = None
     error: BaseException | None = None

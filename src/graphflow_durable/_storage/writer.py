@@ -89,10 +89,10 @@ class CommitWriter:
                 "or submit_create_run() there, or commit outside the block",
                 option="together",
             )
-        item = Item(params)
-        item.future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
-        self._hand_over([item])
-        return item.future
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()  # handed over: it can no longer be cancelled
+        self._hand_over([Item(params, future=future)])
+        return future
 
     def submit_async(
         self, params: CommitParams | CreateParams, loop: asyncio.AbstractEventLoop
@@ -291,16 +291,13 @@ class CommitWriter:
 
 def _settle(item: Item) -> None:
     """Give the caller its commit's outcome (on the caller's loop for a coroutine's)."""
-    if item.waiter is None:
-        if item.error is None:
-            item.future.set_result(item.result)
-        else:
-            item.future.set_exception(item.error)
-    elif not item.waiter.cancelled():
-        if item.error is None:
-            item.waiter.set_result(item.result)
-        else:
-            item.waiter.set_exception(item.error)
+    outcome = item.future if item.future is not None else item.waiter
+    if outcome is None or (isinstance(outcome, asyncio.Future) and outcome.cancelled()):
+        return  # nobody waits for it any more
+    if item.error is None:
+        outcome.set_result(item.result)
+    else:
+        outcome.set_exception(item.error)
 
 
 def _running_here(loop: asyncio.AbstractEventLoop) -> bool:

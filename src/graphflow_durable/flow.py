@@ -27,6 +27,7 @@ from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
 from graphflow_durable._model.task import task_messages
 from graphflow_durable._runtime import stored
+from graphflow_durable._runtime.commits import to_the_end
 from graphflow_durable._runtime.config import (
     DEFAULT_STORE_ENV,
     DurableGraphFlowConfig,
@@ -273,11 +274,13 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
             try:
                 await session.commits.settle_at_end()
             finally:
-                session.detach(finished_cleanly, failed)
-                if abandoned:
-                    # The abandoned turns may still end in this process: no write of theirs may
-                    # land on the run another process now drives (a token no lease ever has).
-                    session.lease.token = -1
+                try:
+                    await to_the_end(session.detach(finished_cleanly, failed))
+                finally:
+                    if abandoned:
+                        # The abandoned turns may still end in this process: no write of theirs may
+                        # land on the run another process now drives (a token no lease ever has).
+                        session.lease.token = -1
 
     def _earlier_messages(self, output_task_messages: bool) -> list[BaseAgentEvent | BaseChatMessage]:
         """What the interrupted round had produced before this team object resumed it."""

@@ -4,10 +4,13 @@ the team object stays usable (``run()`` resumes; ``reset()`` then ``run(task)`` 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+import logging
+import sqlite3
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+from autogen_agentchat.messages import BaseChatMessage
 from autogen_core import CancellationToken
 
 from agents import Gate, Scripted, chain, close_stores, durable, stored_transcript, text
@@ -92,3 +95,54 @@ async def test_interrupt_stops_dispatching_and_team_object_resumes_then_resets(
     again = await team.run(task="go")
     assert text(again.messages) == reference
     assert again.stop_reason == "Digraph execution is complete"
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
+async def test_an_interrupt_while_an_answer_is_being_committed_records_it_then_the_interrupt(
+    sqlite_url: str, cancels: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A's answer is handed to the writer while another connection holds SQLite's write lock; the
+    consumer task is cancelled meanwhile (a second time: stop waiting for the turns in flight).
+    The event loop runs on (this test releases the lock from it); the task ends only once the
+    answer is committed, and the run's end is recorded after it: ``interrupted``, with A's answer,
+    and ``run()`` goes on from B without running A again. (The end used to be written by a
+    blocking commit on the event loop, queued behind A's: the loop froze for two busy timeouts,
+    the lock was never released, and both A's answer and the end were lost.)"""
+    ref_agents = [Scripted(n) for n in NAMES]
+    reference = text(
+        (await durable(ref_agents, chain(*ref_agents), sqlite_url, "ref").run(task="go")).messages
+    )
+
+    path = sqlite_url.removeprefix("sqlite:///")
+    lock: list[sqlite3.Connection] = []
+
+    async def take_the_write_lock(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        held = sqlite3.connect(path, isolation_level=None)
+        held.execute("BEGIN IMMEDIATE")  # A's answer now waits in the writer for the lock
+        lock.append(held)
+
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls, before=take_the_write_lock if n == "A" else None) for n in NAMES]
+    team = durable(agents, chain(*agents), sqlite_url, "run")
+    running = asyncio.ensure_future(_consume(team.run_stream(task="go")))
+    try:
+        for _ in range(cancels):
+            await asyncio.sleep(0.2)
+            running.cancel()
+        await asyncio.sleep(0.2)
+        assert not running.done()  # the commit has not settled: the task still waits for it
+    finally:
+        lock[0].execute("ROLLBACK")
+        lock[0].close()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(running, 10)
+
+    assert calls == ["A"]
+    assert team.run_info().status == "interrupted"
+    assert stored_transcript(team) == reference[:2]  # the task, then A's answer: it was committed
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == cancels - 1  # a second cancel: one line, for the turn it stopped waiting for
+    assert all("did not end within interrupt_grace_seconds" in w for w in warnings)
+    await team.run()
+    assert calls == list(NAMES)
+    assert stored_transcript(team) == reference

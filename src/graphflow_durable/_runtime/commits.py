@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from graphflow_durable._model.records import AgentStateRow
 from graphflow_durable.errors import LeaseLostError
@@ -22,7 +22,9 @@ from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, 
 if TYPE_CHECKING:  # the session holds its write path
     from graphflow_durable._runtime.session import RunSession
 
-__all__ = ["Commits"]
+__all__ = ["Commits", "to_the_end"]
+
+T = TypeVar("T")
 
 #: The write path acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
@@ -40,6 +42,8 @@ class Commits:
         self._creation: tuple[Step, Sequence[AgentStateRow]] | None = None
         self._creating: asyncio.Future[RunRecord] | None = None  # handed over, not settled yet
         self._refused = False  # the creation failed: the run id is not this session's run
+        # The commit handed over last: the writer writes in order, so once it is done all are.
+        self._last: asyncio.Future[int] | None = None
 
     @property
     def created(self) -> bool:
@@ -119,6 +123,7 @@ class Commits:
             session.states.clear()  # it remembered this commit's states: write the next ones whole
             raise
         self._unsettled.append((session.head, future))
+        self._last = future
         if not wait:
             session.head += 1
             return session.head
@@ -160,6 +165,9 @@ class Commits:
         session = self._session
         if self._creation is not None:  # the round ended before its first commit: create the run alone
             self._hand_over_creation()
+        # An abandoned turn's answer may still be in the writer (its handler, not this round, waits
+        # for it): the run's end is read and recorded after it.
+        cancelled = self._last is not None and await _settled(self._last)
         try:
             await self.settle()
         except LeaseLostError as exc:
@@ -172,15 +180,39 @@ class Commits:
                 session.run_id,
                 exc,
             )
+        if cancelled:
+            raise asyncio.CancelledError
 
 
-async def _settled(future: asyncio.Future[int]) -> bool:
+async def to_the_end(awaitable: Awaitable[T]) -> T:
+    """Run ``awaitable`` as a task of its own and wait for its end through any number of
+    cancellations, which never reach it; then raise the cancellation if one arrived (its own
+    error, if it failed, is retrieved and dropped then), else return its result."""
+    task = asyncio.ensure_future(awaitable)
+    if await _settled(task):
+        if not task.cancelled():
+            task.exception()
+        raise asyncio.CancelledError
+    return task.result()
+
+
+async def _settled(future: asyncio.Future[Any]) -> bool:
     """Wait until ``future`` is done, through any number of cancellations; whether one arrived (the
-    caller raises it once everything it waits for settled)."""
+    caller raises it once everything it waits for settled). A cancellation cancels only the waiter,
+    never ``future``: the writer's outcome still arrives (cheaper than ``asyncio.wait`` or
+    ``shield``, which wrap every wait in more futures and callbacks)."""
     cancelled = False
     while not future.done():
+        waiter = future.get_loop().create_future()
+
+        def wake(_: asyncio.Future[Any], waiter: asyncio.Future[None] = waiter) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        future.add_done_callback(wake)
         try:
-            await asyncio.wait([future])
+            await waiter
         except asyncio.CancelledError:
             cancelled = True
+            future.remove_done_callback(wake)
     return cancelled

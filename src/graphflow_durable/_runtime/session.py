@@ -209,7 +209,7 @@ class RunSession:
         self.synced = True
         return store.get_run(self.run_id)
 
-    def detach(self, clean: bool, failed: bool) -> None:
+    async def detach(self, clean: bool, failed: bool) -> None:
         """Record how the run ended if the manager did not (interrupted or failed); free the lease.
 
         Best effort, so that the error that ended the run is the one the caller sees: when the
@@ -218,6 +218,10 @@ class RunSession:
         released lease lets the next driver resume the run at once (it shows ``running`` with no
         owner until then); a lease that could not be released is no longer renewed, so the next
         driver's attach takes the run over once it expires, and resumes it.
+
+        Neither write blocks the event loop (the other runs of the process, their lease renewals):
+        the end goes to the store's writer like any commit, the release to a thread. The caller
+        awaits this through cancellations (:func:`~graphflow_durable._runtime.commits.to_the_end`).
         """
         store = self.store
         self.fatal = None
@@ -228,7 +232,7 @@ class RunSession:
         try:
             run = store.get_run(self.run_id)
             if run is not None and run.status == "running" and run.fencing_token == self.lease.token:
-                self.head = store.commit(
+                self.head = await store.submit_commit(
                     self.run_id,
                     expected_head=run.head_seq,
                     fencing_token=self.lease.token,
@@ -245,7 +249,7 @@ class RunSession:
                 exc,
             )
         try:
-            store.release_lease(self.run_id, self.lease.token)
+            await asyncio.to_thread(store.release_lease, self.run_id, self.lease.token)
         except StoreError as exc:
             logger.warning(
                 "run %s: releasing its lease failed too (%s); the next driver can resume it once the "

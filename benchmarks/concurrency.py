@@ -11,8 +11,12 @@ Usage::
    SQLite FULL, SQLite NORMAL (one new store file per measurement, shared by its R runs) and
    PostgreSQL. Reported: aggregate transitions/s, its ratio to plain's in the same run, and the
    event loop's wake-up lag (a sampler task sleeps 1 ms in a loop and records the overshoot):
-   p50, p99, max. Memory: one more, untimed, run per configuration under ``tracemalloc`` (Python
-   allocations only, the R teams' construction included), as peak MB and KB per run.
+   p50, p99, max; and the process's CPU time (every thread) per transition, which bounds the
+   throughput when agents answer at once (not reported for rows whose agents wait: the lag
+   sampler's own wake-ups are then most of it). With ``--agent-wait-ms`` each answer first waits
+   that long, as for a model's answer (default 0 and 100 ms): one set of rows each. Memory: one
+   more, untimed, run per configuration under ``tracemalloc`` (Python allocations only, the R
+   teams' construction included), as peak MB and KB per run.
 2. Worker pool (pool_bench.py): W = 1, 2, 4 ``graphflow-durable worker`` processes on
    PostgreSQL, started and idle before the clock starts; the clock runs from the first submission
    of ``--pool-runs`` runs to the last one ended, once with agents that answer at once (CPU-bound:
@@ -100,6 +104,7 @@ async def run_many(
     work: Path,
     postgres_url: str | None,
     *,
+    wait_ms: int = 0,
     trace_memory: bool = False,
 ) -> dict[str, Any]:
     """R runs of the loop at once under ``config``; the clock covers ``gather(team.run() ...)``.
@@ -116,7 +121,7 @@ async def run_many(
         assert postgres_url, "postgres configuration without a URL"
         store = Store(postgres_url)
     try:
-        case = Case("loop", n, size)
+        case = Case("loop", n, size, latency_ms=wait_ms)
         gc.collect()
         if trace_memory:
             tracemalloc.start()
@@ -125,11 +130,12 @@ async def run_many(
         if not trace_memory:
             sampler.start()
             await asyncio.sleep(0)  # the sampler's first sleep starts before the clock does
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         results = await asyncio.gather(*(t.run(task=TASK) for t in teams))
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         out: dict[str, Any] = {
             "seconds": seconds,
+            "cpu_seconds": cpu,
             "transitions": sum(len(res.messages) - 1 for res in results),
         }
         if trace_memory:
@@ -145,20 +151,30 @@ async def run_many(
 
 
 async def bench_concurrency(
-    rs: list[int], configs: list[str], n: int, size: int, repeats: int, work: Path, postgres: str | None
+    rs: list[int],
+    configs: list[str],
+    n: int,
+    size: int,
+    repeats: int,
+    work: Path,
+    postgres: str | None,
+    wait_ms: int = 0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every R, every configuration interleaved (rotated) per repeat; then one traced run each."""
+    """Every R, every configuration interleaved (rotated) per repeat; then one traced run each
+    (agents that answer at once only: a wait changes how long, not how much, is held)."""
     rows: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
     for r in rs:
         tps: dict[str, list[float]] = {c: [] for c in configs}
+        cpu_us: dict[str, list[float]] = {c: [] for c in configs}
         lags: dict[str, list[float]] = {c: [] for c in configs}
         transitions: dict[str, int] = {}
         t_start = time.perf_counter()
         for rep in range(repeats):
             for config in configs[rep % len(configs) :] + configs[: rep % len(configs)]:
-                res = await run_many(config, r, n, size, work, postgres)
+                res = await run_many(config, r, n, size, work, postgres, wait_ms=wait_ms)
                 tps[config].append(res["transitions"] / res["seconds"])
+                cpu_us[config].append(res["cpu_seconds"] / res["transitions"] * 1e6)
                 lags[config] += res["lags_ms"]
                 transitions[config] = res["transitions"]
         plain = statistics.median(tps["plain"])
@@ -167,6 +183,7 @@ async def bench_concurrency(
             rows.append(
                 {
                     "r": r,
+                    "wait_ms": wait_ms,
                     "config": config,
                     "n": n,
                     "size": size,
@@ -174,13 +191,15 @@ async def bench_concurrency(
                     "transitions_per_s": value,
                     "samples_tps": tps[config],
                     "ratio_to_plain": value / plain,
+                    # With waits the lag sampler's wake-ups are most of the CPU: not reported.
+                    "cpu_us_per_transition": None if wait_ms else statistics.median(cpu_us[config]),
                     "lag_samples": len(lags[config]),
                     "lag_p50_ms": percentile(lags[config], 0.5),
                     "lag_p99_ms": percentile(lags[config], 0.99),
                     "lag_max_ms": max(lags[config], default=None),
                 }
             )
-        if r > 1:  # memory per run: one traced, untimed run per configuration
+        if r > 1 and not wait_ms:  # memory per run: one traced, untimed run per configuration
             for config in configs:
                 peak = (await run_many(config, r, n, size, work, postgres, trace_memory=True))["peak_bytes"]
                 memory.append({"r": r, "config": config, "peak_mb": peak / 1e6, "per_run_kb": peak / r / 1e3})
@@ -189,7 +208,7 @@ async def bench_concurrency(
             for row in rows
             if row["r"] == r
         )
-        print(f"[R={r}] {summary} ({time.perf_counter() - t_start:.1f}s)", flush=True)
+        print(f"[R={r}, wait {wait_ms} ms] {summary} ({time.perf_counter() - t_start:.1f}s)", flush=True)
     return rows, memory
 
 
@@ -209,14 +228,14 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"### {result['n']}-transition loops ({result['size']} B messages), R at once in one event loop",
         "",
-        "| R | config | transitions/s | x plain | loop lag p50 / p99 / max ms |",
-        "|---:|---|---:|---:|---:|",
+        "| agent wait ms | R | config | transitions/s | x plain | CPU us/transition | loop lag p50 / p99 / max ms |",
+        "|---:|---:|---|---:|---:|---:|---:|",
     ]
     for row in result["concurrency"]:
         out.append(
-            f"| {row['r']} | {row['config']} | {_f(row['transitions_per_s'], '{:.0f}')} |"
-            f" {_f(row['ratio_to_plain'], '{:.2f}')}x | {_f(row['lag_p50_ms'], '{:.2f}')} /"
-            f" {_f(row['lag_p99_ms'])} / {_f(row['lag_max_ms'])} |"
+            f"| {row.get('wait_ms', 0)} | {row['r']} | {row['config']} | {_f(row['transitions_per_s'], '{:.0f}')} |"
+            f" {_f(row['ratio_to_plain'], '{:.2f}')}x | {_f(row.get('cpu_us_per_transition'), '{:.0f}')} |"
+            f" {_f(row['lag_p50_ms'], '{:.2f}')} / {_f(row['lag_p99_ms'])} / {_f(row['lag_max_ms'])} |"
         )
     if result["memory"]:
         out += ["", "### Memory (tracemalloc peak, Python allocations, team construction included)", ""]
@@ -261,6 +280,13 @@ async def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rs", type=_ints, default=None, help="concurrent runs, e.g. 1,10,50,200 (the default)")
     p.add_argument("--transitions", type=int, default=None, help="transitions per run (default 10 quick, 40)")
     p.add_argument("--size", type=int, default=100, help="message size in characters (default 100)")
+    p.add_argument(
+        "--agent-wait-ms",
+        type=_ints,
+        default=None,
+        help="agent answer waits for the R-runs rows, one set of rows each (default 0,100; quick 0): "
+        "0 measures CPU per transition, a wait like a model call's the throughput a user sees",
+    )
     p.add_argument("--workers", type=_ints, default=None, help="worker counts (default 1,2,4; quick 1,2)")
     p.add_argument(
         "--pool-runs", type=int, default=None, help="runs submitted per worker count (4 quick, 100)"
@@ -283,6 +309,7 @@ async def main(argv: list[str] | None = None) -> int:
     counts = args.workers or ([1, 2] if args.quick else [1, 2, 4])
     pool_runs = args.pool_runs or (4 if args.quick else 100)
     latencies = args.pool_latency_ms or ([0] if args.quick else [0, 50])
+    waits = args.agent_wait_ms or ([0] if args.quick else [0, 100])
     cluster = None
     if args.start_postgres:
         sys.path.insert(0, str(HERE.parent / "tests"))
@@ -303,6 +330,7 @@ async def main(argv: list[str] | None = None) -> int:
         "n": n,
         "size": args.size,
         "rs": rs,
+        "agent_wait_ms": waits,
         "lag_interval_ms": LAG_INTERVAL * 1e3,
         "memory_method": "tracemalloc peak (Python allocations), R teams built and run, untimed",
         "machine": machine(),
@@ -315,9 +343,12 @@ async def main(argv: list[str] | None = None) -> int:
         "pool": [],
     }
     try:
-        result["concurrency"], result["memory"] = await bench_concurrency(
-            rs, configs, n, args.size, repeats, work, args.postgres
-        )
+        for wait_ms in waits:
+            rows, memory = await bench_concurrency(
+                rs, configs, n, args.size, repeats, work, args.postgres, wait_ms
+            )
+            result["concurrency"] += rows
+            result["memory"] += memory
         if args.no_pool:
             result["skipped"].append("worker pool (--no-pool)")
         elif not args.postgres:

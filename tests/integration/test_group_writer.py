@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -105,6 +106,52 @@ async def test_the_event_loop_runs_while_a_commit_waits_for_the_database(sqlite_
     # With the commit inline on the loop, the ticker could not have run while the lock was held.
     assert during >= 5
     store.close()
+
+
+async def test_the_event_loop_runs_while_the_check_before_a_dispatch_renews_the_lease(
+    sqlite_url: str,
+) -> None:
+    """The check before a dispatch renews a lease that is not surely fresh (here made to look stale,
+    as after the loop froze past the safety margin); that renewal waits for SQLite's write lock,
+    held by another connection, in a thread: the loop (every other run of the process) runs on."""
+    agents = [Scripted(n) for n in "AB"]
+    team = durable(agents, chain(*agents), sqlite_url, "r")
+    store = team.store
+    submit_commit = store.submit_commit
+    locked, ticks, window = threading.Event(), [0], []
+
+    def hold_the_write_lock() -> None:
+        lock = WriteLock(sqlite_url)
+        locked.set()
+        time.sleep(0.5)
+        window.append(ticks[0])  # ticks counted while the lock was held
+        lock.release()
+
+    def after_a(future: asyncio.Future[int]) -> None:  # A's answer is durable: B's dispatch is next
+        team._session.lease.confirmed_at = time.monotonic() - 1000
+        threading.Thread(target=hold_the_write_lock).start()
+        locked.wait(5)
+        ticks[0] = 0
+
+    def spied(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
+        future = submit_commit(*args, **kwargs)
+        if kwargs["step"].node == "A":
+            future.add_done_callback(after_a)
+        return future
+
+    store.submit_commit = spied  # type: ignore[method-assign]
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            ticks[0] += 1
+
+    running = asyncio.ensure_future(ticker())
+    result = await team.run(task="go")
+    running.cancel()
+    assert [m.source for m in result.messages] == ["user", "A", "B"]
+    assert window and window[0] >= 10  # on the loop, the renewal would have frozen it: no tick
+    assert time.monotonic() - team._session.lease.confirmed_at < 5  # the check did renew
 
 
 async def test_a_cancelled_caller_does_not_cancel_its_commit(sqlite_url: str) -> None:

@@ -131,16 +131,17 @@ class RunLease:
             and exc.current_token == exc.token == self.token
         )
 
-    def valid(self) -> bool:
+    async def valid(self) -> bool:
         """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
-        renewal); when it is not, or the database cannot say, the run is halted."""
+        renewal, in a thread: the event loop runs on while the database answers); when it is not,
+        or the database cannot say, the run is halted."""
         session = self._session
         if session.cancelling is not None:
             return False
         if self.fresh():
             return True
         try:
-            requested = self.renew()
+            requested = await asyncio.to_thread(self.renew)
         except (LeaseLostError, RunNotFoundError) as exc:
             session.lost(exc)
             return False

@@ -320,8 +320,9 @@ class DurableGraphFlowManager(GraphFlowManager):
         return await self._link.write(step, messages, states, update, wait=wait)
 
     async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
-        # A dispatch needs the lease: a monotonic-clock comparison, a renewal only when it is stale.
-        if self._link.halted or not self._link.lease.valid():
+        # A dispatch needs the lease: a monotonic-clock comparison, a renewal only when it is stale
+        # (an interrupt may halt the run while that renewal is under way).
+        if self._link.halted or not await self._link.lease.valid() or self._link.halted:
             logger.info("run %s: halted, not dispatching %s", self._link.run_id, list(speakers))
             return
         await self._log_speaker_selection(list(speakers))

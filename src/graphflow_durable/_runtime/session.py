@@ -219,9 +219,9 @@ class RunSession:
         owner until then); a lease that could not be released is no longer renewed, so the next
         driver's attach takes the run over once it expires, and resumes it.
 
-        Neither write blocks the event loop (the other runs of the process, their lease renewals):
-        the end goes to the store's writer like any commit, the release to a thread. The caller
-        awaits this through cancellations (:func:`~graphflow_durable._runtime.commits.to_the_end`).
+        Nothing here blocks the event loop (the other runs of the process, their lease renewals):
+        the end goes to the store's writer like any commit, the reads and the release to a thread.
+        The caller awaits this through cancellations (``commits.to_the_end``).
         """
         store = self.store
         self.fatal = None
@@ -230,13 +230,16 @@ class RunSession:
         if self.lease.released or not self.commits.created:
             return  # the round's last commit recorded its end and gave the lease up; or no run of ours
         try:
-            run = store.get_run(self.run_id)
+            # Read in a thread too: the end often follows a database fault, and a read then waits
+            # up to the connection's timeouts.
+            run = await asyncio.to_thread(store.get_run, self.run_id)
             if run is not None and run.status == "running" and run.fencing_token == self.lease.token:
+                scheduler = await asyncio.to_thread(store.head_scheduler, self.run_id)
                 self.head = await store.submit_commit(
                     self.run_id,
                     expected_head=run.head_seq,
                     fencing_token=self.lease.token,
-                    step=Step(StepKind.INTERRUPT, None, store.head_scheduler(self.run_id) or {}),
+                    step=Step(StepKind.INTERRUPT, None, scheduler or {}),
                     update=RunUpdate(status=self._end_status(failed), release_lease=True),
                 )
                 return

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from autogen_agentchat.conditions import MaxMessageTermination
@@ -228,3 +231,36 @@ async def test_two_interruptions_in_a_row_keep_what_a_sibling_heard_during_a_ret
     third = team("run", {})
     await third.run(task="go")
     assert stored_transcript(third) == text(reference.messages)
+
+
+async def test_the_event_loop_runs_while_a_new_team_object_reads_the_run_it_resumes(sqlite_url: str) -> None:
+    """A new team object resumes by reading the run's log; the read runs in a thread (here the
+    database is made slow: the read waits 0.3 s), so the process's other runs go on meanwhile."""
+    agents = [Scripted(n) for n in "ABC"]
+    first = durable(agents, chain(*agents), sqlite_url, "r", max_turns=1)
+    await first.run(task="go")  # stopped after A: the next run() resumes it
+
+    fresh = [Scripted(n) for n in "ABC"]
+    team = durable(fresh, chain(*fresh), sqlite_url, "r")
+    store = team.store
+    load = store.load
+    ticks, window = [0], []
+
+    def slow_load(run_id: str) -> Any:
+        ticks[0] = 0
+        time.sleep(0.3)  # on the event loop this would freeze it: no tick
+        window.append(ticks[0])
+        return load(run_id)
+
+    store.load = slow_load  # type: ignore[method-assign]
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            ticks[0] += 1
+
+    running = asyncio.ensure_future(ticker())
+    result = await team.run()
+    running.cancel()
+    assert [m.source for m in result.messages] == ["B", "C"]
+    assert window and all(w >= 5 for w in window)  # every read of the log left the loop free

@@ -8,6 +8,7 @@ session calls them as it attaches, loads and restarts; the flow reads results an
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,10 @@ __all__ = ["import_state", "restore", "state_at_head", "state_of", "stored_resul
 
 
 async def restore(session: RunSession) -> Plan:
-    """Put the session's team at the store's head."""
-    log = session.store.load(session.run_id)
+    """Put the session's team at the store's head. The log is read in a thread: a long run's takes
+    tens of milliseconds (more while the database is unreachable), which the process's other runs
+    would otherwise wait through."""
+    log = await asyncio.to_thread(session.store.load, session.run_id)
     at = plan(log, session.spec, session.team.participant_names)
     await session.team.restore(at, log.agent_states, session.run_id)
     session.states.prime(log.run.message_count)

@@ -155,6 +155,28 @@ def fail_on_turn(turn: int) -> Hook:
     return hook
 
 
+class Ticker:
+    """Counts the event loop's 10 ms ticks while it runs (``async with Ticker() as ticker``): a loop
+    blocked by a call does not tick. ``ticks`` may be read and reset from another thread."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            self.ticks += 1
+
+    async def __aenter__(self) -> Ticker:
+        self._task = asyncio.ensure_future(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
 class Gate:
     """A turn that announces it started and then waits until the test opens the gate.
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,6 +15,7 @@ from agents import (
     CommitSpy,
     Hook,
     Scripted,
+    Ticker,
     chain,
     close_stores,
     durable,
@@ -244,23 +244,16 @@ async def test_the_event_loop_runs_while_a_new_team_object_reads_the_run_it_resu
     team = durable(fresh, chain(*fresh), sqlite_url, "r")
     store = team.store
     load = store.load
-    ticks, window = [0], []
+    ticker, window = Ticker(), []
 
     def slow_load(run_id: str) -> Any:
-        ticks[0] = 0
+        ticker.ticks = 0
         time.sleep(0.3)  # on the event loop this would freeze it: no tick
-        window.append(ticks[0])
+        window.append(ticker.ticks)
         return load(run_id)
 
     store.load = slow_load  # type: ignore[method-assign]
-
-    async def ticker() -> None:
-        while True:
-            await asyncio.sleep(0.01)
-            ticks[0] += 1
-
-    running = asyncio.ensure_future(ticker())
-    result = await team.run()
-    running.cancel()
+    async with ticker:
+        result = await team.run()
     assert [m.source for m in result.messages] == ["B", "C"]
     assert window and all(w >= 5 for w in window)  # every read of the log left the loop free

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from autogen_agentchat.base import TerminationCondition
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMessage
 
-from agents import Scripted, chain, close_stores, durable, stored_transcript
+from agents import Scripted, Ticker, chain, close_stores, durable, stored_transcript
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError, UsageError
 from graphflow_durable.scheduler import GraphSpec, initial
@@ -86,23 +86,14 @@ async def test_commits_that_wait_together_are_written_as_one_group_and_a_refused
 async def test_the_event_loop_runs_while_a_commit_waits_for_the_database(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     _create(store, "r")
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    running = asyncio.ensure_future(ticker())
-    lock = WriteLock(sqlite_url)
-    commit = _step(store, "r", 0)
-    await asyncio.sleep(0.3)
-    assert not commit.done()  # not durable, so not reported
-    during = ticks
-    lock.release()
-    assert await commit == 1
-    running.cancel()
+    async with Ticker() as ticker:
+        lock = WriteLock(sqlite_url)
+        commit = _step(store, "r", 0)
+        await asyncio.sleep(0.3)
+        assert not commit.done()  # not durable, so not reported
+        during = ticker.ticks
+        lock.release()
+        assert await commit == 1
     # With the commit inline on the loop, the ticker could not have run while the lock was held.
     assert during >= 5
     store.close()
@@ -118,20 +109,20 @@ async def test_the_event_loop_runs_while_the_check_before_a_dispatch_renews_the_
     team = durable(agents, chain(*agents), sqlite_url, "r")
     store = team.store
     submit_commit = store.submit_commit
-    locked, ticks, window = threading.Event(), [0], []
+    locked, ticker, window = threading.Event(), Ticker(), []
 
     def hold_the_write_lock() -> None:
         lock = WriteLock(sqlite_url)
         locked.set()
         time.sleep(0.5)
-        window.append(ticks[0])  # ticks counted while the lock was held
+        window.append(ticker.ticks)  # ticks counted while the lock was held
         lock.release()
 
     def after_a(future: asyncio.Future[int]) -> None:  # A's answer is durable: B's dispatch is next
         team._session.lease.confirmed_at = time.monotonic() - 1000
         threading.Thread(target=hold_the_write_lock).start()
         locked.wait(5)
-        ticks[0] = 0
+        ticker.ticks = 0
 
     def spied(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
         future = submit_commit(*args, **kwargs)
@@ -140,15 +131,8 @@ async def test_the_event_loop_runs_while_the_check_before_a_dispatch_renews_the_
         return future
 
     store.submit_commit = spied  # type: ignore[method-assign]
-
-    async def ticker() -> None:
-        while True:
-            await asyncio.sleep(0.01)
-            ticks[0] += 1
-
-    running = asyncio.ensure_future(ticker())
-    result = await team.run(task="go")
-    running.cancel()
+    async with ticker:
+        result = await team.run(task="go")
     assert [m.source for m in result.messages] == ["user", "A", "B"]
     assert window and window[0] >= 10  # on the loop, the renewal would have frozen it: no tick
     assert time.monotonic() - team._session.lease.confirmed_at < 5  # the check did renew

@@ -50,10 +50,11 @@ def test_an_autogen_import_in_the_storage_layer_breaks_the_contracts(tmp_path: P
     assert "graphflow_durable._storage.schema -> autogen_agentchat" in result.stdout
 
 
-LIMIT = 400
+# A module near this size holds two concepts; split by responsibility, not by count.
+LIMIT = 800
 
 
-def test_no_module_of_the_package_is_past_400_lines() -> None:
+def test_no_module_of_the_package_is_past_800_lines() -> None:
     sizes = {
         path.relative_to(PACKAGE).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
         for path in PACKAGE.rglob("*.py")

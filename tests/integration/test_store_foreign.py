@@ -221,9 +221,11 @@ def columns(engine: sa.Engine, table: str) -> list[str]:
         return sorted(column["name"] for column in sa.inspect(conn).get_columns(table))
 
 
-def file_state(path: Path) -> tuple[str, list[str]]:
-    """The file's SHA-256 and the names of the files beside it."""
-    return hashlib.sha256(path.read_bytes()).hexdigest(), sorted(p.name for p in path.parent.iterdir())
+def file_state(path: Path) -> tuple[str, list[str], int]:
+    """The file's SHA-256, the names of the files beside it, and the modification time of their
+    directory, which any file created there since (a -wal or -shm file, even removed again) moves."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digest, sorted(p.name for p in path.parent.iterdir()), path.parent.stat().st_mtime_ns
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -241,7 +243,7 @@ def test_a_sqlite_file_with_its_own_graphflow_runs_table_is_refused_and_left_byt
     assert str(path) in message and "graphflow_runs" in message and "graphflow_schema_version" in message
     assert "nothing was changed" in message and "a database of its own" in message
     assert isinstance(info.value, StoreConfigError) and info.value.option is None
-    assert file_state(path) == before == (before[0], ["app.db"])  # no -wal or -shm either
+    assert file_state(path) == before == (before[0], ["app.db"], before[2])  # no -wal or -shm, ever
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"

@@ -72,6 +72,8 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
             GraphFlow.
         store: a store URL (``sqlite:///runs.db``, ``postgresql://...``, options in the query) or a
             :class:`Store`. Default: ``$GRAPHFLOW_DURABLE_STORE``, else ``./.graphflow_durable/runs.db``.
+            A URL is parsed and its options checked here (nothing is connected or created); the
+            store is opened on first use.
         run_id: the run to create or resume. Default: a new random id (see :attr:`run_id`); inside
             an agent's turn of a durable run (a nested team), the outer turn's idempotency key and
             this team's name, so an interrupted inner team resumes inside when the outer turn runs
@@ -104,6 +106,8 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
         UsageError: (a ``ValueError``) ``run_id`` is not a valid run id.
+        StoreConfigError: (a ``UsageError``) ``store`` is a URL that is malformed or unsupported,
+            or has an unknown option or a bad value (as :class:`Store` says; no password shown).
     """
 
     component_config_schema = DurableGraphFlowConfig

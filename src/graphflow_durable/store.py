@@ -36,8 +36,8 @@ from graphflow_durable._model.records import (
 )
 from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Retry
 from graphflow_durable._storage.checksum import Damage
-from graphflow_durable._storage.engine import open_engines, peek_sqlite_tables
-from graphflow_durable._storage.migrations import current_version, migrate, refuse_foreign
+from graphflow_durable._storage.engine import open_engines, peek_sqlite
+from graphflow_durable._storage.migrations import current_version, migrate, refuse_unowned, survey
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.reading import Verification
 from graphflow_durable._storage.requests import InputRequests
@@ -121,7 +121,10 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
             unsupported, its query has an unknown option or a bad value, or an argument and the
             same option in the URL disagree. A keyword argument for the other backend is ignored.
             Also (``option == "shared"``) when the database holds other tables and no store, and
-            ``shared`` is not set; nothing was created.
+            ``shared`` is not set; and (``option`` ``None``) when it holds tables named like the
+            store's that the store did not create (``graphflow_runs`` and no version table, or a
+            version table it did not write), ``shared`` or not. Nothing was created or changed
+            (a SQLite file is left byte for byte as it was).
         StoreError: the database could not be opened or migrated.
     """
 
@@ -140,9 +143,11 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
         shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
-                if not shared:  # before the engine connects (and turns a SQLite file to WAL)
-                    tables = peek_sqlite_tables(self._e.target)
-                    refuse_foreign(tables or (), url=self._e.url, dialect=self._e.dialect)
+                # Before the engine connects (and turns a SQLite file to WAL): a refused file is
+                # left as it was. The same check is made again by migrate(), on both backends.
+                found = peek_sqlite(self._e.target, survey)
+                if found is not None:
+                    refuse_unowned(found, url=self._e.url, dialect=self._e.dialect, shared=shared)
                 self._version = migrate(self._e.migrate, read=self._e.read, url=self._e.url, shared=shared)
         except BaseException:
             self._e.engine.dispose()

@@ -3,6 +3,7 @@ no store is refused before any DDL, naming the tables, unless the store is told 
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 import uuid
@@ -203,3 +204,144 @@ def test_the_cli_refuses_an_application_database_in_one_line_with_exit_code_2(
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("graphflow-durable: database ") and "customers" in err and "shared=true" in err
     assert tables(raw) == ["customers"]
+
+
+# --- tables with the store's names that the store did not create ---------------------------------
+
+
+def add_table_named_like_ours(engine: sa.Engine) -> None:
+    """Another application's table that happens to be called graphflow_runs (other columns)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE graphflow_runs (id INTEGER PRIMARY KEY, title TEXT)"))
+        conn.execute(sa.text("INSERT INTO graphflow_runs (id, title) VALUES (1, 'theirs')"))
+
+
+def columns(engine: sa.Engine, table: str) -> list[str]:
+    with engine.connect() as conn:
+        return sorted(column["name"] for column in sa.inspect(conn).get_columns(table))
+
+
+def file_state(path: Path) -> tuple[str, list[str], int]:
+    """The file's SHA-256, the names of the files beside it, and the modification time of their
+    directory, which any file created there since (a -wal or -shm file, even removed again) moves."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digest, sorted(p.name for p in path.parent.iterdir()), path.parent.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_sqlite_file_with_its_own_graphflow_runs_table_is_refused_and_left_byte_for_byte_unchanged(
+    tmp_path: Path, shared: bool
+) -> None:
+    path = tmp_path / "app.db"
+    add_table_named_like_ours(engine := sa.create_engine(f"sqlite:///{path}"))
+    engine.dispose()
+    before = file_state(path)
+    with pytest.raises(StoreError) as info:
+        Store(f"sqlite:///{path}", shared=shared)  # shared allows other tables, not a foreign one of ours
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(path) in message and "graphflow_runs" in message and "graphflow_schema_version" in message
+    assert "nothing was changed" in message and "a database of its own" in message
+    assert isinstance(info.value, StoreConfigError) and info.value.option is None
+    assert file_state(path) == before == (before[0], ["app.db"], before[2])  # no -wal or -shm, ever
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    finally:
+        conn.close()
+
+
+def test_a_foreign_graphflow_runs_table_is_refused_on_both_backends_and_nothing_is_created(
+    store_url: str, raw: sa.Engine
+) -> None:
+    add_table_named_like_ours(raw)
+    with pytest.raises(StoreConfigError, match="graphflow_runs"):
+        Store(store_url)
+    assert tables(raw) == ["graphflow_runs"]
+    assert columns(raw, "graphflow_runs") == ["id", "title"]
+    with raw.connect() as conn:
+        assert conn.execute(sa.text("SELECT title FROM graphflow_runs")).scalars().all() == ["theirs"]
+
+
+def test_the_refusal_of_a_foreign_graphflow_runs_table_hides_the_postgresql_password(
+    postgres_database: str,
+) -> None:
+    engine = sa.create_engine(postgres_database)
+    try:
+        add_table_named_like_ours(engine)
+    finally:
+        engine.dispose()
+    url = sa.make_url(postgres_database).set(password="s3cr3t-pw").render_as_string(hide_password=False)
+    with pytest.raises(StoreConfigError, match="graphflow_runs") as info:  # the test server trusts
+        Store(url)
+    assert "s3cr3t-pw" not in str(info.value) and "***" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("ddl", "insert"),
+    [
+        ("CREATE TABLE graphflow_schema_version (version INTEGER, note TEXT)", None),
+        (
+            "CREATE TABLE graphflow_schema_version (version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+            "applied_at DOUBLE PRECISION NOT NULL)",
+            "INSERT INTO graphflow_schema_version VALUES (1, 'their first release', 0)",
+        ),
+        (
+            "CREATE TABLE graphflow_schema_version (version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+            "applied_at DOUBLE PRECISION NOT NULL)",
+            None,
+        ),
+    ],
+    ids=["other-columns", "rows-not-ours", "no-rows"],
+)
+def test_a_schema_version_table_the_store_did_not_write_is_refused_and_nothing_is_created(
+    store_url: str, raw: sa.Engine, ddl: str, insert: str | None
+) -> None:
+    add_table_named_like_ours(raw)
+    with raw.begin() as conn:
+        conn.execute(sa.text(ddl))
+        if insert:
+            conn.execute(sa.text(insert))
+    with pytest.raises(StoreConfigError, match="graphflow_schema_version") as info:
+        Store(store_url)
+    assert "not written by graphflow-durable" in str(info.value)
+    assert tables(raw) == ["graphflow_runs", "graphflow_schema_version"]
+    assert columns(raw, "graphflow_runs") == ["id", "title"]
+
+
+def test_a_foreign_graphflow_runs_table_is_refused_again_under_the_migration_lock(
+    store_url: str, raw: sa.Engine
+) -> None:
+    """The unlocked look saw an empty database (read elsewhere); the locked one still refuses."""
+    add_table_named_like_ours(raw)
+    engines = open_engines(store_url)
+    empty = sa.create_engine("sqlite://")
+    try:
+        with pytest.raises(StoreConfigError, match="graphflow_runs"):
+            _migrations.migrate(engines.write, read=empty, url=engines.url, shared=True)
+    finally:
+        empty.dispose()
+        engines.engine.dispose()
+    assert tables(raw) == ["graphflow_runs"]
+    assert columns(raw, "graphflow_runs") == ["id", "title"]
+
+
+@pytest.mark.parametrize("content", ["empty file", "database without tables"])
+def test_an_empty_sqlite_file_becomes_a_store(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "new.db"
+    path.touch()
+    if content == "database without tables":
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA user_version = 0")
+        conn.execute("VACUUM")  # writes the header: a valid database of one page, no table
+        conn.close()
+    with Store(f"sqlite:///{path}") as store:
+        assert commit_text(store, "run-1", 0, start(store), 0, text="kept") == 1
+    with Store(f"sqlite:///{path}") as store:  # ours, reopened
+        assert [m.body["content"] for m in store.load("run-1").messages] == ["kept"]
+
+
+def test_a_store_with_no_runs_reopens(store_url: str) -> None:
+    Store(store_url).close()
+    with Store(store_url) as store:
+        assert store.list_runs() == [] and store.schema_version() == _migrations.HEAD

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from graphflow_durable import DurableGraphFlow
 from graphflow_durable.cli.runs import EXIT_OK, EXIT_USAGE, main
 from graphflow_durable.errors import StoreConfigError, StoreError
 from graphflow_durable.store import Store
@@ -322,3 +323,56 @@ def test_the_cli_reports_a_bad_store_url_in_one_line_with_exit_code_2(
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("graphflow-durable: unknown option 'synchronus' in the store URL sqlite:///")
     assert not (tmp_path / "x.db").exists()
+
+
+# --- DurableGraphFlow: the URL is checked where it is written --------------------------------------
+
+
+def test_a_durable_graph_flow_refuses_an_unknown_store_url_option_when_constructed(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    with pytest.raises(StoreConfigError) as info:
+        team("r", store=f"sqlite:///{path}?synchronus=NORMAL")
+    message = str(info.value)
+    assert message.startswith("unknown option 'synchronus' in the store URL sqlite:///")
+    assert "valid options for SQLite: cached_statements, shared, synchronous, timeout" in message
+    assert info.value.option == "synchronus" and isinstance(info.value, ValueError)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [
+        ("sqlite:///{path}?synchronous=FASTER", "synchronous='FASTER' is not a SQLite synchronous mode"),
+        ("sqlite:///{path}?timeout=soon", "timeout='soon' is not a number of seconds"),
+        ("mysql:///{path}", "unsupported database URL"),
+    ],
+)
+def test_a_durable_graph_flow_refuses_a_bad_store_url_value_or_backend_when_constructed(
+    tmp_path: Path, store: str, message: str
+) -> None:
+    with pytest.raises(StoreConfigError, match=message):
+        team("r", store=store.format(path=tmp_path / "x.db"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_durable_graph_flow_refuses_a_bad_postgresql_option_when_constructed_hiding_the_password() -> None:
+    with pytest.raises(StoreConfigError, match="unknown option 'statement_timeot'") as info:
+        team("r", store="postgresql://app:s3cr3t-pw@db.invalid/agents?statement_timeot=5")
+    assert "s3cr3t-pw" not in str(info.value) and "app:***@db.invalid" in str(info.value)
+
+
+def test_load_component_refuses_a_config_whose_store_url_has_an_unknown_option(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    config = team("r", store=f"sqlite:///{path}").dump_component()
+    config.config["store"] = f"sqlite:///{path}?synchronus=NORMAL"
+    with pytest.raises(StoreConfigError, match="unknown option 'synchronus' in the store URL"):
+        DurableGraphFlow.load_component(config)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_good_store_url_constructs_and_loads_without_creating_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    built = team("r", store=f"sqlite:///{path}?synchronous=NORMAL&timeout=5")
+    loaded = DurableGraphFlow.load_component(built.dump_component())
+    assert built.run_id == loaded.run_id == "r"
+    assert list(tmp_path.iterdir()) == []  # opened on first use, as before

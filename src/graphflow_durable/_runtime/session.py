@@ -38,6 +38,7 @@ from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.stored import import_state, restore
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._storage.lease import iso
+from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreError
 from graphflow_durable.scheduler import GraphSpec, initial
@@ -66,7 +67,7 @@ class RunSession:
     Args:
         team: the team (what the session restores and reads states from).
         store: a URL or a :class:`Store` (``None``: the default store, or the outer run's store
-            for a nested team); opened on first use.
+            for a nested team); a URL is checked at once and opened on first use.
         run_id: the run (``None``: a new random id, or the outer turn's run for a nested team).
         owner: the lease owner id (``None``: a new one for this session).
         lease_seconds, allow_graph_change: as :class:`~graphflow_durable.DurableGraphFlow`.
@@ -88,6 +89,10 @@ class RunSession:
         spec: GraphSpec,
         graph_description: dict[str, Any],
     ) -> None:
+        if isinstance(store, str):
+            # Parsed, not opened (no connection, no file): a bad URL fails here, where it is
+            # written, instead of at the first run. The store is opened on first use.
+            parse_store_url(store)
         self.team = team
         self.store_arg = store
         self._store: Store | None = store if isinstance(store, Store) else None

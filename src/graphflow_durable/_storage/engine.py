@@ -20,16 +20,16 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import NullPool, StaticPool
 
 from graphflow_durable._storage.urls import (
     PG_NETWORK_DEFAULTS,
@@ -45,7 +45,7 @@ __all__ = [
     "describe",
     "guarded",
     "open_engines",
-    "peek_sqlite_tables",
+    "peek_sqlite",
     "read_row",
     "safe_url",
     "store_error",
@@ -57,6 +57,7 @@ _log = logging.getLogger(__name__)
 _BEGIN_OPTION = "graphflow_sqlite_begin"
 #: Execution option of the PostgreSQL migration view: no statement/lock timeout, no answer bound.
 _UNBOUNDED_OPTION = "graphflow_unbounded"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def open_engines(
             ``None``: the URL's, else ``FULL``.
         pool_pre_ping: PostgreSQL only: test each connection as it leaves the pool; ``None``: the
             URL's, else true.
-        shared: allow the store's tables beside other tables (see ``migrations.refuse_foreign``);
+        shared: allow the store's tables beside other tables (see ``migrations.refuse_unowned``);
             ``None``: the URL's ``shared``, else false.
 
     Raises:
@@ -230,28 +231,29 @@ def _sqlite(target: StoreUrl) -> Engines:
     )
 
 
-def peek_sqlite_tables(target: StoreUrl) -> list[str] | None:
-    """The table names of an existing SQLite file, read without the engine; else ``None``.
+def peek_sqlite(target: StoreUrl, look: Callable[[Connection], _T]) -> _T | None:
+    """``look`` at an existing SQLite file through a connection that only reads; else ``None``.
 
-    Read with a plain ``sqlite3`` connection, so before the engine's connections switch the file to
-    WAL: a database that is then refused keeps its journal mode and gets no ``-wal``/``-shm`` files.
-    ``None`` for PostgreSQL, in-memory SQLite, a file that does not exist yet, or one this cannot read
-    (the engine then opens it and reports the problem; the check under the migration lock still runs).
+    The connection is a plain one (not the engine's), so ``look`` runs before the engine's
+    connections switch the file to WAL: a database that is then refused keeps its journal mode,
+    gets no ``-wal``/``-shm`` files, and stays byte for byte as it was. ``None`` for PostgreSQL,
+    in-memory SQLite, a file that does not exist yet, or one this cannot read (the engine then
+    opens it and reports the problem; the check under the migration lock still runs).
     """
     path = target.engine_url.database
     if target.dialect != "sqlite" or path in (None, "", ":memory:") or not Path(path).is_file():
         return None
+    # sqlite3's own transaction handling: a read begins no transaction, so nothing is written.
+    engine = sa.create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(path, timeout=target.timeout), poolclass=NullPool
+    )
     try:
-        conn = sqlite3.connect(path, timeout=target.timeout)
-    except sqlite3.Error:
-        return None
-    try:
-        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    except sqlite3.Error:
+        with engine.connect() as conn:
+            return look(conn)
+    except (sa.exc.SQLAlchemyError, sqlite3.Error):
         return None
     finally:
-        conn.close()
-    return [str(name) for (name,) in rows]
+        engine.dispose()
 
 
 def _enter_wal(cursor: sqlite3.Cursor, timeout: float) -> Any:

@@ -14,8 +14,11 @@ Concurrent openers are serialised: SQLite by ``BEGIN IMMEDIATE`` (the write lock
 a transaction-scoped advisory lock; each migration re-reads the version under that lock.
 
 A database that holds other tables (an application's) and no store yet is refused before any DDL,
-unless the store is ``shared`` (:func:`refuse_foreign`); the check is made again under the lock, in
-the transaction that would create the first table, so a refusal never leaves anything behind.
+unless the store is ``shared``; a database that holds tables with the store's names the store did
+not create (a ``graphflow_*`` table and no version table, or a version table the store did not
+write) is refused even then (:func:`refuse_unowned`, over what :func:`survey` read). The check is
+made again under the lock, in the transaction that would create the first table, so a refusal
+never leaves anything behind.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -34,10 +38,12 @@ __all__ = [
     "HEAD",
     "MIGRATIONS",
     "Migration",
+    "Survey",
     "current_version",
-    "table_names",
     "migrate",
-    "refuse_foreign",
+    "refuse_unowned",
+    "survey",
+    "table_names",
 ]
 
 _log = logging.getLogger(__name__)
@@ -228,7 +234,8 @@ def _m0008_input_requests(conn: Connection) -> None:
     ).create(conn)
 
 
-#: Append only. Versions are 1, 2, 3, ... in order.
+#: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
+#: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
     (2, "agent states stored as deltas against the previous row (base_step)", _m0002_agent_state_deltas),
@@ -259,29 +266,93 @@ def table_names(conn: Connection) -> list[str]:
     return sorted(str(name) for name in conn.execute(sa.text(query)).scalars())
 
 
-def refuse_foreign(names: Sequence[str], *, url: str, dialect: str) -> None:
-    """Refuse a database whose tables are ``names`` when it holds foreign tables and no store.
+@dataclass(frozen=True)
+class Survey:
+    """What a database holds, as far as deciding whether it is (or may become) a store goes.
 
-    A database with the version table is a store (foreign tables added later are its owner's
-    business); SQLite's own ``sqlite_*`` tables are not foreign.
+    Attributes:
+        tables: the names of its tables and views (see :func:`table_names`).
+        version_columns: the columns of its version table (empty: it has none).
+        origin: the description of its version table's row for version 1 (``None``: no such row,
+            or the table lacks the store's columns).
+    """
+
+    tables: tuple[str, ...]
+    version_columns: frozenset[str] = frozenset()
+    origin: str | None = None
+
+
+#: The version table's columns as the store creates them (:func:`_version_table`).
+_VERSION_COLUMNS = frozenset({"version", "description", "applied_at"})
+
+
+def survey(conn: Connection) -> Survey:
+    """Read what :func:`refuse_unowned` decides on; reads only (no lock taken, nothing written)."""
+    names = tuple(table_names(conn))
+    if _VERSION_TABLE not in names:
+        return Survey(names)
+    found = frozenset(str(column["name"]) for column in sa.inspect(conn).get_columns(_VERSION_TABLE))
+    if not found >= _VERSION_COLUMNS:
+        return Survey(names, found)
+    table = _version_table(sa.MetaData())
+    origin = conn.execute(sa.select(table.c.description).where(table.c.version == 1)).scalar()
+    return Survey(names, found, None if origin is None else str(origin))
+
+
+def refuse_unowned(
+    found: Survey, *, url: str, dialect: str, shared: bool, origin: str = MIGRATIONS[0][1]
+) -> None:
+    """Refuse a database the store must not write to, before anything is written to it.
+
+    - Tables named like the store's (``graphflow_*``) that the store did not create: such a table and
+      no version table (the store creates its first table and the version table in one
+      transaction), or a version table with other columns, or one whose row for version 1 is not
+      the store's first migration (``origin``). Refused whatever ``shared`` says: migrating would
+      add columns to, or fail on, another application's table.
+    - Unless ``shared``, tables that are not the store's (an application's) and no store yet. A
+      database with the store's version table is a store (foreign tables added later are its
+      owner's business); SQLite's own ``sqlite_*`` tables are not foreign.
 
     Raises:
-        StoreConfigError: (option ``shared``) the database holds other tables and no store.
+        StoreConfigError: the database is refused; ``option`` is ``"shared"`` when sharing it would
+            be allowed, ``None`` when its tables with the store's names are not the store's.
     """
-    if _VERSION_TABLE in names:
-        return
-    foreign = sorted(name for name in names if not name.startswith((_PREFIX, "sqlite_")))
-    if not foreign:
-        return
-    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-    own = "a database of its own" if dialect == "sqlite" else "a database or schema of its own"
-    raise StoreConfigError(
-        f"database {url} holds tables that are not graphflow-durable's ({shown}) and no store; "
-        f"nothing was created: point the store at {own}, or add shared=true to the store URL "
-        "(Store(url, shared=True)) to keep the store's graphflow_* tables beside them",
-        url=url,
-        option="shared",
-    )
+    where = "a database of its own" if dialect == "sqlite" else "a database or schema of its own"
+    if _VERSION_TABLE in found.tables:
+        if not found.version_columns >= _VERSION_COLUMNS:
+            what = f"columns {', '.join(sorted(found.version_columns))}"
+        elif found.origin is None:
+            what = "no row for version 1"
+        elif found.origin != origin:
+            what = f"version 1 described as {found.origin[:60]!r}"
+        else:
+            return
+        raise StoreConfigError(
+            f"database {url} holds a table {_VERSION_TABLE} not written by graphflow-durable ({what}); "
+            f"nothing was changed: point the store at {where}",
+            url=url,
+        )
+    ours = sorted(name for name in found.tables if name.startswith(_PREFIX))
+    if ours:
+        raise StoreConfigError(
+            f"database {url} holds {'a table' if len(ours) == 1 else 'tables'} {_shown(ours)} that "
+            f"graphflow-durable did not create (it has no {_VERSION_TABLE} table); nothing was "
+            f"changed: point the store at {where}",
+            url=url,
+        )
+    foreign = sorted(name for name in found.tables if not name.startswith("sqlite_"))
+    if foreign and not shared:
+        raise StoreConfigError(
+            f"database {url} holds tables that are not graphflow-durable's ({_shown(foreign)}) and no "
+            f"store; nothing was created: point the store at {where}, or add shared=true to the store "
+            "URL (Store(url, shared=True)) to keep the store's graphflow_* tables beside them",
+            url=url,
+            option="shared",
+        )
+
+
+def _shown(names: Sequence[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def migrate(
@@ -296,18 +367,19 @@ def migrate(
 
     ``write`` must begin write transactions (SQLite ``BEGIN IMMEDIATE``); ``read`` (default
     ``write``) is used for the up-to-date check. ``url`` (password hidden) is only for messages.
-    Unless ``shared``, a database with foreign tables and no version table is refused before any
-    DDL (checked first without, then again with the lock).
+    A database :func:`refuse_unowned` refuses is refused before any DDL (checked first without,
+    then again with the lock).
 
     Raises:
         SchemaVersionError: the database's version is newer than the last migration known here.
-        StoreConfigError: the database holds foreign tables and no store, and ``shared`` is false.
+        StoreConfigError: the database holds tables with the store's names that the store did not
+            create, or (unless ``shared``) foreign tables and no store.
     """
     head = migrations[-1][0] if migrations else 0
+    origin = migrations[0][1] if migrations else ""
     with (read or write).connect() as conn:
+        refuse_unowned(survey(conn), url=url, dialect=conn.dialect.name, shared=shared, origin=origin)
         version = current_version(conn)
-        if version is None and not shared:
-            refuse_foreign(table_names(conn), url=url, dialect=conn.dialect.name)
         conn.rollback()
     if version is not None:
         _refuse_newer(version, head, url)
@@ -316,9 +388,8 @@ def migrate(
     for number, description, function in migrations:
         with write.begin() as conn:
             _lock(conn)
+            refuse_unowned(survey(conn), url=url, dialect=conn.dialect.name, shared=shared, origin=origin)
             found = current_version(conn)
-            if found is None and not shared:
-                refuse_foreign(table_names(conn), url=url, dialect=conn.dialect.name)
             table = _version_table(sa.MetaData())
             table.create(conn, checkfirst=True)
             version = found or 0

@@ -238,12 +238,33 @@ def _out(line: str) -> None:
 
 
 def _submit(store: Store, args: argparse.Namespace) -> int:
+    for what, value in (("RUN_ID", args.run_id), ("TASK", args.task), ("--team", args.team)):
+        _not_utf8(what, value)
     sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
     _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
     return EXIT_OK
 
 
+def _not_utf8(what: str, value: str | None) -> None:
+    """Refuse an argument that was not UTF-8: Python hands its bad bytes over as lone surrogates
+    (U+DC80..U+DCFF), which no store can hold. Exit 2 naming the first byte."""
+    bad = next((i for i, c in enumerate(value or "") if "\udc80" <= c <= "\udcff"), None)
+    if value is not None and bad is not None:
+        raise CliError(
+            f"{what} is not UTF-8 text: byte 0x{ord(value[bad]) - 0xDC00:02x} at character {bad}; give "
+            "it as UTF-8 (check the encoding of the terminal or the calling program); nothing was changed",
+            EXIT_USAGE,
+        )
+
+
 def _respond(store: Store, args: argparse.Namespace) -> int:
+    for what, value in (
+        ("RUN", args.run_id),
+        ("ANSWER", args.answer),
+        ("--node", args.node),
+        ("--request", args.request),
+    ):
+        _not_utf8(what, value)
     done = store.respond(args.run_id, args.answer, node=args.node, request_id=args.request)  # exit 3
     status = store.get_run(args.run_id)
     row = {"run_id": args.run_id, **done.to_json(), "run_status": None if status is None else status.status}

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from agents import Scripted, chain, close_stores, durable, fail_once
+from graphflow_durable._storage.reading import message_gaps, step_gaps
 from graphflow_durable.cli.runs import EXIT_DAMAGED, EXIT_OK
 from graphflow_durable.errors import StoreCorruptError
 from graphflow_durable.store import Store
@@ -153,3 +154,26 @@ async def test_a_message_count_moved_back_on_the_run_row_is_refused_on_resume(st
     await _refused(
         store_url, f"run run: message {count - 1} is stored beyond the run's message count {count - 1}"
     )
+
+
+def test_each_gap_is_named_once_with_its_range() -> None:
+    steps = [d.describe() for d in step_gaps("r", 6, [1, 2, 5, 8, 9])]
+    assert steps == [
+        "run r: steps 3..4 are missing (steps 1..6 expected)",
+        "run r: step 6 is missing (steps 1..6 expected)",
+        "run r: steps 8..9 are stored beyond the run's head step 6 (its head_seq was moved back)",
+    ]
+    found = message_gaps("r", 6, [(0, 1), (2, 3), (3, 3), (7, 4)])
+    assert [(d.describe(), d.step, d.seq) for d in found] == [
+        ("run r: message 1 is missing (messages 0..5 expected)", 3, 1),
+        ("run r: messages 4..5 are missing (messages 0..5 expected)", 3, 4),
+        (
+            "run r: message 7 is stored beyond the run's message count 6 (its message_count was moved back)",
+            4,
+            7,
+        ),
+    ]
+    assert message_gaps("r", None, [(0, 1), (2, 2)])[0].describe() == (
+        "run r: message 1 is missing (messages 0..2 expected)"
+    )
+    assert step_gaps("r", 0, []) == [] and message_gaps("r", 0, []) == []

@@ -165,8 +165,8 @@ def _scheduler(conn: sa.Connection, run_id: str, head: int, url: str) -> str | N
 
 def scan_run(conn: sa.Connection, run_id: str) -> tuple[list[Damage], int, int]:
     """Check every step, message and agent-state row of ``run_id``, and the gaps in its steps and
-    messages: the damage, rows checked,
-    rows without a checksum. A run that does not exist has no rows (the caller checks it exists)."""
+    messages: the damage, rows checked, rows without a checksum. A run that does not exist has no
+    rows (the caller checks it exists)."""
     tally = _Tally()
     p = {"p_run_id": run_id}
     run = conn.execute(S.SELECT_RUN, p).mappings().first()

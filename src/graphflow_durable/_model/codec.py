@@ -17,7 +17,7 @@ from pydantic import ConfigDict, JsonValue, TypeAdapter, ValidationError
 
 from graphflow_durable.errors import NotSerializableError
 
-__all__ = ["digest", "dumps", "loads", "state_text"]
+__all__ = ["digest", "dumps", "loads", "state_text", "surrogate_problem"]
 
 # One encoder for every call: json.dumps() with options builds a new JSONEncoder each time.
 _encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -117,7 +117,7 @@ def _find_unserialisable(value: Any, path: str) -> tuple[str, Any, str] | None:
             on_path.discard(exits.pop()[1])
         item, where = stack.pop()
         if isinstance(item, str):
-            problem = _surrogate(item)
+            problem = surrogate_problem(item)
             if problem is not None:
                 return where, item, problem
             continue
@@ -141,8 +141,8 @@ def _find_unserialisable(value: Any, path: str) -> tuple[str, Any, str] | None:
                             key,
                             f"{type(key).__name__} key {_short(key)} is not JSON-serialisable; {_NOT_JSON}",
                         )
-                    if isinstance(key, str) and _surrogate(key) is not None:
-                        return f"{where}/{_escape(key)}", key, f"key: {_surrogate(key)}"
+                    if isinstance(key, str) and surrogate_problem(key) is not None:
+                        return f"{where}/{_escape(key)}", key, f"key: {surrogate_problem(key)}"
                     children.append((child, f"{where}/{_escape(str(key))}"))
             else:
                 children = [(child, f"{where}/{index}") for index, child in enumerate(item)]
@@ -154,7 +154,7 @@ def _find_unserialisable(value: Any, path: str) -> tuple[str, Any, str] | None:
     return None
 
 
-def _surrogate(text: str) -> str | None:
+def surrogate_problem(text: str) -> str | None:
     """What is wrong with ``text`` if UTF-8 cannot hold it (a lone surrogate), else ``None``."""
     if text.isascii():
         return None

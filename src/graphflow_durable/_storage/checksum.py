@@ -109,16 +109,20 @@ def add_sums(
 
 @dataclass(frozen=True)
 class Damage:
-    """A stored row whose content no longer matches its checksum.
+    """A stored row whose content no longer matches its checksum, or (``problem``) a gap in a run's
+    log: a step or message row missing, or rows beyond the head or message count of the run's row.
 
     Attributes:
         run_id: the run.
         table: ``"graphflow_steps"``, ``"graphflow_messages"`` or ``"graphflow_agent_states"``.
-        step: the step the row belongs to (a step row: its own seq).
+        step: the step the row belongs to (a step row: its own seq; a missing message: the step of
+            the message after the gap, else of the one before it, else 0).
         seq: a message row's seq in the thread (``None`` for other rows).
         node: an agent-state row's node, or a step row's node (``None`` if it has none).
         column: what does not match, when known: ``"scheduler"`` for a step whose scheduler text
             changed, else ``None`` (the row's keys or content).
+        problem: for a gap, what is wrong in words (``"step 4 is missing (steps 1..6 expected)"``);
+            ``None`` for a row that does not match its checksum.
     """
 
     run_id: str
@@ -127,6 +131,7 @@ class Damage:
     seq: int | None = None
     node: str | None = None
     column: str | None = None
+    problem: str | None = None
 
     @property
     def row(self) -> str:
@@ -139,7 +144,9 @@ class Damage:
         return f"{what} (its scheduler state)" if self.column == "scheduler" else what
 
     def describe(self) -> str:
-        """One line: the run, the row and its table."""
+        """One line: the run, the row and its table (or the gap)."""
+        if self.problem is not None:
+            return f"run {self.run_id}: {self.problem}"
         return f"run {self.run_id}: {self.row} in {self.table} does not match its checksum"
 
     def as_dict(self) -> Mapping[str, Any]:
@@ -151,15 +158,21 @@ class Damage:
             "seq": self.seq,
             "node": self.node,
             "column": self.column,
+            "problem": self.problem,
         }
 
 
 def corrupt(damage: Damage, url: str | None = None) -> StoreCorruptError:
     """The error a read raises for ``damage``: one line, what happened and what to do."""
+    cause = (
+        "the row was changed outside graphflow-durable (disk damage or a hand edit) and is corrupt"
+        if damage.problem is None
+        else "rows of the run's log were deleted, or its run row changed, outside graphflow-durable "
+        "(a hand edit, or a partial restore)"
+    )
     return StoreCorruptError(
-        f"{damage.describe()}: the row was changed outside graphflow-durable (disk damage or a hand "
-        "edit) and is corrupt; nothing was run from it; restore the database from a backup, and run "
-        f"'graphflow-durable runs verify {damage.run_id}' to list every damaged row",
+        f"{damage.describe()}: {cause}; nothing was run from it; restore the database from a backup, "
+        f"and run 'graphflow-durable runs verify {damage.run_id}' to list every damaged row",
         url=url,
         run_id=damage.run_id,
         node=damage.node,

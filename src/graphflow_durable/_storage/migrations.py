@@ -23,6 +23,7 @@ never leaves anything behind.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -234,6 +235,34 @@ def _m0008_input_requests(conn: Connection) -> None:
     ).create(conn)
 
 
+def _m0009_request_texts_as_json(conn: Connection) -> None:
+    """Version 9: the prompt, answer and default answer of each request for human input are stored
+    as JSON strings, as the message log stores its bodies (PostgreSQL's text cannot hold NUL);
+    rows written before are re-encoded. Frozen: canonical JSON of a string, spelled out here."""
+    encode = json.JSONEncoder(ensure_ascii=False).encode
+    table = sa.table(
+        "graphflow_input_requests",
+        sa.column("run_id", sa.String),
+        sa.column("request_id", sa.String),
+        sa.column("prompt", sa.Text),
+        sa.column("answer", sa.Text),
+        sa.column("default_answer", sa.Text),
+    )
+    rows = conn.execute(
+        sa.select(table.c.run_id, table.c.request_id, table.c.prompt, table.c.answer, table.c.default_answer)
+    ).all()
+    for run_id, request_id, prompt, answer, default in rows:
+        conn.execute(
+            sa.update(table)
+            .where(table.c.run_id == run_id, table.c.request_id == request_id)
+            .values(
+                prompt=encode(prompt),
+                answer=None if answer is None else encode(answer),
+                default_answer=None if default is None else encode(default),
+            )
+        )
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -245,6 +274,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     (6, "a checksum of each step, message and agent-state row, checked on read", _m0006_row_checksums),
     (7, "a cancel requested of a run's live driver (cancel_requested_at)", _m0007_cancel_request),
     (8, "create the requests for human input (pending, answered, deadline)", _m0008_input_requests),
+    (
+        9,
+        "request prompts and answers stored as JSON strings (NUL alike on both backends)",
+        _m0009_request_texts_as_json,
+    ),
 )
 
 #: The schema version this package writes.

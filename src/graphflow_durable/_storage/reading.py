@@ -33,7 +33,7 @@ from graphflow_durable._storage.checksum import (
 from graphflow_durable._storage.commit import not_found
 from graphflow_durable._storage.rows import run_record
 
-__all__ = ["Verification", "head_scheduler", "read_log", "scan_run"]
+__all__ = ["Verification", "head_scheduler", "message_gaps", "read_log", "scan_run", "step_gaps"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class Verification:
 
     Attributes:
         runs: the runs scanned, in creation order.
-        damaged: each row whose content no longer matches its checksum, one :class:`Damage` each.
+        damaged: each row whose content no longer matches its checksum, and each gap in a run's
+            log (missing steps or messages, rows beyond the run row's head), one :class:`Damage` each.
         checked: how many rows were checked (steps, messages and agent states).
         unchecked: rows with no checksum (written before schema version 6): not checked.
     """
@@ -88,7 +89,8 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
     only its steps, messages and agent states up to step ``at`` and the scheduler of that step
     (the run's row is the stored one: see ``_model.history.cut_record``).
 
-    Raises RunNotFoundError, or StoreCorruptError naming the first damaged row.
+    Raises RunNotFoundError, or StoreCorruptError naming the first damaged row or gap (steps not
+    ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read).
     """
     p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
     row = conn.execute(S.SELECT_RUN, p).mappings().first()
@@ -104,7 +106,10 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
                 seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
             )
         )
-    scheduler = _scheduler(conn, run_id, run.head_seq if at is None else at, url)
+    head = run.head_seq if at is None else at
+    if gaps := step_gaps(run_id, head, [s.seq for s in steps]):
+        raise corrupt(gaps[0], url)
+    scheduler = _scheduler(conn, run_id, head, url)
     thread = []
     for m in conn.execute(S.SELECT_MESSAGES if at is None else S.SELECT_MESSAGES_TO, p):
         if m.checksum is not None and m.checksum != message_sum(
@@ -114,6 +119,10 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
         thread.append(
             StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
         )
+    # a cut (``at``) has no stored message count to compare with: only holes between its messages
+    count = run.message_count if at is None else None
+    if gaps := message_gaps(run_id, count, [(m.seq, m.step_seq) for m in thread]):
+        raise corrupt(gaps[0], url)
     rows = list(conn.execute(S.SELECT_LATEST_STATES if at is None else S.SELECT_LATEST_STATES_TO, p))
     for r in rows:
         if r.checksum is not None and r.checksum != state_sum(
@@ -145,6 +154,8 @@ def head_scheduler(conn: sa.Connection, run_id: str, url: str) -> Any:
 def _scheduler(conn: sa.Connection, run_id: str, head: int, url: str) -> str | None:
     found = conn.execute(S.SELECT_SCHEDULER, {"p_run_id": run_id, "p_seq": head}).first()
     if found is None:
+        if head > 0:  # the run's row names a head step that is not stored
+            raise corrupt(_missing(run_id, STEPS, head, head, f"steps 1..{head} expected"), url)
         return None
     text, checksum = found
     if checksum is not None and not scheduler_matches(checksum, text):
@@ -153,24 +164,107 @@ def _scheduler(conn: sa.Connection, run_id: str, head: int, url: str) -> str | N
 
 
 def scan_run(conn: sa.Connection, run_id: str) -> tuple[list[Damage], int, int]:
-    """Check every step, message and agent-state row of ``run_id``: the damage, rows checked,
-    rows without a checksum. A run that does not exist has no rows (the caller checks it exists)."""
+    """Check every step, message and agent-state row of ``run_id``, and the gaps in its steps and
+    messages: the damage, rows checked, rows without a checksum. A run that does not exist has no
+    rows (the caller checks it exists)."""
     tally = _Tally()
     p = {"p_run_id": run_id}
+    run = conn.execute(S.SELECT_RUN, p).mappings().first()
+    if run is None:
+        return [], 0, 0
+    seqs: list[int] = []
     for s in conn.execute(S.SCAN_STEPS, p):
+        seqs.append(s.seq)
         if tally.count(s.checksum):
             tally.damaged.extend(_step_damage(run_id, s))
+    tally.damaged.extend(step_gaps(run_id, run["head_seq"], seqs))
+    pairs: list[tuple[int, int]] = []
     for m in conn.execute(S.SELECT_MESSAGES, p):
+        pairs.append((m.seq, m.step_seq))
         if tally.count(m.checksum) and m.checksum != message_sum(
             run_id, m.seq, m.step_seq, m.published, m.body
         ):
             tally.damaged.append(Damage(run_id, MESSAGES, m.step_seq, seq=m.seq))
+    tally.damaged.extend(message_gaps(run_id, run["message_count"], pairs))
     for r in conn.execute(S.SCAN_STATES, p):
         if tally.count(r.checksum) and r.checksum != state_sum(
             run_id, r.node, r.step_seq, r.base_step, r.body
         ):
             tally.damaged.append(Damage(run_id, STATES, r.step_seq, node=r.node))
     return _in_step_order(tally.damaged), tally.checked, tally.unchecked
+
+
+def step_gaps(run_id: str, head: int, seqs: Sequence[int]) -> list[Damage]:
+    """The gaps in a run's step seqs (ascending, as read): steps of ``1..head`` missing, and steps
+    stored beyond ``head`` (the run row's head moved back). One pass over seqs already read."""
+    found: list[Damage] = []
+    expected_all = f"steps 1..{head} expected"
+    next_seq = 1
+    beyond = [seq for seq in seqs if seq > head]
+    for seq in seqs:
+        if seq > head:
+            break
+        if seq > next_seq:
+            found.append(_missing(run_id, STEPS, next_seq, seq - 1, expected_all))
+        next_seq = seq + 1
+    if next_seq <= head:
+        found.append(_missing(run_id, STEPS, next_seq, head, expected_all))
+    if beyond:
+        found.append(
+            Damage(
+                run_id,
+                STEPS,
+                beyond[0],
+                problem=f"{_seqs('step', beyond[0], beyond[-1])} stored beyond the run's head step "
+                f"{head} (its head_seq was moved back)",
+            )
+        )
+    return found
+
+
+def message_gaps(run_id: str, count: int | None, pairs: Sequence[tuple[int, int]]) -> list[Damage]:
+    """The gaps in a run's thread: ``pairs`` are its messages' ``(seq, step_seq)`` ascending, as
+    read; messages of ``0..count - 1`` missing, and messages stored at or beyond ``count`` (the run
+    row's message count moved back). With ``count`` ``None`` (a cut), only holes between messages."""
+    found: list[Damage] = []
+    last = (pairs[-1][0] if pairs else -1) if count is None else count - 1
+    expected_all = f"messages 0..{last} expected"
+    next_seq, before = 0, 0
+    beyond = [(seq, step) for seq, step in pairs if seq > last]
+    for seq, step in pairs:
+        if seq > last:
+            break
+        if seq > next_seq:
+            found.append(_missing(run_id, MESSAGES, next_seq, seq - 1, expected_all, step))
+        next_seq, before = seq + 1, step
+    if next_seq <= last:
+        found.append(_missing(run_id, MESSAGES, next_seq, last, expected_all, before))
+    if beyond:
+        (first, step), end = beyond[0], beyond[-1][0]
+        found.append(
+            Damage(
+                run_id,
+                MESSAGES,
+                step,
+                seq=first,
+                problem=f"{_seqs('message', first, end)} stored beyond the run's message count "
+                f"{count} (its message_count was moved back)",
+            )
+        )
+    return found
+
+
+def _seqs(what: str, first: int, last: int) -> str:
+    """``"step 4 is"`` or ``"steps 4..6 are"``."""
+    return f"{what} {first} is" if first == last else f"{what}s {first}..{last} are"
+
+
+def _missing(run_id: str, table: str, first: int, last: int, expected: str, step: int = 0) -> Damage:
+    """The gap ``first..last`` in ``table`` (a message gap: ``step`` is its neighbour's step)."""
+    problem = f"{_seqs('step' if table == STEPS else 'message', first, last)} missing ({expected})"
+    if table == STEPS:
+        return Damage(run_id, table, first, problem=problem)
+    return Damage(run_id, table, step, seq=first, problem=problem)
 
 
 def _step_damage(run_id: str, s: Any) -> Iterator[Damage]:

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
+from graphflow_durable._model.codec import dumps, loads, surrogate_problem
 from graphflow_durable._model.human import InputRequest
 from graphflow_durable._storage.commit import not_found
 from graphflow_durable._storage.engine import Engines, guarded
@@ -29,21 +30,49 @@ __all__ = ["InputRequests"]
 
 _I = input_requests.c
 
+#: The texts a person or an agent gives (schema version 9: stored as JSON strings), in words.
+_TEXTS = {"prompt": "prompt", "answer": "answer", "default_answer": "default answer", "run_id": "run id"}
+
+
+def _stored(text: str | None) -> str | None:
+    """A request's text as stored: a JSON string, as the message log stores its bodies, so a NUL
+    (which PostgreSQL's text cannot hold) is escaped, alike on both backends."""
+    return None if text is None else dumps(text)
+
+
+def _text(stored: str | None) -> str | None:
+    return None if stored is None else str(loads(stored))
+
+
+def _refuse_surrogates(run_id: str, texts: Mapping[str, str | None]) -> None:
+    """A :class:`UsageError` for the first of ``texts`` with a lone surrogate (UTF-8 cannot hold it:
+    neither backend can store it; a command-line argument that is not UTF-8 arrives as one)."""
+    for option, text in texts.items():
+        problem = surrogate_problem(text) if isinstance(text, str) else None
+        if problem is not None:
+            shown = run_id.encode("utf-8", "backslashreplace").decode("utf-8")
+            what = _TEXTS.get(option, option.replace("_", " "))
+            raise UsageError(
+                f"run {shown}: the {what} is refused: {problem}; nothing was changed",
+                run_id=run_id,
+                option=option,
+            )
+
 
 def _request(row: Mapping[str, Any] | RowMapping) -> InputRequest:
     return InputRequest(
         run_id=row["run_id"],
         request_id=row["request_id"],
         node=row["node"],
-        prompt=row["prompt"],
+        prompt=str(_text(row["prompt"])),
         idempotency_key=row["idempotency_key"],
         status=row["status"],
-        answer=row["answer"],
+        answer=_text(row["answer"]),
         answered_by=row["answered_by"],
         created_at=row["created_at"],
         answered_at=row["answered_at"],
         deadline=row["deadline"],
-        default=row["default_answer"],
+        default=_text(row["default_answer"]),
     )
 
 
@@ -57,10 +86,24 @@ def _find(conn: Connection, run_id: str, request_id: str) -> InputRequest | None
     return None if row is None else _request(row)
 
 
-def _insert(conn: Connection, values: Mapping[str, Any]) -> InputRequest:
+def _insert(conn: Connection, request: InputRequest) -> InputRequest:
     """Insert a request row (``IntegrityError`` when its id exists)."""
+    values = {
+        "run_id": request.run_id,
+        "request_id": request.request_id,
+        "node": request.node,
+        "prompt": _stored(request.prompt),
+        "idempotency_key": request.idempotency_key,
+        "status": request.status,
+        "answer": _stored(request.answer),
+        "answered_by": request.answered_by,
+        "created_at": request.created_at,
+        "answered_at": request.answered_at,
+        "deadline": request.deadline,
+        "default_answer": _stored(request.default),
+    }
     conn.execute(sa.insert(input_requests).values(**values))
-    return _request(values)
+    return request
 
 
 def _pending(conn: Connection, run_ids: Sequence[str]) -> list[InputRequest]:
@@ -136,7 +179,7 @@ def _answer(
     changed = conn.execute(
         sa.update(input_requests)
         .where(_I.run_id == run_id, _I.request_id == target.request_id, _I.status == "pending")
-        .values(status="answered", answer=text, answered_by=by, answered_at=now)
+        .values(status="answered", answer=_stored(text), answered_by=by, answered_at=now)
     ).rowcount
     if changed != 1:  # pragma: no cover - the run's row lock serialises answers
         raise NotWaitingError(
@@ -202,26 +245,27 @@ class InputRequests:
 
     def open(self, run_id: str, request: InputRequest) -> InputRequest:
         """Record ``request`` unless one with its id exists; return the stored one (an input
-        function's call; an ``answered`` request is recorded answered)."""
-        values = {
-            "run_id": run_id,
-            "request_id": request.request_id,
-            "node": request.node,
-            "prompt": request.prompt,
-            "idempotency_key": request.idempotency_key,
-            "status": request.status,
-            "answer": request.answer,
-            "answered_by": request.answered_by,
-            "created_at": request.created_at,
-            "answered_at": request.answered_at,
-            "deadline": request.deadline,
-            "default_answer": request.default,
-        }
+        function's call; an ``answered`` request is recorded answered).
+
+        Raises:
+            UsageError: one of its texts holds a lone surrogate (nothing is recorded).
+        """
+        _refuse_surrogates(
+            run_id,
+            {
+                "node": request.node,
+                "request_id": request.request_id,
+                "prompt": request.prompt,
+                "answer": request.answer,
+                "default_answer": request.default,
+            },
+        )
+        request = replace(request, run_id=run_id)
         for _attempt in range(2):
             try:
                 with self._guard("recording an input request", run_id), self._e.write.begin() as conn:
                     found = _find(conn, run_id, request.request_id)
-                    return found if found is not None else _insert(conn, values)
+                    return found if found is not None else _insert(conn, request)
             except StoreError as exc:
                 if not isinstance(exc.__cause__, sa.exc.IntegrityError):
                     raise
@@ -236,6 +280,7 @@ class InputRequests:
         """:meth:`Store.respond`, recording who answered (``by``: ``respond``, ``inline``, ``default``)."""
         if not isinstance(text, str):
             raise UsageError(f"an answer is text, not {type(text).__name__}", run_id=run_id, option="answer")
+        _refuse_surrogates(run_id, {"run_id": run_id, "answer": text, "node": node, "request_id": request_id})
         with self._guard("answering an input request", run_id), self._e.write.begin() as conn:
             done, status = _answer(
                 conn, run_id, text, node=node, request_id=request_id, by=by, now=time.time()

@@ -160,8 +160,9 @@ class RunMethods(StoreBase):
 
         Raises:
             RunNotFoundError: no such run.
-            StoreCorruptError: a row does not match its checksum (or the agent-state rows do not
-                fold); the error names the run, table, step and message seq or node.
+            StoreCorruptError: a row does not match its checksum, a step or message row is
+                missing (or stored beyond the run's head or message count), or the agent-state rows
+                do not fold; the error names the run, table, step and message seq or node.
         """
         with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
             return read_log(conn, run_id, self._e.url)
@@ -175,8 +176,9 @@ class RunMethods(StoreBase):
 
     def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
         """Check every step, message and agent-state row of the runs (default: every run) against
-        its checksum, and report the damaged rows instead of raising. Each run is read in its own
-        transaction. Rows written before schema version 6 have no checksum: counted, not checked.
+        its checksum, check that none of their steps and messages is missing, and report the damaged
+        rows and gaps instead of raising. Each run is read in its own transaction. Rows written
+        before schema version 6 have no checksum: counted, not checked.
 
         Raises:
             RunNotFoundError: one of ``run_ids`` does not exist (nothing is reported then).

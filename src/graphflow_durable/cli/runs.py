@@ -59,7 +59,8 @@ or bad option."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
-"""``runs verify``: rows that do not match their checksums were found (one line each on stdout)."""
+"""``runs verify``: rows that do not match their checksums, or gaps in a run's log (a step or message
+row missing, a head moved back), were found (one line each on stdout)."""
 EXIT_REFUSED = manage.EXIT_REFUSED
 """The run's state does not allow it: ``delete``/``prune`` of a running run without ``--force``,
 ``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run."""
@@ -73,7 +74,8 @@ commands:
                                      a run whose driver died shows 'running (owner gone)' or
                                      'running (lease expired)'
   runs verify [RUN ...] [--json]     check every step, message and agent-state row of the runs
-                                     (default: all) against its checksum; one line per damaged row
+                                     (default: all) against its checksum, and that none is missing;
+                                     one line per damaged row or gap
 {history.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error
   runs cancel RUN [--json]           stop a run: its driver stops within one lease period and
                                      leaves it cancelled (run() with no task resumes it)
@@ -108,7 +110,7 @@ exit codes:
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is
      cancelled, the request was already answered, or several are pending and none was named);
      nothing was changed
-  4  runs verify: damaged rows were found (each printed on one line)
+  4  runs verify: damaged or missing rows were found (each printed on one line)
   5  refused by the run's state: delete/prune of a running run without --force, retry of a run
      a live worker drives, cancel/retry of a stopped or finished run (nothing was changed)
 """
@@ -154,10 +156,12 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--store", dest="store_sub", help="database URL")
     listing.add_argument("--status", action="append", choices=_STATUSES, help="only these (repeatable)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
-    checking = runs_commands.add_parser("verify", help="check every stored row against its checksum")
+    checking = runs_commands.add_parser(
+        "verify", help="check every stored row against its checksum, and for gaps"
+    )
     checking.add_argument("--store", dest="store_sub", help="database URL")
     checking.add_argument("run_ids", nargs="*", metavar="RUN", help="the runs to check (default: all)")
-    checking.add_argument("--json", action="store_true", help="one JSON object per damaged row")
+    checking.add_argument("--json", action="store_true", help="one JSON object per damaged row or gap")
     history.add_commands(runs_commands)  # history, transcript, export, import, fork
     manage.add_parsers(runs_commands)
     answer = runs_commands.add_parser("respond", help="answer a waiting run's request for human input")
@@ -234,12 +238,33 @@ def _out(line: str) -> None:
 
 
 def _submit(store: Store, args: argparse.Namespace) -> int:
+    for what, value in (("RUN_ID", args.run_id), ("TASK", args.task), ("--team", args.team)):
+        _not_utf8(what, value)
     sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
     _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
     return EXIT_OK
 
 
+def _not_utf8(what: str, value: str | None) -> None:
+    """Refuse an argument that was not UTF-8: Python hands its bad bytes over as lone surrogates
+    (U+DC80..U+DCFF), which no store can hold. Exit 2 naming the first byte."""
+    bad = next((i for i, c in enumerate(value or "") if "\udc80" <= c <= "\udcff"), None)
+    if value is not None and bad is not None:
+        raise CliError(
+            f"{what} is not UTF-8 text: byte 0x{ord(value[bad]) - 0xDC00:02x} at character {bad}; give "
+            "it as UTF-8 (check the encoding of the terminal or the calling program); nothing was changed",
+            EXIT_USAGE,
+        )
+
+
 def _respond(store: Store, args: argparse.Namespace) -> int:
+    for what, value in (
+        ("RUN", args.run_id),
+        ("ANSWER", args.answer),
+        ("--node", args.node),
+        ("--request", args.request),
+    ):
+        _not_utf8(what, value)
     done = store.respond(args.run_id, args.answer, node=args.node, request_id=args.request)  # exit 3
     status = store.get_run(args.run_id)
     row = {"run_id": args.run_id, **done.to_json(), "run_status": None if status is None else status.status}

@@ -35,8 +35,10 @@ __all__ = [
     "MIGRATIONS",
     "Migration",
     "current_version",
+    "holds_store",
     "table_names",
     "migrate",
+    "no_store",
     "refuse_foreign",
 ]
 
@@ -259,6 +261,17 @@ def table_names(conn: Connection) -> list[str]:
     return sorted(str(name) for name in conn.execute(sa.text(query)).scalars())
 
 
+def holds_store(names: Sequence[str]) -> bool:
+    """Whether a database whose tables are ``names`` holds a store (its schema-version table)."""
+    return _VERSION_TABLE in names
+
+
+def no_store(url: str, why: str) -> StoreConfigError:
+    """The error for a database that holds no store, opened by a caller that must not create one
+    (``Store(url, create=False)``); ``why`` says what was found instead."""
+    return StoreConfigError(f"no store at {url} ({why}); nothing was created", url=url, option="create")
+
+
 def refuse_foreign(names: Sequence[str], *, url: str, dialect: str) -> None:
     """Refuse a database whose tables are ``names`` when it holds foreign tables and no store.
 
@@ -291,21 +304,26 @@ def migrate(
     url: str,
     migrations: Sequence[Migration] = MIGRATIONS,
     shared: bool = False,
+    create: bool = True,
 ) -> int:
     """Bring the database at ``write`` to the last of ``migrations``; return its version.
 
     ``write`` must begin write transactions (SQLite ``BEGIN IMMEDIATE``); ``read`` (default
     ``write``) is used for the up-to-date check. ``url`` (password hidden) is only for messages.
     Unless ``shared``, a database with foreign tables and no version table is refused before any
-    DDL (checked first without, then again with the lock).
+    DDL (checked first without, then again with the lock). Unless ``create``, a database without a
+    store is refused before any DDL; a store at an older version is migrated either way.
 
     Raises:
         SchemaVersionError: the database's version is newer than the last migration known here.
-        StoreConfigError: the database holds foreign tables and no store, and ``shared`` is false.
+        StoreConfigError: the database holds foreign tables and no store, and ``shared`` is false;
+            or (option ``create``) it holds no store and ``create`` is false.
     """
     head = migrations[-1][0] if migrations else 0
     with (read or write).connect() as conn:
         version = current_version(conn)
+        if version is None and not create:
+            raise no_store(url, "the database holds no graphflow-durable store")
         if version is None and not shared:
             refuse_foreign(table_names(conn), url=url, dialect=conn.dialect.name)
         conn.rollback()
@@ -317,6 +335,8 @@ def migrate(
         with write.begin() as conn:
             _lock(conn)
             found = current_version(conn)
+            if found is None and not create:  # dropped since the check above: still nothing to create
+                raise no_store(url, "the database holds no graphflow-durable store")
             if found is None and not shared:
                 refuse_foreign(table_names(conn), url=url, dialect=conn.dialect.name)
             table = _version_table(sa.MetaData())

@@ -20,8 +20,9 @@ class StoreConfigError(UsageError, StoreError):
     """A store URL or store argument is invalid; nothing was opened.
 
     An unknown or refused option in the URL's query, a bad value, an unsupported backend, a
-    keyword argument and the same option in the URL disagreeing, or a database that holds another
-    application's tables and no store (``option`` is ``"shared"``). A :class:`UsageError` (so a
+    keyword argument and the same option in the URL disagreeing, a database that holds another
+    application's tables and no store (``option`` is ``"shared"``), or no store at all where one
+    must exist (``Store(url, create=False)``; ``option`` is ``"create"``). A :class:`UsageError` (so a
     ``ValueError``: the caller gave a wrong value) and a :class:`StoreError` (so
     ``except StoreError`` keeps catching bad URLs).
 

@@ -17,6 +17,8 @@ group (runs, commits, history, leases, operations, human input), and composed he
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from graphflow_durable._model.history import StepInfo
 from graphflow_durable._model.human import InputRequest
 from graphflow_durable._model.records import (
@@ -37,7 +39,15 @@ from graphflow_durable._model.records import (
 from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Retry
 from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.engine import open_engines, peek_sqlite
-from graphflow_durable._storage.migrations import current_version, migrate, refuse_unowned, survey
+from graphflow_durable._storage.migrations import (
+    Survey,
+    current_version,
+    holds_store,
+    migrate,
+    no_store,
+    refuse_unowned,
+    survey,
+)
 from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.reading import Verification
 from graphflow_durable._storage.requests import InputRequests
@@ -87,7 +97,9 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
     """Runs, steps, messages, agent states and leases over SQLAlchemy 2.x Core.
 
     Opening a store creates or migrates the schema (see ``_migrations``); a database written by a
-    newer graphflow-durable is refused with :class:`SchemaVersionError`. A store is safe to share
+    newer graphflow-durable is refused with :class:`SchemaVersionError`. With ``create=False`` it
+    only opens a store that exists (what a tool that reads runs wants: a mistyped path is refused
+    instead of becoming a new, empty store). A store is safe to share
     between threads. Every method that writes runs one transaction; database and driver errors are
     raised as :class:`StoreError` with the cause chained.
 
@@ -115,6 +127,10 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
             schema on the search path) that already holds other tables. Without it such a database
             is refused, and nothing is created in it; a database that already holds a store opens
             either way. ``None``: the URL's ``shared``, else false.
+        create: create the store when the database holds none (the default). ``False``: refuse a
+            database without a store, creating nothing: a SQLite file that does not exist (or
+            holds no store, or an in-memory database), a PostgreSQL database (schema) without the
+            store's tables. A store at an older schema version is migrated either way.
 
     Raises:
         StoreConfigError: (a ``ValueError`` and a :class:`StoreError`) the URL is malformed or
@@ -125,6 +141,8 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
             store's that the store did not create (``graphflow_runs`` and no version table, or a
             version table it did not write), ``shared`` or not. Nothing was created or changed
             (a SQLite file is left byte for byte as it was).
+            Also (``option == "create"``) when ``create`` is false and the database holds no
+            store; nothing was created.
         StoreError: the database could not be opened or migrated.
     """
 
@@ -135,6 +153,7 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
         synchronous: str | None = None,
         pool_pre_ping: bool | None = None,
         shared: bool | None = None,
+        create: bool = True,
     ) -> None:
         self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
         self._writer = CommitWriter(self._e)
@@ -143,15 +162,35 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
         shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
-                # Before the engine connects (and turns a SQLite file to WAL): a refused file is
-                # left as it was. The same check is made again by migrate(), on both backends.
+                # Before the engine connects (that would create a missing SQLite file, and turn an
+                # existing one to WAL): a refused file is left as it was. migrate() checks again,
+                # on both backends.
                 found = peek_sqlite(self._e.target, survey)
+                if not create:
+                    self._refuse_no_sqlite_store(found)
                 if found is not None:
                     refuse_unowned(found, url=self._e.url, dialect=self._e.dialect, shared=shared)
-                self._version = migrate(self._e.migrate, read=self._e.read, url=self._e.url, shared=shared)
+                self._version = migrate(
+                    self._e.migrate, read=self._e.read, url=self._e.url, shared=shared, create=create
+                )
         except BaseException:
             self._e.engine.dispose()
             raise
+
+    def _refuse_no_sqlite_store(self, found: Survey | None) -> None:
+        """SQLite, opened with ``create=False``: refuse a file that does not exist or holds no store
+        (``found``: what :func:`peek_sqlite` read of it) without connecting the engine (PostgreSQL,
+        and a file this cannot read: ``migrate`` checks)."""
+        target = self._e.target
+        path = target.engine_url.database
+        if target.dialect != "sqlite":
+            return
+        if path in (None, "", ":memory:"):
+            raise no_store(self._e.url, "an in-memory database starts empty")
+        if not Path(path).exists():
+            raise no_store(self._e.url, "the file does not exist")
+        if found is not None and not holds_store(found.tables):
+            raise no_store(self._e.url, "the file holds no graphflow-durable store")
 
     @property
     def queue(self) -> WorkQueue:

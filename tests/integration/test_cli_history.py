@@ -232,3 +232,19 @@ async def test_runs_export_piped_into_runs_import_from_stdin_in_real_processes(
     assert failed.stderr.decode().count("\n") == 1
     with Store(other) as copy, Store(sqlite_url) as original:
         assert copy.export_run("copy")["messages"] == original.export_run("source")["messages"]
+
+
+def test_runs_import_refuses_json_nested_deeper_than_the_limit_on_one_line_and_writes_nothing(
+    sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Store(sqlite_url):
+        pass  # an empty store, to show that nothing is written into it
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"run": ' + "[" * 200_000 + "]" * 200_000 + "}", encoding="utf-8")
+    assert main(["runs", "import", "--store", sqlite_url, str(deep)]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"graphflow-durable: FILE {deep}: JSON nested more than 200 levels deep (the limit); "
+        "not a run export file\n"
+    )
+    with Store(sqlite_url) as store:
+        assert store.list_runs() == []

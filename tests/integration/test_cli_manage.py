@@ -101,9 +101,9 @@ def test_show_of_a_submission_not_started_yet_says_submitted(
 
 @pytest.mark.parametrize("command", ["show", "cancel", "retry", "delete"])
 def test_a_command_on_an_unknown_run_fails_on_one_line_with_exit_2(
-    store_url: str, capsys: pytest.CaptureFixture[str], command: str
+    store_url: str, store: Store, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
-    code, out, err = cli(capsys, store_url, command, "nope")
+    code, out, err = cli(capsys, store_url, command, "nope")  # in a store that exists
     assert (code, out) == (EXIT_USAGE, [])
     one_line_error(err, "run nope does not exist", "runs list")
 
@@ -213,9 +213,14 @@ def test_prune_dry_run_lists_then_prune_deletes_and_nothing_to_do_is_not_an_erro
     ],
 )
 def test_prune_bad_input_fails_on_one_line(
-    store_url: str, capsys: pytest.CaptureFixture[str], args: list[str], code: int, words: list[str]
+    store_url: str,
+    store: Store,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    code: int,
+    words: list[str],
 ) -> None:
-    got, out, err = cli(capsys, store_url, "prune", *args)
+    got, out, err = cli(capsys, store_url, "prune", *args)  # in a store that exists
     assert (got, out) == (code, [])
     one_line_error(err, *words)
 

@@ -285,9 +285,11 @@ def test_python_dash_m_runs_the_cli_in_a_subprocess(files, tmp_path) -> None:
     assert json.loads(out_file.read_text(encoding="utf-8"))["agent_states"]["GraphManager"]["ready"] == ["B"]
 
 
-def test_a_closed_stdout_ends_the_command_quietly(
+def test_a_closed_stdout_drops_the_rest_of_the_output_and_keeps_the_commands_exit_code(
     files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The reader closing stdout is not the command's success: the problems found still exit 1."""
+
     class ClosedPipe:
         def write(self, text: str) -> int:
             raise BrokenPipeError(32, "Broken pipe")
@@ -296,6 +298,26 @@ def test_a_closed_stdout_ends_the_command_quietly(
             raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
-    assert main([str(files["state"]), "--graph", str(files["graph"])]) == 0
+    assert main([str(files["state"]), "--graph", str(files["graph"])]) == 1  # problems found
     monkeypatch.undo()
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("depth", [200_000, 600])
+def test_json_nested_deeper_than_the_limit_is_refused_on_one_line_naming_the_file_and_the_limit(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], depth: int
+) -> None:
+    """200 KB of nesting is beyond the JSON parser; 600 levels parse but would exhaust repair's stack."""
+    state = json.loads(files["state"].read_text(encoding="utf-8"))
+    state["agent_states"]["A"]["deep"] = "@"
+    text = json.dumps(state).replace('"@"', "[" * depth + "]" * depth)
+    files["state"].write_text(text, encoding="utf-8")
+    before = snapshot(files["state"].parent)
+    for argv in ([files["state"]], [files["state"], "--graph", files["graph"], "--in-place"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, "")
+        assert err == (
+            f"graphflow-repair: {files['state']}: JSON nested more than 200 levels deep (the limit); "
+            "not a team state file\n"
+        )
+    assert snapshot(files["state"].parent) == before

@@ -199,7 +199,9 @@ def test_the_cli_refuses_an_application_database_in_one_line_with_exit_code_2(
     store_url: str, raw: sa.Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     add_application_table(raw)
-    assert main(["runs", "list", "--store", store_url]) == EXIT_USAGE
+    assert (
+        main(["submit", "--store", store_url, "r-1", "go"]) == EXIT_USAGE
+    )  # a command that creates the store
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("graphflow-durable: database ") and "customers" in err and "shared=true" in err

@@ -21,8 +21,9 @@ class StoreConfigError(UsageError, StoreError):
 
     An unknown or refused option in the URL's query, a bad value, an unsupported backend, a
     keyword argument and the same option in the URL disagreeing, a database that holds another
-    application's tables and no store (``option`` is ``"shared"``), or one that holds tables named
-    like the store's that the store did not create (``option`` is ``None``). A :class:`UsageError` (so a
+    application's tables and no store (``option`` is ``"shared"``), one that holds tables named
+    like the store's that the store did not create (``option`` is ``None``), or no store at all
+    where one must exist (``Store(url, create=False)``; ``option`` is ``"create"``). A :class:`UsageError` (so a
     ``ValueError``: the caller gave a wrong value) and a :class:`StoreError` (so
     ``except StoreError`` keeps catching bad URLs).
 

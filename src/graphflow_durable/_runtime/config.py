@@ -39,13 +39,15 @@ DEFAULT_STORE_ENV = "GRAPHFLOW_DURABLE_STORE"
 """Environment variable naming the store URL used when ``store=`` is not given."""
 
 
-def default_store_url() -> str:
-    """``$GRAPHFLOW_DURABLE_STORE``, else ``sqlite:///./.graphflow_durable/runs.db`` (created on use)."""
+def default_store_url(*, make_directory: bool = True) -> str:
+    """``$GRAPHFLOW_DURABLE_STORE``, else ``sqlite:///./.graphflow_durable/runs.db`` (created on use;
+    ``make_directory=False``: its folder is not created either, for a caller that only reads)."""
     url = os.environ.get(DEFAULT_STORE_ENV)
     if url:
         return url
     path = Path.cwd() / ".graphflow_durable" / "runs.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_directory:
+        path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
 
 

@@ -41,7 +41,9 @@ __all__ = [
     "Migration",
     "Survey",
     "current_version",
+    "holds_store",
     "migrate",
+    "no_store",
     "refuse_unowned",
     "survey",
     "table_names",
@@ -300,6 +302,17 @@ def table_names(conn: Connection) -> list[str]:
     return sorted(str(name) for name in conn.execute(sa.text(query)).scalars())
 
 
+def holds_store(names: Sequence[str]) -> bool:
+    """Whether a database whose tables are ``names`` holds a store (its schema-version table)."""
+    return _VERSION_TABLE in names
+
+
+def no_store(url: str, why: str) -> StoreConfigError:
+    """The error for a database that holds no store, opened by a caller that must not create one
+    (``Store(url, create=False)``); ``why`` says what was found instead."""
+    return StoreConfigError(f"no store at {url} ({why}); nothing was created", url=url, option="create")
+
+
 @dataclass(frozen=True)
 class Survey:
     """What a database holds, as far as deciding whether it is (or may become) a store goes.
@@ -385,6 +398,13 @@ def refuse_unowned(
         )
 
 
+def _refuse(found: Survey, *, url: str, dialect: str, shared: bool, create: bool, origin: str) -> None:
+    """:func:`refuse_unowned`, after refusing a database without a store where none may be created."""
+    if not create and not holds_store(found.tables):
+        raise no_store(url, "the database holds no graphflow-durable store")
+    refuse_unowned(found, url=url, dialect=dialect, shared=shared, origin=origin)
+
+
 def _shown(names: Sequence[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
@@ -396,23 +416,26 @@ def migrate(
     url: str,
     migrations: Sequence[Migration] = MIGRATIONS,
     shared: bool = False,
+    create: bool = True,
 ) -> int:
     """Bring the database at ``write`` to the last of ``migrations``; return its version.
 
     ``write`` must begin write transactions (SQLite ``BEGIN IMMEDIATE``); ``read`` (default
     ``write``) is used for the up-to-date check. ``url`` (password hidden) is only for messages.
     A database :func:`refuse_unowned` refuses is refused before any DDL (checked first without,
-    then again with the lock).
+    then again with the lock). Unless ``create``, a database without a store is refused before any
+    DDL; a store at an older version is migrated either way.
 
     Raises:
         SchemaVersionError: the database's version is newer than the last migration known here.
         StoreConfigError: the database holds tables with the store's names that the store did not
-            create, or (unless ``shared``) foreign tables and no store.
+            create, or (unless ``shared``) foreign tables and no store; or (option ``create``) it
+            holds no store and ``create`` is false.
     """
     head = migrations[-1][0] if migrations else 0
     origin = migrations[0][1] if migrations else ""
     with (read or write).connect() as conn:
-        refuse_unowned(survey(conn), url=url, dialect=conn.dialect.name, shared=shared, origin=origin)
+        _refuse(survey(conn), url=url, dialect=conn.dialect.name, shared=shared, create=create, origin=origin)
         version = current_version(conn)
         conn.rollback()
     if version is not None:
@@ -422,7 +445,10 @@ def migrate(
     for number, description, function in migrations:
         with write.begin() as conn:
             _lock(conn)
-            refuse_unowned(survey(conn), url=url, dialect=conn.dialect.name, shared=shared, origin=origin)
+            # Checked again under the lock: the database may have changed since the check above.
+            _refuse(
+                survey(conn), url=url, dialect=conn.dialect.name, shared=shared, create=create, origin=origin
+            )
             found = current_version(conn)
             table = _version_table(sa.MetaData())
             table.create(conn, checkfirst=True)

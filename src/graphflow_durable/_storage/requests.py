@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from graphflow_durable._model.codec import dumps, loads, surrogate_problem
 from graphflow_durable._model.human import InputRequest
-from graphflow_durable._storage.commit import not_found
+from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.schema import input_requests, runs
 from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError

@@ -2,8 +2,11 @@
 
 Every command's ``main(argv)`` runs its body through :func:`run_command`, which turns whatever
 goes wrong into one line on stderr and the command's documented exit code: no traceback ever
-reaches the user. A closed stdout (``graphflow-durable runs list | head -1``) ends the command
-quietly.
+reaches the user. A stdout its reader closed (``graphflow-durable runs verify | head -1``) takes no
+more output, and the command still ends with its own exit code (4 for damage found, not 0).
+:func:`prepare_streams` (each console script's first call) makes stdout and stderr write what the
+terminal's encoding cannot show as backslash escapes. :func:`load_json` reads the JSON files the
+commands are given, refusing nesting deeper than :data:`MAX_JSON_DEPTH`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import logging
 import os
 import sys
@@ -21,9 +25,13 @@ from typing import Any, NoReturn
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "EXIT_PIPE",
+    "MAX_JSON_DEPTH",
     "CliError",
     "OneLineParser",
     "import_attribute",
+    "load_json",
+    "prepare_streams",
     "require_value",
     "run_command",
     "write_atomically",
@@ -33,6 +41,12 @@ _log = logging.getLogger(__name__)
 
 #: Ctrl-C outside the worker's own signal handling (the shell's convention: 128 + SIGINT).
 EXIT_INTERRUPTED = 130
+#: A write to a closed pipe that escaped the stdout guard (the shell's convention: 128 + SIGPIPE).
+EXIT_PIPE = 141
+#: How deeply a JSON file given to a command may nest. A team state or a run export nests about 15
+#: levels; far deeper input would exhaust the stack of the code that reads it (Python's JSON parser
+#: gives up near 1,000 levels, the repair engine and the indenting JSON writer sooner).
+MAX_JSON_DEPTH = 200
 #: An error nobody foresaw (a bug): one line on stderr, the traceback only in the debug log.
 _EXIT_UNEXPECTED = 1
 
@@ -75,11 +89,28 @@ def run_command(
     - :class:`CliError`: its message and code;
     - an exception matching ``codes`` (the first ``(class, code)`` pair that matches, so list
       subclasses first): its message and that code;
-    - a closed stdout (``BrokenPipeError``): nothing more is written; exit 0 (the reader had what
-      it wanted);
+    - a stdout closed by its reader: the rest of the output is dropped, the command runs to its
+      end and its own exit code is returned (``runs verify | head -1`` still exits 4 when it found
+      damage; a reader that had what it wanted is no failure, a command's finding is no success);
+      a ``BrokenPipeError`` from anything else: :data:`EXIT_PIPE`, quietly;
     - Ctrl-C: :data:`EXIT_INTERRUPTED`; anything else: one line naming the error, exit 1 (the
       traceback is logged at DEBUG).
     """
+    stdout = sys.stdout
+    guard = _ReaderMayClose(stdout)
+    sys.stdout = guard
+    try:
+        code = _run(prog, command, codes, usage_code)
+        guard.flush()  # what is still buffered is delivered (or found unwanted) here, not at exit
+        return code
+    finally:
+        if sys.stdout is guard:
+            sys.stdout = stdout
+
+
+def _run(
+    prog: str, command: Callable[[], int], codes: Sequence[tuple[type[BaseException], int]], usage_code: int
+) -> int:
     try:
         return command()
     except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
@@ -89,7 +120,7 @@ def run_command(
         return exc.code
     except BrokenPipeError:
         _silence_stdout()
-        return 0
+        return EXIT_PIPE
     except KeyboardInterrupt:
         _say(prog, "interrupted")
         return EXIT_INTERRUPTED
@@ -101,6 +132,49 @@ def run_command(
         _log.debug("%s failed", prog, exc_info=True)
         _say(prog, f"unexpected error: {type(exc).__name__}: {exc}")
         return _EXIT_UNEXPECTED
+
+
+def prepare_streams() -> None:
+    """Make stdout and stderr write a character their encoding cannot hold as a backslash escape
+    (``\\u20ac``), where they would raise ``UnicodeEncodeError`` half-way through a table (an
+    ISO-8859-1 or ASCII terminal, ``PYTHONIOENCODING=latin-1``, ``LC_ALL=C`` without UTF-8 mode,
+    where Python writes with ``surrogateescape``). Another error handler the user chose
+    (``PYTHONIOENCODING=utf-8:replace``) is kept. Called once, by each console script's entry point."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict", "surrogateescape"):
+            reconfigure(errors="backslashreplace")
+
+
+class _ReaderMayClose:
+    """stdout for the time of a command: once its reader closed the pipe (``| head -1``), writing
+    drops the text instead of raising, so the command runs to its end and keeps its exit code."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._closed_by_reader = False
+
+    def write(self, text: str) -> int:
+        if not self._closed_by_reader:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed_by_reader:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self._closed_by_reader = True
+        _silence_stdout()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def import_attribute(spec: str, *, flag: str, example: str, code: int, usage_code: int = 2) -> Any:
@@ -151,6 +225,42 @@ def write_atomically(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def load_json(text: str, *, where: str, what: str) -> Any:
+    """``text`` parsed as JSON, refusing nesting deeper than :data:`MAX_JSON_DEPTH`.
+
+    Raises:
+        CliError: (exit 2) ``where: JSON nested more than 200 levels deep (the limit); not a WHAT
+            file``, for text the parser cannot nest that deep and for a value that nests deeper.
+        json.JSONDecodeError: ``text`` is not JSON (each command says so in its own words).
+    """
+    too_deep = CliError(
+        f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep (the limit); not a {what} file", 2
+    )
+    try:
+        value = json.loads(text)
+    except RecursionError:  # the parser's own limit, near 1,000 levels
+        raise too_deep from None
+    if _deeper_than(value, MAX_JSON_DEPTH):
+        raise too_deep
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value``'s lists and objects nest more than ``limit`` levels (found without recursion)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                if depth >= limit:
+                    return True
+                if child:
+                    stack.append((child, depth + 1))
+    return False
 
 
 def _say(prog: str, message: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
-from graphflow_durable.cli._common import CliError, write_atomically
+from graphflow_durable.cli._common import CliError, load_json, write_atomically
 from graphflow_durable.errors import ConflictError, RunLockedError
 from graphflow_durable.store import Store
 
@@ -136,7 +136,7 @@ def _import(store: Store, args: argparse.Namespace, out: Callable[[str], None]) 
             f"FILE {args.file}: cannot read it ({getattr(exc, 'strerror', None) or exc})", 2
         ) from None
     try:
-        document = json.loads(text)
+        document = load_json(text, where=f"FILE {args.file}", what="run export")
     except ValueError as exc:
         raise CliError(
             f"FILE {args.file}: not JSON ({exc}); give a file written by 'runs export'", 2

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.cli._inspect import lease_state
-from graphflow_durable.errors import RunNotFoundError
 from graphflow_durable.store import RUN_STATUSES, Removal, Store
 
 __all__ = ["COMMANDS", "EXIT_REFUSED", "add_parsers", "check", "older_than", "run"]
@@ -110,10 +110,7 @@ def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
             )
         return
     if run is None:
-        raise RunNotFoundError(
-            f"run {args.run_id} does not exist in {store.url}; 'graphflow-durable runs list' lists the runs",
-            run_id=args.run_id,
-        )
+        raise not_found(args.run_id)  # the words of every command on an unknown run
     at = store.progress(run.run_id)
     sub = store.queue.get_submission(run.run_id)
     now = store.lease_clock()

@@ -22,6 +22,8 @@ from graphflow_durable.cli._common import (
     CliError,
     OneLineParser,
     import_attribute,
+    load_json,
+    prepare_streams,
     require_value,
     run_command,
     write_atomically,
@@ -36,7 +38,8 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 """Check mode found problems (errors or warnings)."""
 EXIT_USAGE = 2
-"""Usage error, or unreadable input: a missing/empty/non-JSON file, a wrong shape, another graph."""
+"""Usage error, or unreadable input: a missing/empty/non-JSON file, JSON nested more than 200 levels
+deep, a wrong shape, another graph."""
 EXIT_UNREPAIRABLE = 3
 """The state cannot be repaired without inventing progress."""
 
@@ -64,7 +67,8 @@ modes:
 exit codes:
   0  valid (check mode), or repaired
   1  problems found (check mode)
-  2  usage error or unreadable input (missing, empty, not JSON, wrong shape, a different graph)
+  2  usage error or unreadable input (missing, empty, not JSON, nested more than 200 levels deep,
+     wrong shape, a different graph)
   3  not repairable (the thread does not fit the graph, a participant's state is missing)
 
 finding codes are documented in docs/repair.md.
@@ -106,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
+    prepare_streams()
     sys.exit(main())
 
 
@@ -155,7 +160,7 @@ def _read_json(path: Path, what: str) -> Any:
     if not text.strip():
         raise _Fail(f"{path}: the file is empty, expected a {what} as JSON")
     try:
-        return json.loads(text)
+        return load_json(text, where=str(path), what=what)  # CliError (exit 2) when nested too deeply
     except json.JSONDecodeError as exc:
         raise _Fail(f"{path}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
 

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from graphflow_durable.cli._common import (
     CliError,
     OneLineParser,
     import_attribute,
+    prepare_streams,
     require_value,
     run_command,
 )
@@ -31,6 +33,7 @@ from graphflow_durable.errors import (
     RunExistsError,
     RunLockedError,
     RunStateError,
+    StoreConfigError,
     UsageError,
 )
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
@@ -54,8 +57,9 @@ submitted (or already submitted with the same task), or the worker stopped clean
 EXIT_ERROR = 1
 """The store could not be opened or used, or a team factory could not be imported."""
 EXIT_USAGE = 2
-"""Usage error (argparse, a bad option value), or a store URL that is malformed or carries an unknown
-or bad option."""
+"""Usage error (argparse, a bad option value), a store URL that is malformed or carries an unknown
+or bad option, or no store at the URL for a command that needs one (all but ``worker``, ``submit``
+and ``runs import``, which create it)."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
@@ -104,7 +108,9 @@ exit codes:
      prune; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
-     a RUN that does not exist, a STEP out of range, a FILE that is not a run export)
+     a RUN that does not exist, a STEP out of range, a FILE that is not a run export); no store
+     at the URL: every command but worker, submit and runs import (which create the store) needs
+     an existing one and creates nothing (a mistyped --store is no new, empty store)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is
@@ -198,7 +204,9 @@ def _main(argv: Sequence[str] | None) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     given = getattr(args, "store_sub", None)
     given = require_value("--store", given if given is not None else args.store, "a database URL")
-    url = given if given is not None else default_store_url()
+    # Only the commands that write a new run may create the store; the others need one to exist.
+    creating = args.command in ("worker", "submit") or args.runs_command == "import"
+    url = given if given is not None else default_store_url(make_directory=creating)
     if args.command == "submit":
         check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
     if args.command == "worker":
@@ -213,7 +221,7 @@ def _main(argv: Sequence[str] | None) -> int:
         manage.check(args)  # before the store is opened
     if args.command == "runs" and args.runs_command == "respond":
         check_run_id(args.run_id, option="RUN")
-    with Store(url) as store:
+    with _open_store(url, create=creating, given=given is not None) as store:
         if args.command == "submit":
             return _submit(store, args)
         if args.runs_command in history.COMMANDS:
@@ -229,7 +237,25 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
+    prepare_streams()
     sys.exit(main())
+
+
+def _open_store(url: str, *, create: bool, given: bool) -> Store:
+    """The store at ``url``; unless ``create``, a URL with no store there is a usage error that says
+    where the URL came from (nothing is created)."""
+    try:
+        return Store(url, create=create)
+    except StoreConfigError as exc:
+        if exc.option != "create":
+            raise
+        if given:
+            hint = "check --store"
+        elif os.environ.get(DEFAULT_STORE_ENV):
+            hint = f"check {DEFAULT_STORE_ENV}"
+        else:
+            hint = f"give --store or set {DEFAULT_STORE_ENV}"
+        raise CliError(f"{exc}; {hint}", EXIT_USAGE) from None
 
 
 def _out(line: str) -> None:

@@ -8,9 +8,10 @@ from typing import Any
 
 from graphflow_durable._model.history import StepInfo, step_infos, transcript_of
 from graphflow_durable._model.records import RunLog, RunRecord, StoredMessage
+from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.history import fork_run, read_cut
 from graphflow_durable._storage.migrations import current_version
-from graphflow_durable._storage.transfer import RunRows, read_rows, write_rows
+from graphflow_durable._storage.transfer import read_rows, write_rows
 from graphflow_durable._store.runs import RunMethods
 
 __all__ = ["HistoryMethods"]
@@ -101,7 +102,7 @@ class HistoryMethods(RunMethods):
             StoreCorruptError: a row does not match its checksum.
         """
         with self._guard(f"exporting run {run_id}", run_id), self._e.read.begin() as conn:
-            return read_rows(conn, run_id, self._e.url).document(current_version(conn) or 0)
+            return to_document(read_rows(conn, run_id, self._e.url), current_version(conn) or 0)
 
     def import_run(self, document: Mapping[str, Any], *, run_id: str | None = None) -> RunRecord:
         """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
@@ -115,7 +116,7 @@ class HistoryMethods(RunMethods):
                 ``run_id`` is not a valid run id.
             ConflictError: a run with its id exists already in this store.
         """
-        rows = RunRows.from_document(document, "the document", run_id)
+        rows = from_document(document, "the document", run_id)
         new_id = rows.run["run_id"]
         with self._guard(f"importing run {new_id}", new_id), self._e.write.begin() as conn:
             return write_rows(conn, rows, rows.run, self._e.url).run

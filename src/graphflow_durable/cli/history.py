@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._storage.document import MAX_DEPTH
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.cli._common import CliError, write_atomically
 from graphflow_durable.errors import ConflictError, RunLockedError
@@ -140,6 +141,12 @@ def _import(store: Store, args: argparse.Namespace, out: Callable[[str], None]) 
     except ValueError as exc:
         raise CliError(
             f"FILE {args.file}: not JSON ({exc}); give a file written by 'runs export'", 2
+        ) from None
+    except RecursionError:  # the parser's own limit (~1,000 levels) lies beyond the document's
+        raise CliError(
+            f"FILE {args.file}: its JSON is nested deeper than {MAX_DEPTH} levels, the most a run "
+            "export may hold; give a file written by 'runs export'",
+            2,
         ) from None
     run = store.import_run(document, run_id=args.new_run_id)
     _said(out, args.json, run, f"imported run {run.run_id}")

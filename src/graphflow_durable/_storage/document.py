@@ -150,7 +150,7 @@ def from_document(doc: Any, where: str, run_id: str | None = None) -> RunRows:
     ``interrupted``: its requests for human input are not exported, so a waiting node asks again.
 
     Raises:
-        UsageError: ``{where}: {path}: {what is wrong}; nothing was imported`` for the first bad
+        UsageError: ``{where}: {path}: {what is wrong}; nothing was imported (...)`` for the first bad
             field; or ``run_id`` is not a valid run id.
     """
     if run_id is not None:
@@ -159,7 +159,9 @@ def from_document(doc: Any, where: str, run_id: str | None = None) -> RunRows:
         return _Reader(doc).rows(run_id)
     except _Bad as bad:
         raise UsageError(
-            f"{where}: {bad.path}: {bad.problem}; nothing was imported", option="document"
+            f"{where}: {bad.path}: {bad.problem}; nothing was imported (import a document as "
+            "export_run() or 'runs export' wrote it)",
+            option="document",
         ) from None
 
 
@@ -259,9 +261,13 @@ class _Reader:
             raise _Bad("version", f"is {_short(version)}; this release reads versions 1 and 2")
         self.version = int(version)
         deep = too_deep(doc, MAX_DEPTH)
-        if deep is not None:
-            raise _Bad(_path(deep), f"is nested deeper than {MAX_DEPTH} levels, the most an export may hold")
+        if deep is not None:  # the path to where it begins: hundreds of [0] say nothing more
+            raise _Bad(
+                _path(deep[:8]) + "...",
+                f"is nested deeper than {MAX_DEPTH} levels, the most an export may hold",
+            )
         run = self._run(self._object(self._field(doc, "run", "the document"), "run"))
+        self._graph_content()
         steps = self._list(self._field(doc, "steps", "the document"), "steps")
         messages = self._list(self._field(doc, "messages", "the document"), "messages")
         states = self._list(self._field(doc, "agent_states", "the document"), "agent_states")
@@ -274,7 +280,7 @@ class _Reader:
         self._counts(rows)
         self._references(rows)
         self._fold(rows)
-        self._content(rows)
+        self._head(rows)
         if new_id is not None:
             rows.run["run_id"] = new_id
         if rows.run["status"] in ("running", "waiting"):
@@ -363,6 +369,11 @@ class _Reader:
         body = self._object(self._field(m, "body", path), f"{path}.body")
         text = self._json(body, f"{path}.body")
         self._checksum(m, path, message_sum(self.run_id, seq, step_seq, published, text))
+        if _content is not None:
+            try:
+                _content.message(body)
+            except ValueError as exc:
+                raise _Bad(f"{path}.body", str(exc)) from None
         return {"seq": seq, "step_seq": step_seq, "published": published, "body": text}
 
     def _state(self, value: Any, path: str) -> dict[str, Any]:
@@ -481,21 +492,16 @@ class _Reader:
                 f"a node's state is nested deeper than {MAX_DEPTH} levels, the most an export may hold",
             ) from None
 
-    def _content(self, rows: RunRows) -> None:
-        checks = _content
-        if checks is None:
-            return
-        try:
-            checks.graph(self.graph)
-        except ValueError as exc:
-            raise _Bad("run.graph", str(exc)) from None
-        for i, m in enumerate(self.doc["messages"]):
+    def _graph_content(self) -> None:
+        if _content is not None:
             try:
-                checks.message(m["body"])
+                _content.graph(self.graph)
             except ValueError as exc:
-                raise _Bad(f"messages[{i}].body", str(exc)) from None
-        if rows.steps:
+                raise _Bad("run.graph", str(exc)) from None
+
+    def _head(self, rows: RunRows) -> None:
+        if _content is not None and rows.steps:
             try:
-                checks.head(self.doc["steps"][-1]["scheduler"], self.graph)
+                _content.head(self.doc["steps"][-1]["scheduler"], self.graph)
             except ValueError as exc:
                 raise _Bad(f"steps[{len(rows.steps) - 1}].scheduler", str(exc)) from None

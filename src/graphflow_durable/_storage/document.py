@@ -419,7 +419,7 @@ class _Reader:
 
     def _references(self, rows: RunRows) -> None:
         last = 0
-        answers: dict[int, Mapping[str, Any]] = {}
+        upto: dict[int, int] = {}  # per step that added messages: the thread's length after it
         for i, m in enumerate(rows.messages):
             if m["step_seq"] > self.head:
                 raise _Bad(
@@ -432,21 +432,19 @@ class _Reader:
                     "the thread must follow the steps",
                 )
             last = m["step_seq"]
-            answers[last] = self.doc["messages"][i]["body"]
-        for i, s in enumerate(rows.steps):
-            if s["kind"] != StepKind.COMPLETE.value:
-                continue
-            answer = answers.get(s["seq"])
-            if answer is None:
+            upto[last] = i + 1
+        length = 0
+        for i, s in enumerate(self.doc["steps"]):
+            length = upto.get(i + 1, length)
+            # A step that dispatched nodes recorded the thread's length then ("at", counted from
+            # the cursor's origin): the messages up to it must number as many, or one was removed
+            # (a node would resume without an answer it saw) or added.
+            at, origin = s["data"].get("at"), s["scheduler"].get("origin")
+            if _is_int(at) and _is_int(origin) and origin + at != length:
                 raise _Bad(
                     f"steps[{i}]",
-                    f"records the answer of node {s['node']!r}, but no message belongs to step {s['seq']}",
-                )
-            if answer.get("source") != s["node"]:
-                raise _Bad(
-                    f"steps[{i}]",
-                    f"records the answer of node {s['node']!r}, but the last message of step {s['seq']} "
-                    f"comes from {_short(answer.get('source'))}",
+                    f"says the thread held {origin + at} messages after step {i + 1}, but the document "
+                    f"holds {length} up to it: a message is missing (or was added)",
                 )
         seen: set[tuple[str, int]] = set()
         for i, r in enumerate(rows.states):

@@ -38,7 +38,9 @@ EPILOG = """\
   runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
                                                  agent states) on stdout, or in FILE
   runs import FILE [--run-id NEW]                write an exported run (FILE '-': stdin) into --store;
-                                                 a run exported while running arrives 'interrupted'
+                                                 a run exported while running arrives 'interrupted';
+                                                 the whole FILE is checked first (an edited export
+                                                 is refused by its checksums)
   runs fork RUN --at STEP [--run-id NEW]         a new run starting from the run's state at STEP
                                                  (the source is only read); resume it with run()
 """

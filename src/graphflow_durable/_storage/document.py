@@ -310,11 +310,11 @@ class _Reader:
         for key in ("created_at", "updated_at"):
             self._time(fields[key], f"run.{key}")
         self.graph = self._graph(fields["graph"])
-        self._checksum(src, "run", run_sum(fields))
         run = {k: fields[k] for k in _RUN_FIELDS}
         run.update(
             {k: None if fields[k] is None else self._json(fields[k], f"run.{k}") for k in _JSON_FIELDS}
         )
+        self._checksum(src, "run", run_sum(fields))  # every field is JSON by now
         return run
 
     def _graph(self, value: Any) -> Mapping[str, Any]:
@@ -335,7 +335,7 @@ class _Reader:
         if seq != index + 1:
             raise _Bad(f"{path}.seq", f"is {seq}; the steps must be numbered 1, 2, 3... in order")
         kind = self._field(s, "kind", path)
-        if kind not in {k.value for k in StepKind}:
+        if not isinstance(kind, str) or kind not in {k.value for k in StepKind}:
             raise _Bad(
                 f"{path}.kind", f"is {_short(kind)}, not one of {', '.join(k.value for k in StepKind)}"
             )
@@ -346,16 +346,18 @@ class _Reader:
             raise _Bad(f"{path}.node", f"{node!r} is not a node of the run's graph (run.graph.nodes)")
         scheduler = self._object(self._field(s, "scheduler", path), f"{path}.scheduler")
         data = self._object(self._field(s, "data", path), f"{path}.data")
-        row = {
+        scheduler_text = self._json(scheduler, f"{path}.scheduler")
+        data_text = self._json(data, f"{path}.data")
+        created_at = self._time(self._field(s, "created_at", path), f"{path}.created_at")
+        self._checksum(s, path, step_sum(self.run_id, seq, kind, node, data_text, scheduler_text))
+        return {
             "seq": seq,
             "kind": kind,
             "node": node,
-            "scheduler": self._json(scheduler, f"{path}.scheduler"),
-            "data": self._json(data, f"{path}.data"),
-            "created_at": self._time(self._field(s, "created_at", path), f"{path}.created_at"),
+            "scheduler": scheduler_text,
+            "data": data_text,
+            "created_at": created_at,
         }
-        self._checksum(s, path, step_sum(self.run_id, seq, kind, node, row["data"], row["scheduler"]))
-        return row
 
     def _message(self, value: Any, path: str, index: int) -> dict[str, Any]:
         m = self._object(value, path)

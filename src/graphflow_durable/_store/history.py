@@ -95,7 +95,8 @@ class HistoryMethods(RunMethods):
     def export_run(self, run_id: str) -> dict[str, Any]:
         """The run as one JSON document: its row (without the lease), steps, messages and agent-state
         rows, read in one transaction with every row checked. :meth:`import_run` reads it back,
-        into this store or another (SQLite or PostgreSQL).
+        into this store or another (SQLite or PostgreSQL). The document (``"version": 2``) carries a
+        checksum on the run object and on every row, so an edited export is refused on import.
 
         Raises:
             RunNotFoundError: no such run.
@@ -108,12 +109,18 @@ class HistoryMethods(RunMethods):
         """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
         return its row. Nobody holds its lease; a run exported while ``running`` (or ``waiting``
         for a person: its requests are not exported, the node asks again) is imported as
-        ``interrupted``, so ``run()`` resumes it here. The run is read back before the transaction
-        commits, as a resume reads it: a document that would not resume leaves nothing behind.
+        ``interrupted``, so ``run()`` resumes it here.
+
+        The whole document is checked before anything is written (see ``_storage/document.py``):
+        field types, times, numbering, references between steps and messages, every message body
+        through AutoGen's message factory, the head's scheduler state through the scheduler's
+        parser, agent-state rows folded, nesting depth (at most 500 levels) and, in a version 2
+        document, every checksum (a version 1 document has none). The run is also read back before
+        the transaction commits, as a resume reads it.
 
         Raises:
-            UsageError: the document is not a run export, or is inconsistent (numbering, references);
-                ``run_id`` is not a valid run id.
+            UsageError: the document is not a run export or fails a check (the message names the
+                first bad field as a path: ``steps[3].node``); ``run_id`` is not a valid run id.
             ConflictError: a run with its id exists already in this store.
         """
         rows = from_document(document, "the document", run_id)

@@ -7,6 +7,9 @@ the last commit left off.
 
 from __future__ import annotations
 
+from graphflow_durable._model import exported as _exported
+from graphflow_durable._storage.document import ContentChecks as _ContentChecks
+from graphflow_durable._storage.document import use_content_checks as _use_content_checks
 from graphflow_durable._version import __version__
 from graphflow_durable.context import ExecutionContext, current_execution
 from graphflow_durable.errors import (
@@ -34,6 +37,12 @@ from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, Hum
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
 from graphflow_durable.store import InputRequest, RunRecord, StepInfo, Store
 from graphflow_durable.worker import Worker
+
+# Storage never imports AutoGen: the package hands the store's import its AutoGen-side checks here,
+# where both are loaded, before any store can be used (``Store.import_run``, ``runs import``).
+_use_content_checks(
+    _ContentChecks(message=_exported.check_message, graph=_exported.check_graph, head=_exported.check_head)
+)
 
 __all__ = [
     "ConflictError",

@@ -284,10 +284,12 @@ async def test_import_refuses_a_document_that_is_not_a_run_export_and_writes_not
     with pytest.raises(UsageError, match="not a graphflow-durable run export"):
         store.import_run({"run": {}})
     broken = {**document, "steps": document["steps"][1:]}
-    with pytest.raises(UsageError, match="steps are not numbered 1 to its head"):
+    with pytest.raises(UsageError, match=r"steps\[0\]\.seq: is 2; the steps must be numbered 1, 2, 3"):
         store.import_run(broken, run_id="broken")
     missing = {**document, "messages": [{"seq": 0}]}
-    with pytest.raises(UsageError, match="the document: a field 'step_seq' is missing; nothing was imported"):
+    with pytest.raises(
+        UsageError, match=r"the document: messages\[0\]\.step_seq: is missing; nothing was imported"
+    ):
         store.import_run(missing, run_id="missing")
     assert [r.run_id for r in team.store.list_runs()] == ["source"]
 

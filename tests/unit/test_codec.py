@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from graphflow_durable._model.codec import dumps, state_text
+from graphflow_durable._model.codec import dumps, state_text, too_deep
 from graphflow_durable.errors import NotSerializableError
 
 
@@ -47,3 +47,14 @@ def test_a_value_that_contains_itself_is_refused_not_walked_forever() -> None:
 
 def test_non_ascii_text_with_paired_surrogates_or_nul_is_stored() -> None:
     assert dumps({"t": "a\x00 é 😀"}) == '{"t":"a\\u0000 é 😀"}'
+
+
+def test_too_deep_names_the_first_container_beyond_the_limit_of_a_value_deeper_than_recursion_allows() -> (
+    None
+):
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert too_deep({"a": [1, {"b": deep}]}, 500) == ("a", 1, "b", *([0] * 497))
+    assert too_deep({"a": [1, {"b": [[]]}]}, 5) is None
+    assert too_deep("text", 0) is None

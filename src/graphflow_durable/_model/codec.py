@@ -17,7 +17,7 @@ from pydantic import ConfigDict, JsonValue, TypeAdapter, ValidationError
 
 from graphflow_durable.errors import NotSerializableError
 
-__all__ = ["digest", "dumps", "loads", "state_text", "surrogate_problem"]
+__all__ = ["digest", "dumps", "loads", "state_text", "surrogate_problem", "too_deep"]
 
 # One encoder for every call: json.dumps() with options builds a new JSONEncoder each time.
 _encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
@@ -89,6 +89,28 @@ def state_text(value: Any, *, where: str = "value", node: str | None = None) -> 
 def loads(text: str | bytes) -> Any:
     """Decode JSON text written by :func:`dumps`."""
     return json.loads(text)
+
+
+def too_deep(value: Any, limit: int) -> tuple[str | int, ...] | None:
+    """The keys (and list indexes) leading to the first container of ``value`` nested deeper than
+    ``limit`` levels, or ``None`` when none is. Iterative, so a value nested far deeper than Python's
+    recursion limit is measured as well; it stops at the first such container.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, Mapping):
+            children: list[tuple[Any, tuple[str | int, ...]]] = [
+                (child, (*path, str(key))) for key, child in item.items()
+            ]
+        elif isinstance(item, Sequence) and not isinstance(item, (str, bytes, bytearray)):
+            children = [(child, (*path, index)) for index, child in enumerate(item)]
+        else:
+            continue
+        if len(path) >= limit:
+            return path
+        stack.extend(reversed(children))
+    return None
 
 
 def digest(text: str) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autogen_agentchat.teams import DiGraph
+from autogen_agentchat.teams import DiGraph, DiGraphEdge, DiGraphNode
 
 from graphflow_durable._model import codec as _codec
 
-__all__ = ["describe_graph", "describe_difference", "fingerprint"]
+__all__ = ["describe_graph", "describe_difference", "fingerprint", "graph_of"]
 
 
 def _condition(edge: Any) -> str | None:
@@ -46,6 +46,34 @@ def describe_graph(graph: DiGraph, participants: Sequence[str]) -> dict[str, Any
         "default_start_node": graph.default_start_node,
         "participants": list(participants),
     }
+
+
+def graph_of(description: Mapping[str, Any]) -> DiGraph:
+    """The graph a :func:`describe_graph` description stands for, as far as scheduling goes: its
+    nodes, edges, activation groups and start node. Edge conditions are left out (a callable is
+    described only by its name); they decide which edges fire, not the counts a scheduler state holds.
+
+    Raises ``ValueError`` (pydantic's, naming the field) or ``KeyError``/``TypeError``/
+    ``AttributeError`` when ``description`` does not have the shape :func:`describe_graph` gives.
+    """
+    return DiGraph(
+        nodes={
+            str(name): DiGraphNode(
+                name=str(name),
+                activation=node["activation"],
+                edges=[
+                    DiGraphEdge(
+                        target=edge["target"],
+                        activation_group=edge["group"],
+                        activation_condition=edge["activation"],
+                    )
+                    for edge in node["edges"]
+                ],
+            )
+            for name, node in description["nodes"].items()
+        },
+        default_start_node=description.get("default_start_node"),
+    )
 
 
 def fingerprint(description: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from graphflow_durable._model.codec import dumps
 from graphflow_durable.errors import StoreCorruptError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "STEPS",
     "Damage",
     "message_sum",
+    "run_sum",
     "state_sum",
     "step_sum",
     "step_matches",
@@ -92,6 +94,15 @@ def step_matches(stored: int, run_id: str, seq: int, kind: str, node: str | None
 def scheduler_matches(stored: int, scheduler: str) -> bool:
     """Whether a step's scheduler text matches the high half of its stored checksum."""
     return zlib.crc32(_b(scheduler)) == (stored & ((1 << 64) - 1)) >> 32
+
+
+def run_sum(fields: Mapping[str, Any]) -> int:
+    """The checksum of a run object in an export document (its fields as JSON values).
+
+    The run row has no stored checksum (a commit changes it every time); an export carries this one
+    so that an edited run object (its status, task, graph...) is found when the document is imported.
+    """
+    return zlib.crc32(_b(dumps(fields, where="run")))
 
 
 def add_sums(

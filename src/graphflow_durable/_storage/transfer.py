@@ -1,5 +1,6 @@
-"""A run's rows copied as they are: to a new run (a fork), to a JSON document (export) and back into
-a store (import), so a run moves between SQLite and PostgreSQL.
+"""A run's rows copied as they are: to a new run (a fork), or to and from the JSON document of an
+export (``_storage.document``: its format and the checks an import passes), so a run moves between
+SQLite and PostgreSQL.
 
 Rows are read with every checksum checked (a damaged row is refused, never copied), and written
 under their (new) run id with checksums computed afresh: a checksum covers the run id. After the
@@ -17,17 +18,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import (
     FIRST_FENCING_TOKEN,
-    RUN_STATUSES,
     RunLog,
     RunRecord,
     StepKind,
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.checksum import (
@@ -44,11 +43,7 @@ from graphflow_durable._storage.reading import read_log
 from graphflow_durable._storage.schema import agent_states, messages, steps
 from graphflow_durable.errors import ConflictError, UsageError
 
-__all__ = ["EXPORT_FORMAT", "RunRows", "read_rows", "write_rows"]
-
-#: The ``format`` of an export document; its ``version`` is 1.
-EXPORT_FORMAT = "graphflow-durable-run"
-_VERSION = 1
+__all__ = ["RunRows", "read_rows", "write_rows"]
 
 _at = sa.bindparam("p_at", type_=sa.Integer)
 _STEPS = (
@@ -65,15 +60,6 @@ _STATES = (
     sa.select(agent_states)
     .where(agent_states.c.run_id == sa.bindparam("p_run_id"), agent_states.c.step_seq <= _at)
     .order_by(agent_states.c.step_seq, agent_states.c.node)
-)
-_RUN_FIELDS = (
-    "graph_fingerprint",
-    "status",
-    "head_seq",
-    "message_count",
-    "parent_run_id",
-    "created_at",
-    "updated_at",
 )
 
 
@@ -102,111 +88,6 @@ class RunRows:
             scheduler=None if last is None else loads(last["scheduler"]),
             agent_states={},
         )
-
-    # -- the export document -------------------------------------------------------------------
-
-    def document(self, schema_version: int) -> dict[str, Any]:
-        """The rows as one JSON document (JSON columns decoded; agent-state bodies as their text)."""
-        run = {k: self.run[k] for k in ("run_id", *_RUN_FIELDS)}
-        run.update({k: _decoded(self.run[k]) for k in ("graph", "task", "result")})
-        return {
-            "format": EXPORT_FORMAT,
-            "version": _VERSION,
-            "schema_version": schema_version,
-            "run": run,
-            "steps": [
-                {**s, "scheduler": loads(s["scheduler"]), "data": loads(s["data"])} for s in self.steps
-            ],
-            "messages": [
-                {**m, "published": bool(m["published"]), "body": loads(m["body"])} for m in self.messages
-            ],
-            "agent_states": list(self.states),
-        }
-
-    @classmethod
-    def from_document(cls, doc: Any, where: str, run_id: str | None = None) -> RunRows:
-        """The rows of an export document (as run ``run_id`` if given; a run exported while
-        ``running``, or ``waiting`` for a person, becomes ``interrupted``: its requests for human
-        input are not exported, so a waiting node asks again); :class:`UsageError` naming what is
-        wrong with it."""
-        try:
-            if not isinstance(doc, Mapping) or doc.get("format") != EXPORT_FORMAT:
-                raise ValueError(f'it is not a graphflow-durable run export (no "format": "{EXPORT_FORMAT}")')
-            if doc.get("version") != _VERSION:
-                raise ValueError(
-                    f"its version {doc.get('version')!r} is not {_VERSION}; use a matching release"
-                )
-            src = doc["run"]
-            run = {k: src[k] for k in ("run_id", *_RUN_FIELDS)}
-            run["run_id"] = check_run_id(run["run_id"] if run_id is None else run_id, option="run_id")
-            run["status"] = "interrupted" if run["status"] in ("running", "waiting") else run["status"]
-            run.update(
-                {
-                    k: None if src[k] is None else dumps(src[k], where=f"run/{k}")
-                    for k in ("graph", "task", "result")
-                }
-            )
-            rows = cls(
-                run=run,
-                steps=[
-                    {
-                        "seq": int(s["seq"]),
-                        "kind": StepKind(s["kind"]).value,
-                        "node": s["node"],
-                        "scheduler": dumps(s["scheduler"], where="steps/scheduler"),
-                        "data": dumps(s["data"], where="steps/data"),
-                        "created_at": float(s["created_at"]),
-                    }
-                    for s in doc["steps"]
-                ],
-                messages=[
-                    {
-                        "seq": int(m["seq"]),
-                        "step_seq": int(m["step_seq"]),
-                        "published": bool(m["published"]),
-                        "body": dumps(m["body"], where=f"messages/{m['seq']}/body"),
-                    }
-                    for m in doc["messages"]
-                ],
-                states=[
-                    {
-                        "node": str(r["node"]),
-                        "step_seq": int(r["step_seq"]),
-                        "base_step": None if r["base_step"] is None else int(r["base_step"]),
-                        "body": _text(r["body"]),
-                    }
-                    for r in doc["agent_states"]
-                ],
-            )
-            rows.check()
-        except (KeyError, TypeError, ValueError) as exc:
-            problem = f"a field {exc.args[0]!r} is missing" if isinstance(exc, KeyError) else str(exc)
-            raise UsageError(f"{where}: {problem}; nothing was imported", option="document") from None
-        return rows
-
-    def check(self) -> None:
-        """Refuse rows that do not make a run (``ValueError``): numbering, references, status."""
-        run = self.run
-        if run["status"] not in RUN_STATUSES:
-            raise ValueError(f"run status {run['status']!r} is not one of {list(RUN_STATUSES)}")
-        seqs = [s["seq"] for s in self.steps]
-        if seqs != list(range(1, len(seqs) + 1)) or len(seqs) != run["head_seq"]:
-            raise ValueError(f"its steps are not numbered 1 to its head {run['head_seq']}")
-        if [m["seq"] for m in self.messages] != list(range(run["message_count"])):
-            raise ValueError(f"its messages are not numbered 0 to {run['message_count'] - 1}")
-        for row in (*self.messages, *self.states):
-            if not 1 <= row["step_seq"] <= len(seqs):
-                raise ValueError(f"a row refers to step {row['step_seq']}, which it does not hold")
-
-
-def _decoded(text: str | None) -> Any:
-    return None if text is None else loads(text)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError("an agent-state body is not the stored text")
-    return value
 
 
 def read_rows(conn: sa.Connection, run_id: str, url: str, at: int | None = None) -> RunRows:
@@ -260,8 +141,15 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
         "fencing_token": FIRST_FENCING_TOKEN,
     }
     try:
-        conn.execute(S.INSERT_RUN, values)
+        with conn.begin_nested():  # a refused row leaves the transaction usable, to ask why
+            conn.execute(S.INSERT_RUN, values)
     except sa.exc.IntegrityError as exc:
+        if conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).first() is None:
+            # not the id: a value the schema refuses (the callers check values first; say so plainly)
+            reason = str(exc.orig).splitlines()[0] if exc.orig is not None else type(exc).__name__
+            raise UsageError(
+                f"run {run_id}: {url} refuses its row ({reason}); nothing was written", run_id=run_id
+            ) from exc
         raise ConflictError(
             f"run {run_id} already exists in {url}; choose another id for the new run (--run-id)",
             run_id=run_id,

@@ -8,9 +8,10 @@ from typing import Any
 
 from graphflow_durable._model.history import StepInfo, step_infos, transcript_of
 from graphflow_durable._model.records import RunLog, RunRecord, StoredMessage
+from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.history import fork_run, read_cut
 from graphflow_durable._storage.migrations import current_version
-from graphflow_durable._storage.transfer import RunRows, read_rows, write_rows
+from graphflow_durable._storage.transfer import read_rows, write_rows
 from graphflow_durable._store.runs import RunMethods
 
 __all__ = ["HistoryMethods"]
@@ -94,28 +95,35 @@ class HistoryMethods(RunMethods):
     def export_run(self, run_id: str) -> dict[str, Any]:
         """The run as one JSON document: its row (without the lease), steps, messages and agent-state
         rows, read in one transaction with every row checked. :meth:`import_run` reads it back,
-        into this store or another (SQLite or PostgreSQL).
+        into this store or another (SQLite or PostgreSQL). The document (``"version": 2``) carries a
+        checksum on the run object and on every row, so an edited export is refused on import.
 
         Raises:
             RunNotFoundError: no such run.
             StoreCorruptError: a row does not match its checksum.
         """
         with self._guard(f"exporting run {run_id}", run_id), self._e.read.begin() as conn:
-            return read_rows(conn, run_id, self._e.url).document(current_version(conn) or 0)
+            return to_document(read_rows(conn, run_id, self._e.url), current_version(conn) or 0)
 
     def import_run(self, document: Mapping[str, Any], *, run_id: str | None = None) -> RunRecord:
         """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
         return its row. Nobody holds its lease; a run exported while ``running`` (or ``waiting``
         for a person: its requests are not exported, the node asks again) is imported as
-        ``interrupted``, so ``run()`` resumes it here. The run is read back before the transaction
-        commits, as a resume reads it: a document that would not resume leaves nothing behind.
+        ``interrupted``, so ``run()`` resumes it here.
+
+        The whole document is checked before anything is written (see ``_storage/document.py``):
+        field types, times, numbering, references between steps and messages, every message body
+        through AutoGen's message factory, the head's scheduler state through the scheduler's
+        parser, agent-state rows folded, nesting depth (at most 500 levels) and, in a version 2
+        document, every checksum (a version 1 document has none). The run is also read back before
+        the transaction commits, as a resume reads it.
 
         Raises:
-            UsageError: the document is not a run export, or is inconsistent (numbering, references);
-                ``run_id`` is not a valid run id.
+            UsageError: the document is not a run export or fails a check (the message names the
+                first bad field as a path: ``steps[3].node``); ``run_id`` is not a valid run id.
             ConflictError: a run with its id exists already in this store.
         """
-        rows = RunRows.from_document(document, "the document", run_id)
+        rows = from_document(document, "the document", run_id)
         new_id = rows.run["run_id"]
         with self._guard(f"importing run {new_id}", new_id), self._e.write.begin() as conn:
             return write_rows(conn, rows, rows.run, self._e.url).run

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from graphflow_durable._model.codec import too_deep
+
 __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_PIPE",
@@ -227,40 +229,24 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def load_json(text: str, *, where: str, what: str) -> Any:
-    """``text`` parsed as JSON, refusing nesting deeper than :data:`MAX_JSON_DEPTH`.
+def load_json(text: str, *, where: str, what: str, limit: int = MAX_JSON_DEPTH) -> Any:
+    """``text`` parsed as JSON, refusing nesting deeper than ``limit`` levels.
 
     Raises:
-        CliError: (exit 2) ``where: JSON nested more than 200 levels deep (the limit); not a WHAT
+        CliError: (exit 2) ``where: JSON nested more than LIMIT levels deep (the limit); not a WHAT
             file``, for text the parser cannot nest that deep and for a value that nests deeper.
         json.JSONDecodeError: ``text`` is not JSON (each command says so in its own words).
     """
-    too_deep = CliError(
-        f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep (the limit); not a {what} file", 2
+    refused = CliError(
+        f"{where}: JSON nested more than {limit} levels deep (the limit); not a {what} file", 2
     )
     try:
         value = json.loads(text)
     except RecursionError:  # the parser's own limit, near 1,000 levels
-        raise too_deep from None
-    if _deeper_than(value, MAX_JSON_DEPTH):
-        raise too_deep
+        raise refused from None
+    if too_deep(value, limit) is not None:
+        raise refused
     return value
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value``'s lists and objects nest more than ``limit`` levels (found without recursion)."""
-    if not isinstance(value, (dict, list)):
-        return False
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        for child in node.values() if isinstance(node, dict) else node:
-            if isinstance(child, (dict, list)):
-                if depth >= limit:
-                    return True
-                if child:
-                    stack.append((child, depth + 1))
-    return False
 
 
 def _say(prog: str, message: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._storage.document import MAX_DEPTH
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.cli._common import CliError, load_json, write_atomically
 from graphflow_durable.errors import ConflictError, RunLockedError
@@ -37,7 +38,9 @@ EPILOG = """\
   runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
                                                  agent states) on stdout, or in FILE
   runs import FILE [--run-id NEW]                write an exported run (FILE '-': stdin) into --store;
-                                                 a run exported while running arrives 'interrupted'
+                                                 a run exported while running arrives 'interrupted';
+                                                 the whole FILE is checked first (an edited export
+                                                 is refused by its checksums)
   runs fork RUN --at STEP [--run-id NEW]         a new run starting from the run's state at STEP
                                                  (the source is only read); resume it with run()
 """
@@ -136,7 +139,8 @@ def _import(store: Store, args: argparse.Namespace, out: Callable[[str], None]) 
             f"FILE {args.file}: cannot read it ({getattr(exc, 'strerror', None) or exc})", 2
         ) from None
     try:
-        document = load_json(text, where=f"FILE {args.file}", what="run export")
+        # The store's own limit, so a document the store would take is not refused here.
+        document = load_json(text, where=f"FILE {args.file}", what="run export", limit=MAX_DEPTH)
     except ValueError as exc:
         raise CliError(
             f"FILE {args.file}: not JSON ({exc}); give a file written by 'runs export'", 2

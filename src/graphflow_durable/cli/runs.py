@@ -108,9 +108,10 @@ exit codes:
      prune; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
-     a RUN that does not exist, a STEP out of range, a FILE that is not a run export); no store
-     at the URL: every command but worker, submit and runs import (which create the store) needs
-     an existing one and creates nothing (a mistyped --store is no new, empty store)
+     a RUN that does not exist, a STEP out of range, a FILE that is not a run export or fails
+     its checks: the line names its first bad field, e.g. steps[3].node); no store at the URL:
+     every command but worker, submit and runs import (which create the store) needs an
+     existing one and creates nothing (a mistyped --store is no new, empty store)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is

@@ -212,7 +212,10 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         - Another task: add it as user input (unfinished round) or start a new round.
 
         A round resumed by a new team object (a re-run script after a crash) returns the round's
-        whole result, as the uninterrupted run would have; the stream yields only what is new.
+        whole result, as the uninterrupted run would have; the stream yields only what is new. A
+        nested team called by another attempt of its outer turn yields the round's earlier messages
+        too (and those of its ended round when it returns its stored result): the outer agent's turn
+        runs again from its start and hears the whole round, as its uninterrupted turn did.
         """
         messages = task_messages(task)
         if self._is_running:
@@ -228,12 +231,22 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         try:
             result, messages = await opening(session, run, messages, first_call, self._message_factory.create)
             if result is not None:  # a finished or parked run, or a re-run script's ended round
+                if session.nested and first_call:  # see below: the outer turn hears its round again
+                    ended = await asyncio.to_thread(stored.last_round, session)
+                    for message in self._round_messages(ended, output_task_messages):
+                        yield message
                 yield result
                 finished_cleanly = True
                 return
-            earlier = self._earlier_messages(output_task_messages)
+            earlier = self._round_messages(session.take_resumed_round(), output_task_messages)
             if messages is not None or not first_call:
                 earlier = []  # GraphFlow's habit: a call returns what it produced
+            if session.nested:
+                # A nested team's caller is an outer turn run again from its start (another attempt),
+                # and its agent may build its answer from the stream (SocietyOfMindAgent does): it
+                # hears what the round had produced before, as the uninterrupted turn did.
+                for message in earlier:
+                    yield message
             inner = super().run_stream(
                 task=messages,
                 cancellation_token=cancellation_token,
@@ -286,14 +299,14 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
                         # land on the run another process now drives (a token no lease ever has).
                         session.lease.token = -1
 
-    def _earlier_messages(self, output_task_messages: bool) -> list[BaseAgentEvent | BaseChatMessage]:
-        """What the interrupted round had produced before this team object resumed it."""
+    def _round_messages(
+        self, round_: Sequence[tuple[Mapping[str, Any], bool]], output_task_messages: bool
+    ) -> list[BaseAgentEvent | BaseChatMessage]:
+        """Message objects of a stored round's messages (dump, whether it was user input): what an
+        interrupted round had produced before this team object resumed it, or what an ended one
+        produced."""
         factory = self._message_factory
-        return [
-            factory.create(body)
-            for body, is_task in self._session.take_resumed_round()
-            if output_task_messages or not is_task
-        ]
+        return [factory.create(body) for body, is_task in round_ if output_task_messages or not is_task]
 
     # -- state, reset, component ----------------------------------------------------------------
 
@@ -309,6 +322,12 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         As with GraphFlow, the state may be loaded into a team that has already run: when the run
         exists in the store, the loaded state becomes its new starting point at once (its earlier
         history stays in the store, as after :meth:`reset`).
+
+        A nested team (see ``run_id``) loaded outside its outer turn -- its agent's state restored
+        to the outer node's last committed turn, as ``SocietyOfMindAgent.load_state`` does -- takes
+        the state in memory only: the outer turn's own inner run, when the store has it, is newer,
+        and the next outer turn resumes it inside; a new one starts from a reset team, as every
+        outer turn's run does.
 
         Raises:
             StateFormatError: the state has the wrong shape.
@@ -327,8 +346,10 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         )
         if self._is_running:
             raise RuntimeError("The team cannot be loaded while it is running.")
-        self._driven = True  # a run() after a load returns what it produces, as GraphFlow's does
-        await session.load(loaded)
+        session.bind_to_outer_turn(self.name)  # inside an outer turn: the state is for that turn's run
+        # A run() after a load returns what it produces, as GraphFlow's does; a nested team's state
+        # loaded outside its outer turn leaves the next turn's run to that turn's first call.
+        self._driven = await session.load(loaded)
 
     async def reset(self) -> None:
         """Reset the team as GraphFlow does, and start the stored run afresh (its history is kept).

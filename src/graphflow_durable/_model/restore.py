@@ -76,6 +76,11 @@ class Plan:
         }
         return {"type": "TeamState", "version": "1.0.0", "agent_states": states}
 
+    def current_round(self) -> list[tuple[Mapping[str, Any], bool]]:
+        """The current round's messages in order: each one's dump and whether it was user input (it
+        completes no node)."""
+        return [(e.body, e.completes is None) for e in self.entries[self.cursor.round_start :]]
+
 
 def plan(log: RunLog, spec: GraphSpec, participants: Sequence[str]) -> Plan:
     """Everything needed to put a team at the head of ``log``."""

@@ -99,6 +99,7 @@ class RunSession:
         self.run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
         self.run_id_given = run_id is not None
         self.nested = False  # the run id was derived from an outer durable turn
+        self.outer_attempt = 0  # the attempt of the outer turn the nested run was last bound in
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_seconds = lease_seconds
         self.allow_graph_change = allow_graph_change
@@ -136,7 +137,8 @@ class RunSession:
         """Inside an agent's turn of a durable run, a team given no run id drives that turn's run:
         ``"{outer idempotency key}/{team name}"``, in the outer run's store unless one was given.
 
-        Returns whether the session now drives another run than before.
+        Returns whether the session now drives another run, or the same run in another attempt of
+        the outer turn (which calls this team again from its start), than before.
         """
         outer = current_execution()
         if self.run_id_given or outer is None:
@@ -146,10 +148,14 @@ class RunSession:
             self._store = outer_store
         self.nested = True
         run_id = f"{outer.idempotency_key}/{team_name}"
-        if run_id == self.run_id:
+        if run_id == self.run_id and outer.attempt == self.outer_attempt:
             return False
-        self.run_id = run_id
+        self.run_id, self.outer_attempt = run_id, outer.attempt
         self.forget()
+        # A state loaded before the team knew this run (its agent's state restored to the outer
+        # node's last committed turn, e.g. by SocietyOfMindAgent) predates this turn: the turn's run
+        # resumes from the store, or starts from a reset team as every outer turn's run does.
+        self.pending_import = None
         return True
 
     def forget(self) -> None:
@@ -209,8 +215,7 @@ class RunSession:
         elif stale:
             at = await restore(self)
             if not at.cursor.finished:
-                start = at.cursor.round_start
-                self.resumed_round = [(e.body, e.completes is None) for e in at.entries[start:]]
+                self.resumed_round = at.current_round()
         self.synced = True
         return store.get_run(self.run_id)
 
@@ -361,26 +366,39 @@ class RunSession:
         # run.message_count: the next run must restore the cursor (new origin) from the store.
         self.synced = False
 
-    async def load(self, state: Mapping[str, Any]) -> None:
+    async def load(self, state: Mapping[str, Any]) -> bool:
         """``load_state()`` of a state in the durable format.
 
         On a stored run the state becomes its new starting point at once, under a lease held just
         for it (its earlier history stays in the store, as after ``reset()``; the next run restores
         the team from the store). Otherwise the team loads it in memory and the run is seeded with
         it when it is created.
+
+        A nested team outside an outer turn loads it in memory only: the run it drives next is the
+        next outer turn's, which resumes from the store when it exists (a re-run of an interrupted
+        turn) and otherwise starts from a reset team; the run of the turn it drove last is left alone.
+
+        Returns whether the next run continues the state (``False``: loaded in memory only).
         """
         self.turns.clear()
         self.resumed_round = None
+        if self.nested and current_execution() is None:
+            # Its agent's state restored to the outer node's last committed turn (SocietyOfMindAgent
+            # saves its inner team's state with its own): older than the turn's stored inner run.
+            await self.team.load_plain(state)
+            self.pending_import, self.synced = None, False
+            return False
         if self.store.get_run(self.run_id) is not None:
             with self.lease.briefly() as run:
                 self.head = run.head_seq
                 self.check_graph(run)
                 await import_state(self, state, origin=run.message_count)
             self.synced = False
-            return
+            return True
         await self.team.load_plain(state)
         self.pending_import = state
         self.synced = True
+        return True
 
     def take_resumed_round(self) -> list[tuple[Mapping[str, Any], bool]]:
         """What the round resumed by the last attach had produced before (message dump, whether it

@@ -32,7 +32,7 @@ from graphflow_durable.store import (
 if TYPE_CHECKING:  # the session calls these
     from graphflow_durable._runtime.session import RunSession
 
-__all__ = ["import_state", "restore", "state_at_head", "state_of", "stored_result"]
+__all__ = ["import_state", "last_round", "restore", "state_at_head", "state_of", "stored_result"]
 
 
 async def restore(session: RunSession) -> Plan:
@@ -84,6 +84,12 @@ def stored_result(
     thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
     result = run.result if isinstance(run.result, Mapping) else {}
     return TaskResult(messages=[create(m.body) for m in thread], stop_reason=result.get("stop_reason"))
+
+
+def last_round(session: RunSession) -> list[tuple[Mapping[str, Any], bool]]:
+    """The stored run's last round: each message's dump and whether it was user input, in order."""
+    log = session.store.load(session.run_id)
+    return plan(log, session.spec, session.team.participant_names).current_round()
 
 
 async def state_at_head(session: RunSession) -> dict[str, Any]:

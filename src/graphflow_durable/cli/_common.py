@@ -93,9 +93,30 @@ class Command(click.Command):
         if self.epilog:
             formatter.write("\n" + self.epilog)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Extra arguments are refused here, in argparse's words, not in Click's.
+        allowed, ctx.allow_extra_args = ctx.allow_extra_args, True
+        rest = _parse(super().parse_args, ctx, args)
+        ctx.allow_extra_args = allowed
+        if rest and not allowed:
+            raise click.UsageError(f"unrecognized arguments: {' '.join(rest)}", ctx)
+        return rest
+
     def invoke(self, ctx: click.Context) -> Any:
         ctx.find_root().meta[_COMMAND] = ctx.command_path.partition(" ")[2]
         return super().invoke(ctx)
+
+
+def _parse(
+    parse: Callable[[click.Context, list[str]], list[str]], ctx: click.Context, args: list[str]
+) -> list[str]:
+    """``parse(ctx, args)``; a usage error of Click's parser (an option without its value) learns
+    the command it was given to, so that its line says which ``--help`` to see."""
+    try:
+        return parse(ctx, args)
+    except click.UsageError as exc:
+        exc.ctx = exc.ctx or ctx
+        raise
 
 
 class Group(click.Group):
@@ -107,6 +128,7 @@ class Group(click.Group):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["invoke_without_command"] = True
+        kwargs.setdefault("subcommand_metavar", "COMMAND [ARGS]...")  # required, unlike Click's guess
         super().__init__(*args, **kwargs)
         callback = self.callback
 
@@ -122,6 +144,9 @@ class Group(click.Group):
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         Command.format_epilog(self, ctx, formatter)  # type: ignore[arg-type]
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse(super().parse_args, ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)  # in the order they were added, as the epilog lists them
@@ -273,6 +298,8 @@ def _usage_message(exc: click.ClickException) -> str:
     message = " ".join(exc.format_message().split())
     if isinstance(exc, click.NoSuchOption):
         message = f"unrecognized arguments: {exc.option_name}"
+    elif isinstance(exc, click.BadOptionUsage) and "requires" in exc.message:
+        message = f"argument {exc.option_name}: expected one argument"
     elif isinstance(exc, click.MissingParameter) and exc.param is not None:
         message = f"the following arguments are required: {_name(exc.param)}"
     elif isinstance(exc, click.BadParameter) and exc.param is not None:

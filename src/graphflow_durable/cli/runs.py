@@ -67,9 +67,9 @@ submitted (or already submitted with the same task), or the worker stopped clean
 EXIT_ERROR = 1
 """The store could not be opened or used, or a team factory could not be imported."""
 EXIT_USAGE = 2
-"""Usage error (argparse, a bad option value), a store URL that is malformed or carries an unknown
-or bad option, or no store at the URL for a command that needs one (all but ``worker``, ``submit``
-and ``runs import``, which create it)."""
+"""Usage error (an unknown option, a missing argument, a bad option value), a store URL that is
+malformed or carries an unknown or bad option, or no store at the URL for a command that needs one
+(all but ``worker``, ``submit`` and ``runs import``, which create it)."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED

@@ -87,7 +87,12 @@ ExitCodes = Callable[[BaseException, str], "int | None"]
 
 
 class Command(click.Command):
-    """A Click command whose epilog (the exit codes) is printed as written, not re-wrapped."""
+    """A Click command whose epilog (the exit codes) is printed as written, not re-wrapped, and
+    whose line in its group's list is its help's first paragraph, whole (Click cuts it at 45
+    characters)."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return self.short_help or (self.help or "").partition("\n\n")[0]
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         if self.epilog:
@@ -200,6 +205,7 @@ def store_option(command: _F) -> _F:
     ``ctx.find_root().meta.get(STORE)`` (``None``: not given)."""
     return click.option(
         "--store",
+        metavar="URL",
         expose_value=False,
         callback=_keep_store,
         help="database URL (sqlite:///runs.db, postgresql://...)",

@@ -82,8 +82,8 @@ def add_commands(runs: click.Group, dispatch: Callable[[str, dict[str, Any]], in
     )
     command(
         "import",
-        "read a run exported by 'runs export' into --store",
-        click.argument("file", metavar="FILE"),  # the exported document ('-': stdin)
+        "read a run exported by 'runs export' into --store\n\nFILE: the exported document ('-': stdin)",
+        click.argument("file", metavar="FILE"),
         click.option(
             "--run-id", "new_run_id", default=None, metavar="NEW", help="import it under this run id"
         ),

@@ -88,11 +88,12 @@ class _Fail(CliError):
 @click.command(
     "graphflow-repair",
     cls=Command,
-    help="Check a team state saved by GraphFlow or DurableGraphFlow, and repair it.",
+    help="Check a team state saved by GraphFlow or DurableGraphFlow, and repair it.\n\n"
+    "STATE.json: the saved team state (team.save_state() as JSON).",
     epilog=EPILOG,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.argument("state", metavar="STATE.json")  # the saved team state (team.save_state() as JSON)
+@click.argument("state", metavar="STATE.json")
 @click.option("--graph", metavar="FILE", help="JSON: a DiGraph dump or a GraphFlow component dump")
 @click.option("--team", metavar="MODULE:ATTR", help="an importable team, graph, or factory")
 @json_option("print the report (and changes) as JSON")

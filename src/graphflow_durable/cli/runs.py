@@ -197,9 +197,12 @@ def _list_command(**params: Any) -> int:
     return _main("runs", "list", params)
 
 
-@_runs.command("verify", help="check every stored row against its checksum, and for gaps")
+@_runs.command(
+    "verify",
+    help="check every stored row against its checksum, and for gaps\n\nRUN: the runs to check (default: all)",
+)
 @store_option
-@click.argument("run_ids", nargs=-1, metavar="RUN")  # the runs to check (default: all)
+@click.argument("run_ids", nargs=-1, metavar="[RUN]...")
 @json_option("one JSON object per damaged row or gap")
 def _verify_command(**params: Any) -> int:
     return _main("runs", "verify", params)

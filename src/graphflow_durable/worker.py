@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Protocol
 
 from graphflow_durable._storage.urls import safe_url
@@ -248,7 +249,10 @@ class Worker:
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: stop claiming and drain; a second signal halts in-flight runs at once.
 
-        Call from inside the running event loop (Unix only).
+        Call from inside the running event loop, in the main thread (Unix only). The handlers stay
+        installed after the loop ends, until the process exits or the caller installs others: a
+        signal while the process tears down (its loop closed, its threads joined) is logged and
+        ignored instead of killing the process (exit 143).
         """
         loop = asyncio.get_running_loop()
 
@@ -262,8 +266,19 @@ class Worker:
             )
             self.request_stop(halt=not first)
 
+        def handler(signum: int, frame: FrameType | None) -> None:
+            # A Python-level handler, not loop.add_signal_handler(): the loop resets those to the
+            # default action when it closes, and a signal during the teardown after it (a second
+            # SIGTERM while the store closes and threads are joined) would kill the process.
+            # Python runs this in the main thread between bytecodes, so the loop is not touched
+            # concurrently; call_soon_threadsafe also wakes it from its select().
+            if loop.is_closed():
+                _log.info("worker %s: %s; already stopped, exiting", self.owner, signal.Signals(signum).name)
+                return
+            loop.call_soon_threadsafe(on_signal, signum)
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal, signum)
+            signal.signal(signum, handler)
 
     async def run_forever(self) -> None:
         """Claim and drive runs until :meth:`request_stop`; then drain and return."""

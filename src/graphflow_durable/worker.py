@@ -199,6 +199,9 @@ class Worker:
         self._stopping = False
         self._halting = False
         self._wake: asyncio.Event | None = None
+        # The runs this worker drives now. Their leases may have expired under its own id (its
+        # driver could not renew in an outage) and be claimable again: not while that driver lives.
+        self._driving: set[str] = set()
         self._database = DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
         self._driver = RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
         if isinstance(store, str):
@@ -330,7 +333,9 @@ class Worker:
                 paused = time.monotonic() < self._database.resume_at
                 while len(tasks) < self._concurrency and not self._stopping and not paused:
                     try:
-                        claim = store.queue.claim(self.owner, lease_seconds=self._lease, teams=self.teams)
+                        claim = store.queue.claim(
+                            self.owner, lease_seconds=self._lease, teams=self.teams, skip=self._driving
+                        )
                     except StoreError as exc:
                         self._database.problem("claiming work", exc)
                         paused = True
@@ -339,6 +344,7 @@ class Worker:
                     if claim is None:
                         break
                     claimed = True
+                    self._driving.add(claim.run_id)
                     tasks.add(asyncio.ensure_future(self._drive(claim)))
                 if until_idle and not tasks and not claimed and not paused:
                     break
@@ -382,4 +388,6 @@ class Worker:
         except asyncio.CancelledError:
             done("halted")
             raise
+        finally:
+            self._driving.discard(run_id)
         done(outcome, error)

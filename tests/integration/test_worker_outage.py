@@ -304,3 +304,43 @@ async def test_a_single_worker_resumes_the_run_it_drove_through_a_short_outage(
     assert [o for o, _ in outcomes] == ["deferred", "finished"], worker.outcomes
     assert outcomes[1][1] > outcomes[0][1]  # the second claim fenced off the first driver
     assert worker.outcomes[1].claim.reason == "expired"
+
+
+@pytest.mark.postgres
+def test_a_pooled_connection_killed_by_a_postgres_restart_is_one_warning_line(
+    server: Server, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pool rolls back a connection as it comes back; a restart (``-m fast``) killed it
+    meanwhile (AdminShutdown): SQLAlchemy's ERROR with a traceback becomes one WARNING line."""
+    with Store(database) as store:
+        conn = store._e.engine.raw_connection()
+        conn.cursor().execute("SELECT 1")  # a transaction is open on the pooled connection
+        server.restart()
+        conn.close()  # back to the pool: its ROLLBACK fails on the dead connection
+        assert store.get_run("none") is None  # the next use connects again
+    pool = [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
+    assert [(r.levelname, r.exc_info) for r in pool] == [("WARNING", None)], caplog.text
+    assert "the pool discards the connection" in pool[0].getMessage()
+    assert "\n" not in pool[0].getMessage()
+
+
+@pytest.mark.postgres
+def test_a_worker_logs_no_traceback_through_postgres_restarts(
+    server: Server, database: str, workers: Workers
+) -> None:
+    runs = [f"run-{i}" for i in range(4)]
+    with Store(database) as store:
+        for run_id in runs:
+            store.queue.submit(run_id, task=f"task {run_id}", team="t")
+    workers.start()
+    workers.wait_for(0, "started (teams")
+    for _ in range(4):  # pooled connections in use and idle are terminated by each restart
+        time.sleep(0.7)
+        server.restart()
+    wait_until(lambda: finished(database) == len(runs), 120, "not every run finished")
+    assert workers.terminate() == [0], workers.stderr(0)
+    log = workers.stderr(0)
+    assert "Traceback" not in log, log
+    pool = [line for line in log.splitlines() if "sqlalchemy.pool" in line]
+    assert all(" WARNING " in line and "the pool discards" in line for line in pool), pool
+    check_every_run_once(database, runs)

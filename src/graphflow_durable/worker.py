@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Protocol
 
 from graphflow_durable._storage.urls import safe_url
@@ -198,6 +199,9 @@ class Worker:
         self._stopping = False
         self._halting = False
         self._wake: asyncio.Event | None = None
+        # The runs this worker drives now. Their leases may have expired under its own id (its
+        # driver could not renew in an outage) and be claimable again: not while that driver lives.
+        self._driving: set[str] = set()
         self._database = DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
         self._driver = RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
         if isinstance(store, str):
@@ -248,7 +252,10 @@ class Worker:
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: stop claiming and drain; a second signal halts in-flight runs at once.
 
-        Call from inside the running event loop (Unix only).
+        Call from inside the running event loop, in the main thread (Unix only). The handlers stay
+        installed after the loop ends, until the process exits or the caller installs others: a
+        signal while the process tears down (its loop closed, its threads joined) is logged and
+        ignored instead of killing the process (exit 143).
         """
         loop = asyncio.get_running_loop()
 
@@ -262,8 +269,19 @@ class Worker:
             )
             self.request_stop(halt=not first)
 
+        def handler(signum: int, frame: FrameType | None) -> None:
+            # A Python-level handler, not loop.add_signal_handler(): the loop resets those to the
+            # default action when it closes, and a signal during the teardown after it (a second
+            # SIGTERM while the store closes and threads are joined) would kill the process.
+            # Python runs this in the main thread between bytecodes, so the loop is not touched
+            # concurrently; call_soon_threadsafe also wakes it from its select().
+            if loop.is_closed():
+                _log.info("worker %s: %s; already stopped, exiting", self.owner, signal.Signals(signum).name)
+                return
+            loop.call_soon_threadsafe(on_signal, signum)
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal, signum)
+            signal.signal(signum, handler)
 
     async def run_forever(self) -> None:
         """Claim and drive runs until :meth:`request_stop`; then drain and return."""
@@ -315,7 +333,9 @@ class Worker:
                 paused = time.monotonic() < self._database.resume_at
                 while len(tasks) < self._concurrency and not self._stopping and not paused:
                     try:
-                        claim = store.queue.claim(self.owner, lease_seconds=self._lease, teams=self.teams)
+                        claim = store.queue.claim(
+                            self.owner, lease_seconds=self._lease, teams=self.teams, skip=self._driving
+                        )
                     except StoreError as exc:
                         self._database.problem("claiming work", exc)
                         paused = True
@@ -324,6 +344,7 @@ class Worker:
                     if claim is None:
                         break
                     claimed = True
+                    self._driving.add(claim.run_id)
                     tasks.add(asyncio.ensure_future(self._drive(claim)))
                 if until_idle and not tasks and not claimed and not paused:
                     break
@@ -367,4 +388,6 @@ class Worker:
         except asyncio.CancelledError:
             done("halted")
             raise
+        finally:
+            self._driving.discard(run_id)
         done(outcome, error)

@@ -176,6 +176,49 @@ async def test_a_driver_frozen_past_its_lease_does_not_dispatch_after_a_takeover
         assert run is not None and run.lease_owner == "successor"
 
 
+async def _frozen_after_the_check(url: str, run_id: str) -> list[str]:
+    """A's answer is committed and B selected; the manager's lease check before B's dispatch
+    passes, and right after it the driver freezes past its lease (as under SIGSTOP) while another
+    owner takes the run over; then it wakes up and the dispatch goes on to B's container."""
+    lease = 0.6
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls) for n in "ABC"]
+    team = durable(agents, chain(*agents), url, run_id, lease_seconds=lease)
+    lease_of = team._session.lease
+    valid = lease_of.valid
+
+    def take_over() -> None:
+        time.sleep(lease + 0.2)
+        with Store(url) as other:
+            other.acquire_lease(run_id, "successor", lease_seconds=30)
+
+    async def checked_then_frozen() -> bool:
+        ok = await valid()
+        if ok and calls == ["A"]:  # the check before B's dispatch passed: freeze now
+            thief = threading.Thread(target=take_over)
+            thief.start()
+            thief.join()  # blocks the event loop: no renewal, until after the takeover
+        return ok
+
+    lease_of.valid = checked_then_frozen  # type: ignore[method-assign]
+    await asyncio.wait_for(team.run(task="go"), 20)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_driver_frozen_after_its_lease_check_does_not_start_the_agent_it_dispatched(
+    backend: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "postgres_database"))
+    calls = await _frozen_after_the_check(url, "frozen-late")
+    assert calls == ["A"]  # B's turn belongs to the successor: the woken driver never called B
+    assert any("does not start it" in r.getMessage() for r in caplog.records), caplog.text
+    with Store(url) as store:
+        run = store.get_run("frozen-late")
+        assert run is not None and run.lease_owner == "successor"
+        assert [s.node for s in store.load("frozen-late").steps if s.kind == "complete"] == ["A"]
+
+
 @pytest.mark.postgres
 async def test_a_commit_failing_in_an_outage_raises_its_own_error_and_the_run_resumes_after_expiry(
     server: Server, caplog: pytest.LogCaptureFixture

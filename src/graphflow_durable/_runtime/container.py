@@ -57,7 +57,13 @@ class DurableChatAgentContainer(ChatAgentContainer):
 
     @event
     async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:  # type: ignore[override]
-        """Run the agent's turn with its execution context set; then hear what was deferred."""
+        """Run the agent's turn with its execution context set; then hear what was deferred.
+
+        Unless the lease is no longer surely held when the turn is about to start (the process was
+        frozen since the manager's check): then the run is halted and the agent is not called.
+        """
+        if not self._turns.may_start(self._agent.name):
+            return  # the node stays in flight: the run's next driver runs this turn
         with self._turns.running(self._agent.name):
             try:
                 await ChatAgentContainer.handle_request(self, message, ctx)

@@ -44,8 +44,10 @@ class RunLease:
     ``margin`` before the lease expires in the database, and an agent already running is not
     stopped when the lease is lost (its answer is then refused by the fencing token, never
     recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
-    message itself can still start an agent once after its lease expired; the check makes that
-    window a few statements wide instead of a whole agent turn. The monotonic clock must not stop
+    message itself would wake up past its margin: the participant's container checks the clock
+    once more (:meth:`still_fresh`) immediately before it calls the agent, and does not start the
+    turn then. What is left is a freeze between that last comparison and the agent's first
+    statement, a few statements wide. The monotonic clock must not stop
     while the process runs (it does not count a suspended host on every platform).
 
     A renewal also learns of a cancel requested from another process (``Store.cancel_run``): the
@@ -70,6 +72,29 @@ class RunLease:
     def fresh(self) -> bool:
         """Whether the lease is surely still ours by the monotonic clock (no database call)."""
         return time.monotonic() - self.confirmed_at < self.seconds - self.margin
+
+    def still_fresh(self, node: str) -> bool:
+        """Just before ``node``'s agent starts (no I/O): whether the lease is still surely ours.
+
+        The manager checked the lease before it dispatched the turn; a process frozen (SIGSTOP, a
+        VM pause) after that check wakes up here past its margin, when another driver may have
+        taken the run over and run this very turn. Then the run is halted, as when the manager's
+        own check fails, and the turn is not started (it stays in flight: the next driver runs
+        it). A run not created yet has no stored lease to lose.
+        """
+        session = self._session
+        if self.fresh() or not session.commits.created:
+            return True
+        logger.warning(
+            "run %s: the lease was last confirmed %.2f s ago (lease %.2f s) when %s's turn was about "
+            "to start; this worker does not start it, stops dispatching and leaves the run to be resumed",
+            session.run_id,
+            time.monotonic() - self.confirmed_at,
+            self.seconds,
+            node,
+        )
+        session.halt()
+        return False
 
     def created(self, token: int, at: float) -> None:
         """The session created the run, leased to it with ``token``, in a call sent at ``at``."""

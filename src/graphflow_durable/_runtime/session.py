@@ -111,7 +111,7 @@ class RunSession:
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
         self.commits = Commits(self)  # the write path: commits handed over, their outcomes
-        self.turns = Turns(lambda: self.store)
+        self.turns = Turns(lambda: self.store, self.lease.still_fresh)
         self.halted = False
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
         self.fatal: BaseException | None = None

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.lease import locked, takeover_reason
+from graphflow_durable._storage.lease import NOBODY, locked, takeover_reason
 from graphflow_durable._storage.schema import queue, runs, steps
 from graphflow_durable.errors import ConflictError, RunNotFoundError, RunStateError
 
@@ -35,8 +35,6 @@ __all__ = [
 ]
 
 _R = runs.c
-#: Never an owner's name: asks :func:`takeover_reason` whether the current holder keeps its lease.
-_NOBODY = "\x00graphflow-durable admin"
 
 _SELECT_RUN_STATE = S.SELECT_LEASE_NOW.add_columns(_R.status, _R.cancel_requested_at, _R.parent_run_id)
 
@@ -99,7 +97,7 @@ def run_row(conn: sa.Connection, run_id: str, now: float, *, lock: bool = True) 
 
 def held(row: Any) -> bool:
     """Whether a live driver holds the run's lease (unexpired, its process not provably gone)."""
-    return row.lease_owner is not None and takeover_reason(row, _NOBODY, float(row.db_now)) is None
+    return row.lease_owner is not None and takeover_reason(row, NOBODY, float(row.db_now)) is None
 
 
 def _free(conn: sa.Connection, row: Any, now: float, **values: Any) -> None:

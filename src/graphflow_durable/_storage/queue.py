@@ -156,9 +156,16 @@ def _due(now: float) -> sa.ColumnElement[bool]:
 
 
 def claimable_runs(
-    *, owner: str, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
+    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float, skip: Sequence[str] = ()
 ) -> sa.Select[Any]:
-    """The oldest-updated unfinished run whose lease ``owner`` may take (locked, skipping locked rows)."""
+    """The oldest-updated unfinished run whose lease may be taken (locked, skipping locked rows), but
+    none of ``skip``.
+
+    A lease is takeable when it is free, expired, or held by a dead process of this host, whoever
+    holds it: the claimant's own lease too (left behind when the database failed under its driver),
+    since the claim draws a new fencing token that fences that driver off. ``skip`` lists the runs
+    the claimant still drives.
+    """
     takeable = sa.or_(
         _R.lease_owner.is_(None),
         _R.lease_expires_at.is_(None),
@@ -184,7 +191,7 @@ def claimable_runs(
         .where(
             _unfinished(now),
             takeable,
-            sa.or_(_R.lease_owner.is_(None), _R.lease_owner != owner),
+            _R.run_id.not_in(list(skip)) if skip else sa.true(),
             _due(now),
             _team_filter(teams),
         )

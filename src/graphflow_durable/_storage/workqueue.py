@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,7 @@ from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import owner_gone, pid_alive, process_identity, takeover_reason
+from graphflow_durable._storage.lease import NOBODY, owner_gone, pid_alive, process_identity, takeover_reason
 from graphflow_durable._storage.queue import (
     Claim,
     Submission,
@@ -139,6 +139,7 @@ class WorkQueue:
         teams: Sequence[str] | None = None,
         host: str | None = None,
         pid: int | None = None,
+        skip: Collection[str] = (),
     ) -> Claim | None:
         """Atomically take ONE claimable item for ``owner``, or return ``None`` when there is none.
 
@@ -147,7 +148,10 @@ class WorkQueue:
         back-off has passed -- its lease is taken with a new fencing token; then a submission whose
         run does not exist yet and whose claim is free, expired or dead. Finished runs never are.
         ``teams`` limits both to queue rows with those team keys (``None``: any, including runs
-        that were never submitted). Runs already leased by ``owner`` are skipped.
+        that were never submitted). A run whose expired lease ``owner`` holds itself is claimable
+        too (its driver's commits, renewal and release failed, e.g. in a database outage): the new
+        token fences that driver off. ``skip`` names the runs ``owner`` still drives, which are
+        not claimed whatever their lease says.
 
         PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED``: concurrent claimers never
         block each other and never get the same item. SQLite serialises them (``BEGIN IMMEDIATE``).
@@ -161,7 +165,7 @@ class WorkQueue:
                 local = conn.execute(local_lease_pids(here), {"p_now": now}).all()
             dead = _dead_pids(here, local)
             with self._e.write.begin() as conn:
-                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now)
+                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip))
                 found = self._claim_run(conn, want) or self._claim_submission(conn, want)
         if found is not None and found.reason not in ("free", "submitted"):
             _log.info(
@@ -172,11 +176,12 @@ class WorkQueue:
     def _claim_run(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
         owner, lease_seconds, host, pid, now = want.owner, want.lease_seconds, want.host, want.pid, want.now
         here = socket.gethostname()
-        query = claimable_runs(owner=owner, teams=want.teams, host=here, dead_pids=want.dead, now=now)
+        query = claimable_runs(teams=want.teams, host=here, dead_pids=want.dead, now=now, skip=want.skip)
         row = conn.execute(query, {"p_now": now}).first()
         if row is None:
             return None
-        reason = takeover_reason(row, owner, float(row.db_now))
+        # As anyone's: the claimant's own lease too is taken only once expired, or its process gone.
+        reason = takeover_reason(row, NOBODY, float(row.db_now))
         if reason is None:  # a pid another holder (another PID namespace) still uses: not this one
             return None
         token = int(row.fencing_token) + 1
@@ -323,6 +328,7 @@ class _Wanted:
     pid: int
     dead: Sequence[int]
     now: float
+    skip: Sequence[str] = ()
 
     def claimed(self, expires: float) -> dict[str, Any]:
         """The queue row's columns once this call holds its claim."""

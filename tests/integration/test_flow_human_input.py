@@ -5,6 +5,7 @@ the settings' round trip through the component config."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,15 @@ import pytest
 from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.teams import DiGraphBuilder
 
-from graphflow_durable import DurableGraphFlow, HumanInput, NotWaitingError, RunNotFoundError, Store
+from graphflow_durable import (
+    DurableGraphFlow,
+    HumanInput,
+    InputDeadlineError,
+    NotWaitingError,
+    RunNotFoundError,
+    Store,
+    Worker,
+)
 from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, main
 from graphflow_durable.store import InputRequest
 
@@ -126,6 +135,77 @@ async def test_a_deadline_takes_the_default_answer_or_fails_the_run(store_url: s
     assert failing.run_info().status == "failed"  # type: ignore[union-attr]
 
 
+async def test_a_deadline_without_a_default_raises_input_deadline_error_recorded_as_the_runs_last_error(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    team = one(store_url, "f", human_input=HumanInput("wait", timeout=0.2))
+    await team.run(task="go")
+    request = team.store.requests.get("f", "H/3")
+    assert request is not None and request.deadline is not None
+    time.sleep(0.3)
+    with pytest.raises(InputDeadlineError) as raised:
+        await team.run()
+    error = raised.value
+    assert (error.run_id, error.request_id, error.deadline) == ("f", "H/3", request.deadline)
+    assert "passed its deadline" in str(error) and "\n" not in str(error)
+    assert isinstance(error.__cause__, RuntimeError)  # what GraphFlow raised, chained
+    assert team.run_info().status == "failed"  # type: ignore[union-attr]
+    capsys.readouterr()
+    assert main(["runs", "show", "f", "--store", store_url]) == EXIT_OK
+    shown = capsys.readouterr().out.splitlines()
+    last = [line for line in shown if line.startswith("last error")]
+    assert last == [f"last error  InputDeadlineError: {error}"], shown
+
+
+def _pool_factory(run_id: str, **durable: object) -> DurableGraphFlow:
+    return one(durable.pop("store"), run_id=run_id, human_input=HumanInput("wait", timeout=0.3), **durable)  # type: ignore[arg-type]
+
+
+async def test_a_pool_run_failed_by_a_deadline_is_left_alone_until_retried_then_asks_again(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": _pool_factory}, poll_interval=0.01, backoff_seconds=0.01)
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes] == ["waiting"]
+    time.sleep(0.4)
+    caplog.clear()
+    await worker.run_until_idle()  # past the deadline, no default: the run fails, once
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "failed"]
+    assert (worker.outcomes[-1].error or "").startswith("InputDeadlineError: run w: request H/3")
+    assert store.get_run("w").status == "failed"  # type: ignore[union-attr]
+    assert (store.queue.get_submission("w").last_error or "").startswith("InputDeadlineError:")  # type: ignore[union-attr]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]  # one WARNING line from the worker, no traceback
+    time.sleep(0.1)  # past any back-off: still not claimed, it would fail the same way
+    await worker.run_until_idle()
+    assert len(worker.outcomes) == 2
+    store.retry_run("w")  # asks again, with a new deadline
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes][2:] == ["waiting"]
+    assert [r.request_id for r in store.pending_requests("w")] == ["H/3"]
+    store.respond("w", "yes")
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
+    assert ("H", "yes") in [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
+
+
+async def test_a_pool_run_failed_by_a_deadline_is_finished_by_the_pool_once_answered(store: Store) -> None:
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": _pool_factory}, poll_interval=0.01, backoff_seconds=0.01)
+    await worker.run_until_idle()
+    time.sleep(0.4)
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "failed"  # type: ignore[union-attr]
+    store.respond("w", "late, but yes")  # the answer the run failed for
+    time.sleep(0.05)
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "failed", "finished"]
+    assert ("H", "late, but yes") in [
+        (m.body["source"], m.body.get("content")) for m in store.load("w").messages
+    ]
+
+
 async def test_inline_input_is_asked_once_and_recorded(store_url: str) -> None:
     asked.clear()
     team = one(store_url, human_input="inline")
@@ -233,8 +313,6 @@ async def test_an_answer_to_a_cancelled_run_is_refused_and_the_resumed_run_asks_
 async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadline_passed(
     store: Store,
 ) -> None:
-    from graphflow_durable import Worker
-
     def factory(run_id: str, **durable: object) -> DurableGraphFlow:
         a, c, h = Scripted("A"), Scripted("C"), UserProxyAgent("H", input_func=person)
         graph = DiGraphBuilder().add_node(a).add_node(h).add_node(c).add_edge(a, h).add_edge(h, c).build()
@@ -258,8 +336,6 @@ async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadl
 async def test_a_cancelled_waiting_run_of_a_pool_is_left_alone_until_retried_then_asks_again(
     store: Store,
 ) -> None:
-    from graphflow_durable import Worker
-
     def factory(run_id: str, **durable: object) -> DurableGraphFlow:
         return one(durable.pop("store"), run_id=run_id, human_input="wait", **durable)  # type: ignore[arg-type]
 

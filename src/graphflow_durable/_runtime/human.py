@@ -149,14 +149,19 @@ class HumanGate:
         """A pending request past its deadline: its default answer, or the turn fails."""
         store, run_id, rid = self._session.store, request.run_id, request.request_id
         if request.default is None:
-            raise InputDeadlineError(
+            error = InputDeadlineError(
                 f"run {run_id}: request {rid} ({request.node} asked {request.prompt!r}) passed its deadline "
-                "unanswered and no default answer is configured (HumanInput(default=...)); answer it with "
-                "respond() and run the team again",
+                "unanswered and no default answer is configured (HumanInput(default=...)); answer it "
+                "(respond(), 'graphflow-durable runs respond') and run the team again, or ask again with a "
+                "new deadline ('graphflow-durable runs retry')",
                 run_id=run_id,
                 request_id=rid,
                 deadline=request.deadline or 0.0,
             )
+            # UserProxyAgent wraps it in a RuntimeError, which GraphFlow passes on only as text: the
+            # session keeps it, so that run() raises it with its attributes.
+            self._session.fail(error)
+            raise error
         try:
             await asyncio.to_thread(
                 store.requests.answer, run_id, request.default, node=None, request_id=rid, by="default"

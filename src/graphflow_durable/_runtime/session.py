@@ -54,10 +54,17 @@ from graphflow_durable.store import (
     Store,
 )
 
-__all__ = ["RunSession"]
+__all__ = ["RunSession", "last_error"]
 
 #: The session acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
+
+
+def last_error(error: BaseException) -> str:
+    """``error`` as a run's last error: its type and the first line of its message (GraphFlow's
+    error text goes on with the agent's traceback)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 class RunSession:
@@ -209,8 +216,9 @@ class RunSession:
         self.synced = True
         return store.get_run(self.run_id)
 
-    async def detach(self, clean: bool, failed: bool) -> None:
-        """Record how the run ended if the manager did not (interrupted or failed); free the lease.
+    async def detach(self, clean: bool, failed: bool, error: BaseException | None = None) -> None:
+        """Record how the run ended if the manager did not (interrupted or failed, with ``error`` as
+        the run's last error: what ``runs show`` shows); free the lease.
 
         Best effort, so that the error that ended the run is the one the caller sees: when the
         database cannot do a step (the fault that ended the run: an outage, a full disk), it logs
@@ -242,6 +250,8 @@ class RunSession:
                     step=Step(StepKind.INTERRUPT, None, scheduler or {}),
                     update=RunUpdate(status=self._end_status(failed), release_lease=True),
                 )
+                if failed and error is not None:
+                    await self._record_error(error)
                 return
         except StoreError as exc:
             self.synced = False
@@ -261,6 +271,13 @@ class RunSession:
                 exc,
                 self.lease_seconds,
             )
+
+    async def _record_error(self, error: BaseException) -> None:
+        """Keep ``error`` as the run's last error (best effort, as the rest of :meth:`detach`)."""
+        try:
+            await asyncio.to_thread(self.store.queue.record_error, self.run_id, error=last_error(error))
+        except StoreError as exc:
+            logger.warning("run %s: recording its error failed too (%s)", self.run_id, exc)
 
     def lost(self, exc: StoreError) -> None:
         """The lease is gone (another driver took the run, or the run was removed): stop, with it.
@@ -309,7 +326,8 @@ class RunSession:
         self.halted = True
 
     def fail(self, exc: BaseException) -> None:
-        """The manager hit an error it cannot record: the run ends with it."""
+        """The manager hit an error it cannot record, or a turn one GraphFlow passes on only as text
+        (a request's deadline passed): the run ends with it, and ``run()`` raises it."""
         if isinstance(exc, LeaseLostError):  # a commit refused by the fencing token
             self.lost(exc)
         self.fatal = exc

@@ -202,7 +202,8 @@ def _retry(store: Store, args: argparse.Namespace, out: Out) -> None:
     who = f"--team {done.team}=module:factory" if done.team is not None else "--team module:factory"
     was = "submitted, not started" if done.previous_status is None else done.previous_status
     now = done.status or "submitted"
-    out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it")
+    again = f"; asks again with a new deadline: {', '.join(done.asked_again)}" if done.asked_again else ""
+    out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it{again}")
 
 
 def _rows(removal: Removal) -> str:

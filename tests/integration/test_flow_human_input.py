@@ -4,6 +4,7 @@ the settings' round trip through the component config."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import sys
@@ -27,7 +28,7 @@ from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, main
 from graphflow_durable.store import InputRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted
+from agents import Gate, Hook, Scripted
 
 asked: list[str] = []
 
@@ -37,16 +38,33 @@ def person(prompt: str) -> str:
     return "typed"
 
 
-def fan(url: str, run_id: str = "r", **kw: object) -> DurableGraphFlow:
-    """A -> (H1, H2, B) -> C: two people and an agent in parallel, C joins them."""
-    a, b, c = Scripted("A"), Scripted("B"), Scripted("C")
-    h1, h2 = UserProxyAgent("H1", input_func=person), UserProxyAgent("H2", input_func=person)
+def fan(
+    url: str,
+    run_id: str = "r",
+    *,
+    people: tuple[str, ...] = ("H1", "H2"),
+    before: Hook | None = None,
+    **kw: object,
+) -> DurableGraphFlow:
+    """A -> (H1, H2, B) -> C: two people (or ``people``) and an agent (its turn starts with
+    ``before``) in parallel, C joins them."""
+    a, b, c = Scripted("A"), Scripted("B", before=before), Scripted("C")
+    humans = [UserProxyAgent(name, input_func=person) for name in people]
     builder = DiGraphBuilder()
-    for node in (a, h1, h2, b, c):
+    for node in (a, *humans, b, c):
         builder.add_node(node)
-    for mid in (h1, h2, b):
+    for mid in (*humans, b):
         builder.add_edge(a, mid).add_edge(mid, c)
-    return DurableGraphFlow([a, h1, h2, b, c], builder.build(), store=url, run_id=run_id, **kw)  # type: ignore[arg-type]
+    return DurableGraphFlow([a, *humans, b, c], builder.build(), store=url, run_id=run_id, **kw)  # type: ignore[arg-type]
+
+
+async def until_asked(store: Store, run_id: str, request_ids: list[str]) -> None:
+    """Wait until the run's pending requests are ``request_ids``."""
+    for _ in range(500):
+        if [r.request_id for r in store.pending_requests(run_id)] == request_ids:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"run {run_id} never asked {request_ids}")
 
 
 def one(url: str, run_id: str = "r", **kw: object) -> DurableGraphFlow:
@@ -89,6 +107,74 @@ async def test_several_waiting_nodes_are_answered_one_by_one_by_node_and_by_requ
     assert asked == []  # in wait mode the input function is never called
     with pytest.raises(NotWaitingError, match="not waiting"):
         await team.respond("late")
+
+
+async def test_a_run_answered_by_one_of_two_people_still_reads_waiting_and_a_pool_takes_it_once_both_answered(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def factory(run_id: str, **durable: object) -> DurableGraphFlow:
+        return fan(durable.pop("store"), run_id=run_id, human_input="wait", **durable)  # type: ignore[arg-type]
+
+    store.queue.submit("r", task="go", team="t")
+    worker = Worker(store, {"t": factory}, poll_interval=0.01)
+    await worker.run_until_idle()
+    assert store.respond("r", "one", node="H1").request_id == "H1/3"
+    run = store.get_run("r")
+    assert run is not None and run.status == "waiting"  # H2 still waits
+    assert [r.request_id for r in store.pending_requests("r")] == ["H2/3"]
+    capsys.readouterr()
+    assert main(["runs", "list", "--status", "waiting", "--store", store.url]) == EXIT_OK
+    listed = capsys.readouterr().out
+    assert "waits for H2/3: H2 asks" in listed and "H1/3" not in listed, listed
+    await worker.run_until_idle()  # nothing to do until H2 answers
+    assert [o.outcome for o in worker.outcomes] == ["waiting"]
+    store.respond("r", "two", node="H2")
+    assert store.get_run("r").status == "interrupted"  # type: ignore[union-attr]
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "finished"]
+    thread = [(m.body["source"], m.body.get("content")) for m in store.load("r").messages]
+    assert ("H1", "one") in thread and ("H2", "two") in thread and thread[-1][0] == "C"
+
+
+async def test_an_answer_given_while_the_run_is_driven_is_taken_by_that_run_which_finishes(
+    store_url: str,
+) -> None:
+    gate = Gate()
+    team = fan(store_url, people=("H",), before=gate, human_input="wait")
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)  # B runs, H asked
+    await until_asked(team.store, "r", ["H/3"])
+    with Store(store_url) as other:
+        other.respond("r", "yes")
+    gate.open()
+    result = await asyncio.wait_for(running, 30)  # no second run(): this driver took the answer
+    assert team.run_info().status == "finished"  # type: ignore[union-attr]
+    assert ("H", "yes") in texts(result) and result.messages[-1].source == "C"
+    assert result.stop_reason is not None and "waiting" not in result.stop_reason
+
+
+async def test_an_answer_to_one_of_two_people_given_while_the_run_is_driven_leaves_it_waiting_for_the_other(
+    store_url: str,
+) -> None:
+    gate = Gate()
+    team = fan(store_url, before=gate, human_input="wait")
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+    await until_asked(team.store, "r", ["H1/3", "H2/3"])
+    with Store(store_url) as other:
+        other.respond("r", "one", node="H1")
+    gate.open()
+    result = await asyncio.wait_for(running, 30)
+    info = team.run_info()
+    assert info is not None and info.status == "waiting" and [r.request_id for r in info.pending] == ["H2/3"]
+    assert "H2 asks" in str(result.stop_reason) and "H1" not in str(result.stop_reason)
+    assert ("H1", "one") in texts(result)  # H1's turn took its answer in this call
+    await team.respond("two")
+    done = await team.run()
+    assert team.run_info().status == "finished"  # type: ignore[union-attr]
+    assert ("H2", "two") in texts(done)
+    thread = [(m.body["source"], m.body.get("content")) for m in team.store.load("r").messages]
+    assert [s for s, _ in thread] == ["user", "A", "B", "H1", "H2", "C"]
 
 
 async def test_a_task_given_to_a_waiting_run_is_the_answer_and_the_same_task_is_not(store_url: str) -> None:
@@ -158,7 +244,7 @@ async def test_a_deadline_without_a_default_raises_input_deadline_error_recorded
 
 
 def _pool_factory(run_id: str, **durable: object) -> DurableGraphFlow:
-    return one(durable.pop("store"), run_id=run_id, human_input=HumanInput("wait", timeout=0.3), **durable)  # type: ignore[arg-type]
+    return one(durable.pop("store"), run_id=run_id, human_input=HumanInput("wait", timeout=1.0), **durable)  # type: ignore[arg-type]
 
 
 async def test_a_pool_run_failed_by_a_deadline_is_left_alone_until_retried_then_asks_again(
@@ -168,7 +254,7 @@ async def test_a_pool_run_failed_by_a_deadline_is_left_alone_until_retried_then_
     worker = Worker(store, {"t": _pool_factory}, poll_interval=0.01, backoff_seconds=0.01)
     await worker.run_until_idle()
     assert [o.outcome for o in worker.outcomes] == ["waiting"]
-    time.sleep(0.4)
+    time.sleep(1.1)
     caplog.clear()
     await worker.run_until_idle()  # past the deadline, no default: the run fails, once
     assert [o.outcome for o in worker.outcomes] == ["waiting", "failed"]
@@ -180,7 +266,8 @@ async def test_a_pool_run_failed_by_a_deadline_is_left_alone_until_retried_then_
     time.sleep(0.1)  # past any back-off: still not claimed, it would fail the same way
     await worker.run_until_idle()
     assert len(worker.outcomes) == 2
-    store.retry_run("w")  # asks again, with a new deadline
+    assert store.retry_run("w").asked_again == ("H/3",)  # asks again, with a new deadline
+    assert store.requests.get("w", "H/3").deadline > time.time() + 0.5  # type: ignore[operator,union-attr]
     await worker.run_until_idle()
     assert [o.outcome for o in worker.outcomes][2:] == ["waiting"]
     assert [r.request_id for r in store.pending_requests("w")] == ["H/3"]
@@ -194,7 +281,7 @@ async def test_a_pool_run_failed_by_a_deadline_is_finished_by_the_pool_once_answ
     store.queue.submit("w", task="go", team="t")
     worker = Worker(store, {"t": _pool_factory}, poll_interval=0.01, backoff_seconds=0.01)
     await worker.run_until_idle()
-    time.sleep(0.4)
+    time.sleep(1.1)
     await worker.run_until_idle()
     assert store.get_run("w").status == "failed"  # type: ignore[union-attr]
     store.respond("w", "late, but yes")  # the answer the run failed for

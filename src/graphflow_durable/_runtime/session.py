@@ -313,10 +313,15 @@ class RunSession:
         self.cancelling = requested_at
         self.halted = True
 
+    async def answered(self, request_ids: Sequence[str]) -> list[str]:
+        """Which of the run's ``request_ids`` are answered (read in a thread)."""
+        return await asyncio.to_thread(self.store.requests.answered, self.run_id, request_ids)
+
     async def parked(self, request_ids: Sequence[str]) -> None:
-        """The round parked for human input (committed ``waiting``). An answer that came before the
-        park committed makes the run resumable again at once; the next attach restores the team
-        from the store (a waiting turn's agent may have changed its state before it asked)."""
+        """The round parked for human input (committed ``waiting``). Answers to all of its requests
+        that came while the park committed (after the manager's last look) make the run resumable
+        again at once; the next attach restores the team from the store (a waiting turn's agent may
+        have changed its state before it asked)."""
         self.forget()
         if await asyncio.to_thread(self.store.requests.wake_if_answered, self.run_id, request_ids):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)

@@ -175,7 +175,7 @@ class DurableGraphFlowManager(GraphFlowManager):
                 StopMessage(content="The group chat has already terminated.", source=self._name)
             )
             return
-        self._link.halted = False
+        self._link.halted, self._link.halt_reason = False, None
         self._stops.parked.clear()
         task = list(message.messages or [])
         cursor = self._cursor
@@ -352,6 +352,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         # (an interrupt may halt the run while that renewal is under way).
         if self._link.halted or not await self._link.lease.valid() or self._link.halted:
             logger.info("run %s: halted, not dispatching %s", self._link.run_id, list(speakers))
+            if self._link.halt_reason is not None:  # nothing runs now: the round ends, saying why
+                await self._signal_termination(StopMessage(content=self._link.halt_reason, source=self._name))
             return
         await self._log_speaker_selection(list(speakers))
         for speaker in speakers:

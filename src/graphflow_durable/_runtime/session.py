@@ -114,6 +114,7 @@ class RunSession:
         self.commits = Commits(self)  # the write path: commits handed over, their outcomes
         self.turns = Turns(lambda: self.store)
         self.halted = False
+        self.halt_reason: str | None = None  # why, when the round's stop reason should say it
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
         self.fatal: BaseException | None = None
         self.said_lost = False  # the one line about a lost lease was logged (once per attach)
@@ -326,9 +327,12 @@ class RunSession:
         if await asyncio.to_thread(self.store.requests.wake_if_answered, self.run_id, request_ids):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)
 
-    def halt(self) -> None:
-        """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
+    def halt(self, reason: str | None = None) -> None:
+        """Stop dispatching new nodes (an interrupt); answers already running are still recorded.
+        ``reason``: the round's stop reason (the first given wins; without one, GraphFlow's)."""
         self.halted = True
+        if reason is not None and self.halt_reason is None:
+            self.halt_reason = reason
 
     def fail(self, exc: BaseException) -> None:
         """The manager hit an error it cannot record, or a turn one GraphFlow passes on only as text

@@ -241,6 +241,10 @@ async def test_a_deadline_without_a_default_raises_input_deadline_error_recorded
     shown = capsys.readouterr().out.splitlines()
     last = [line for line in shown if line.startswith("last error")]
     assert last == [f"last error  InputDeadlineError: {error}"], shown
+    asked_line = [line for line in shown if line.startswith("asked")]
+    assert len(asked_line) == 1 and "'runs respond'" in asked_line[0] and "'runs retry'" in asked_line[0], (
+        shown
+    )
 
 
 def _pool_factory(run_id: str, **durable: object) -> DurableGraphFlow:

@@ -20,6 +20,7 @@ from graphflow_durable import (
     HumanInput,
     InputDeadlineError,
     NotWaitingError,
+    RunExistsError,
     RunNotFoundError,
     Store,
     Worker,
@@ -245,6 +246,8 @@ async def test_a_deadline_without_a_default_raises_input_deadline_error_recorded
     assert len(asked_line) == 1 and "'runs respond'" in asked_line[0] and "'runs retry'" in asked_line[0], (
         shown
     )
+    with pytest.raises(RunExistsError, match="was not submitted"):  # its error's bookkeeping is no submission
+        team.store.queue.submit("f", task="go", team=None)
 
 
 def _pool_factory(run_id: str, **durable: object) -> DurableGraphFlow:

@@ -77,6 +77,8 @@ class WorkQueue:
             try:
                 with self._guard(f"submitting run {run_id}", run_id), self._e.write.begin() as conn:
                     row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
+                    if row is not None and row["task"] is None:
+                        row = None  # no submission: a run's failure bookkeeping (record_error/failure)
                     if row is not None:
                         if row["task"] == text and row["team"] == team:
                             return submission(row)

@@ -54,13 +54,13 @@ from graphflow_durable.store import (
     Store,
 )
 
-__all__ = ["RunSession", "last_error"]
+__all__ = ["RunSession"]
 
 #: The session acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
 
 
-def last_error(error: BaseException) -> str:
+def _last_error(error: BaseException) -> str:
     """``error`` as a run's last error: its type and the first line of its message (GraphFlow's
     error text goes on with the agent's traceback)."""
     lines = str(error).strip().splitlines()
@@ -276,7 +276,7 @@ class RunSession:
     async def _record_error(self, error: BaseException) -> None:
         """Keep ``error`` as the run's last error (best effort, as the rest of :meth:`detach`)."""
         try:
-            await asyncio.to_thread(self.store.queue.record_error, self.run_id, error=last_error(error))
+            await asyncio.to_thread(self.store.queue.record_error, self.run_id, error=_last_error(error))
         except StoreError as exc:
             logger.warning("run %s: recording its error failed too (%s)", self.run_id, exc)
 

@@ -228,6 +228,7 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         self._driven = True
         renewer = asyncio.ensure_future(session.lease.keep())
         finished_cleanly = failed = abandoned = False
+        error: BaseException | None = None
         try:
             result, messages = await opening(session, run, messages, first_call, self._message_factory.create)
             if result is not None:  # a finished or parked run, or a re-run script's ended round
@@ -283,6 +284,7 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         except RuntimeError as exc:
             failed = True
             fatal = session.fatal
+            error = exc if fatal is None else fatal
             if fatal is not None and fatal is not exc:
                 raise fatal from exc
             raise
@@ -292,7 +294,7 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
                 await session.commits.settle_at_end()
             finally:
                 try:
-                    await to_the_end(session.detach(finished_cleanly, failed))
+                    await to_the_end(session.detach(finished_cleanly, failed, error))
                 finally:
                     if abandoned:
                         # The abandoned turns may still end in this process: no write of theirs may

@@ -81,10 +81,12 @@ class RunOutcome:
     (``Store.cancel_run`` stopped it: the pool leaves it alone until ``Store.retry_run``);
     ``"interrupted"`` (the team stopped before the end, e.g. it was
     halted); ``"failed"`` (the team raised; the run is retried after a back-off, the longest one for
-    a caller's mistake or bad configuration); ``"lost"`` (another worker took the run over or got
-    it first: this worker wrote nothing more); ``"deferred"`` (the database failed: no attempt was
-    counted against the run, which is claimed again later); ``"halted"`` (this worker was stopped
-    and cancelled the run, which is left interrupted for another worker).
+    a caller's mistake or bad configuration; on a request's deadline with no default answer,
+    ``InputDeadlineError``, it is left alone until answered or retried); ``"lost"`` (another worker
+    took the run over or got it first: this worker wrote nothing more); ``"deferred"`` (the
+    database failed: no attempt was counted against the run, which is claimed again later);
+    ``"halted"`` (this worker was stopped and cancelled the run, which is left interrupted for
+    another worker).
     """
 
     run_id: str

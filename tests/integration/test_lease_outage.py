@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -117,9 +118,10 @@ async def test_a_driver_that_cannot_renew_halts_before_its_lease_expires_and_the
     await asyncio.wait_for(gate.started.wait(), 10)
     await _outage(server, lease + 1.0)  # past the lease: another driver could have taken over
     gate.open()
-    await asyncio.wait_for(running, 20)
+    halted = await asyncio.wait_for(running, 20)
     assert calls == ["A", "B"]  # C was not dispatched by the driver that lost contact
     assert any("stops dispatching" in r.getMessage() for r in caplog.records)
+    assert re.fullmatch(HALTED, str(halted.stop_reason)), halted.stop_reason
     with Store(server.url) as store:
         run = store.get_run("outage-long")
         assert run is not None and run.status == "interrupted"
@@ -129,6 +131,49 @@ async def test_a_driver_that_cannot_renew_halts_before_its_lease_expires_and_the
     await asyncio.wait_for(again.run(), 20)
     assert calls2 == ["C"]
     assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]
+
+
+HALTED = (
+    r"run [\w-]+: stopped dispatching: the lease could not be renewed since "
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* \(lease [\d.]+ s\); run\(\) resumes it"
+)
+
+
+async def test_a_round_halted_because_the_lease_could_not_be_renewed_says_so_in_its_stop_reason(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database answers commits but not the lease's renewals (as in an outage that ends just
+    before B answers): the round halts before C and its result says why, not GraphFlow's generic
+    "The group chat is stopped."; run() resumes it."""
+    lease = 1.2  # renewed every 0.4 s; halted after 0.8 s without a renewal
+    calls: list[str] = []
+    gate = Gate()
+    team = _team(store_url, "unrenewed", calls, gate, lease)
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("renewing the lease: the server is not answering (test)")
+
+    monkeypatch.setattr(team.store, "heartbeat", down)
+    started = time.time()
+    await asyncio.sleep(lease)  # past the margin: the renewer halts the run
+    gate.open()
+    halted = await asyncio.wait_for(running, 20)
+    assert calls == ["A", "B"]
+    assert re.fullmatch(HALTED, str(halted.stop_reason)), halted.stop_reason
+    since = str(halted.stop_reason).split("since ")[1].split(" ")[0]
+    from datetime import datetime
+
+    assert started - 1.0 <= datetime.fromisoformat(since).timestamp() <= started + 0.1
+    assert team.run_info().status == "interrupted"  # type: ignore[union-attr]
+    monkeypatch.undo()
+    resumed = await asyncio.wait_for(team.run(), 20)
+    assert (
+        calls == ["A", "B", "C"]
+        and resumed.stop_reason is not None
+        and "stopped dispatching" not in resumed.stop_reason
+    )
 
 
 async def _frozen_driver(url: str, run_id: str) -> list[str]:

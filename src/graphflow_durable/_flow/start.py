@@ -42,7 +42,7 @@ async def opening(
         return None, messages
     if run.status == "waiting":
         own = messages is not None and run.task == task_key(messages)  # a re-run script's task
-        if await on_waiting_run(session.store, session.run_id, None if own else messages):
+        if await on_waiting_run(session.store, run, None if own else messages):
             return stored_result(session, run, create), messages
         return None, None  # the task was the answer: the waiting turn resumes with it
     if run.status in ENDED_STATUSES:

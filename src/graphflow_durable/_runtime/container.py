@@ -11,6 +11,7 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageF
 from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
 from autogen_agentchat.teams._group_chat._events import (
     GroupChatAgentResponse,
+    GroupChatError,
     GroupChatRequestPublish,
     GroupChatReset,
     GroupChatTeamResponse,
@@ -83,6 +84,11 @@ class DurableChatAgentContainer(ChatAgentContainer):
     @event
     async def handle_input_pending(self, message: GroupChatInputPending, ctx: MessageContext) -> None:
         """Another node waits for a person: that is the manager's business."""
+
+    @event
+    async def handle_group_chat_error(self, message: GroupChatError, ctx: MessageContext) -> None:
+        """Another node's turn failed: the manager ends the run with it. (GraphFlow's container has no
+        handler for it and logs an ERROR traceback per participant besides the failing one's.)"""
 
     @rpc
     async def handle_reset(self, message: GroupChatReset, ctx: MessageContext) -> None:  # type: ignore[override]

@@ -32,12 +32,13 @@ from autogen_agentchat.base import ChatAgent, Team
 from autogen_core import CancellationToken
 from pydantic import BaseModel
 
-from graphflow_durable._model.human import HumanInput, InputRequest, request_id
+from graphflow_durable._model.human import HumanInput, InputRequest, parked_on, request_id
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import InputDeadlineError, NotWaitingError, UsageError
 
 if TYPE_CHECKING:
     from graphflow_durable._runtime.session import RunSession
+    from graphflow_durable.store import RunRecord
 
 __all__ = ["GroupChatInputPending", "HumanGate", "InputPending", "answer_text", "on_waiting_run"]
 
@@ -149,14 +150,19 @@ class HumanGate:
         """A pending request past its deadline: its default answer, or the turn fails."""
         store, run_id, rid = self._session.store, request.run_id, request.request_id
         if request.default is None:
-            raise InputDeadlineError(
+            error = InputDeadlineError(
                 f"run {run_id}: request {rid} ({request.node} asked {request.prompt!r}) passed its deadline "
-                "unanswered and no default answer is configured (HumanInput(default=...)); answer it with "
-                "respond() and run the team again",
+                "unanswered and no default answer is configured (HumanInput(default=...)); answer it "
+                "(respond(), 'graphflow-durable runs respond') and run the team again, or ask again with a "
+                "new deadline ('graphflow-durable runs retry')",
                 run_id=run_id,
                 request_id=rid,
                 deadline=request.deadline or 0.0,
             )
+            # UserProxyAgent wraps it in a RuntimeError, which GraphFlow passes on only as text: the
+            # session keeps it, so that run() raises it with its attributes.
+            self._session.fail(error)
+            raise error
         try:
             await asyncio.to_thread(
                 store.requests.answer, run_id, request.default, node=None, request_id=rid, by="default"
@@ -180,20 +186,25 @@ def answer_text(run_id: str, messages: Sequence[Any]) -> str:
     return contents[0]
 
 
-async def on_waiting_run(store: Any, run_id: str, messages: Sequence[Any] | None) -> bool:
+async def on_waiting_run(store: Any, run: RunRecord, messages: Sequence[Any] | None) -> bool:
     """``run()`` on a ``waiting`` run (``messages``: its task, unless it is the run's own): a task is
     the answer to its pending request (the run resumes). Without one, returns whether the run stays
-    parked (nothing answered, no deadline passed): the caller returns the stored result."""
+    parked (none of its requests answered, no deadline passed): the caller returns the stored
+    result. One answered while another person's request is pending: the run resumes (that node
+    takes its answer) and parks again on the other."""
+    run_id = run.run_id
     if messages is not None:
         await asyncio.to_thread(store.respond, run_id, answer_text(run_id, messages))
         return False
     pending = await asyncio.to_thread(store.pending_requests, run_id)
     now = time.time()
     late = [r for r in pending if r.deadline is not None and r.deadline <= now]
-    if pending and not late:
+    open_ids = {r.request_id for r in pending}
+    answered = [i for i in parked_on(run.result) or () if i not in open_ids]
+    if pending and not late and not answered:
         logger.info(
             "run %s is waiting for input (%s): returning without running anything; answer with respond()",
             run_id,
             ", ".join(r.request_id for r in pending),
         )
-    return bool(pending) and not late
+    return bool(pending) and not late and not answered

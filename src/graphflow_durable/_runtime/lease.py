@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import LeaseLostError, RunNotFoundError, StateFormatError, StoreError
 from graphflow_durable.store import RunRecord
 
@@ -95,6 +96,15 @@ class RunLease:
         )
         session.halt()
         return False
+
+    def unrenewed(self) -> str:
+        """The stop reason of a round halted because the lease could not be confirmed."""
+        since = time.time() - (time.monotonic() - self.confirmed_at)
+        return (
+            f"run {self._session.run_id}: stopped dispatching: the lease could not be renewed since "
+            f"{iso(since) if math.isfinite(since) else 'the run started'} (lease {self.seconds:g} s); "
+            "run() resumes it"
+        )
 
     def created(self, token: int, at: float) -> None:
         """The session created the run, leased to it with ``token``, in a call sent at ``at``."""
@@ -177,7 +187,7 @@ class RunLease:
                 session.run_id,
                 exc,
             )
-            session.halt()
+            session.halt(self.unrenewed())
             return False
         if requested is not None:
             session.cancel(requested)
@@ -216,7 +226,7 @@ class RunLease:
                         time.monotonic() - self.confirmed_at,
                         self.seconds,
                     )
-                    session.halt()
+                    session.halt(self.unrenewed())
                 continue
             if requested is not None:
                 session.cancel(requested)

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.lease import NOBODY, locked, takeover_reason
-from graphflow_durable._storage.schema import queue, runs, steps
+from graphflow_durable._storage.schema import input_requests, queue, runs, steps
 from graphflow_durable.errors import ConflictError, RunNotFoundError, RunStateError
 
 __all__ = [
@@ -71,12 +71,16 @@ class Retry:
         status: its status now (a cancelled run becomes ``interrupted``, which workers claim).
         team: the team key it was submitted with: workers with that ``--team KEY`` claim it;
             ``None``: only a worker given a single team factory (any run) does.
+        asked_again: the requests for human input whose deadline had passed with no default
+            answer (the run failed on them): each has a new deadline, as long as its first, and its
+            node asks it again when the run is resumed.
     """
 
     run_id: str
     previous_status: str | None
     status: str | None
     team: str | None
+    asked_again: tuple[str, ...] = ()
 
 
 def not_found(run_id: str) -> RunNotFoundError:
@@ -180,7 +184,22 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         None if row is None else row.status,
         None if row is None else status,
         None if submitted is None else submitted.team,
+        () if row is None else _ask_again(conn, run_id, now),
     )
+
+
+def _ask_again(conn: sa.Connection, run_id: str, now: float) -> tuple[str, ...]:
+    """Give the run's pending requests whose deadline passed with no default answer a new deadline,
+    as far from now as the first was from the request; return their ids. Without it the retried run
+    would fail on them again at once."""
+    r = input_requests.c
+    overdue = sa.and_(r.run_id == run_id, r.status == "pending", r.deadline < now, r.default_answer.is_(None))
+    ids = tuple(conn.execute(sa.select(r.request_id).where(overdue).order_by(r.request_id)).scalars())
+    if ids:
+        conn.execute(
+            sa.update(input_requests).where(overdue).values(deadline=now + (r.deadline - r.created_at))
+        )
+    return ids
 
 
 @dataclass(frozen=True)

@@ -140,15 +140,28 @@ def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
     return sa.true() if teams is None else _Q.team.in_(list(teams))
 
 
-def _unfinished(now: float) -> sa.ColumnElement[bool]:
-    """A run left to drive: not ended nor cancelled, and not waiting for a person unless a request's deadline
-    passed (the driver then takes the configured default, or fails the run)."""
+def _late(now: float, *, without_default: bool = False) -> sa.Exists:
+    """The run has a pending request past its deadline (with no default answer, if asked)."""
     late = sa.exists().where(
         input_requests.c.run_id == _R.run_id,
         input_requests.c.status == "pending",
         input_requests.c.deadline < now,
     )
-    return sa.or_(_R.status.not_in((*_NOT_CLAIMED, "waiting")), sa.and_(_R.status == "waiting", late))
+    return late.where(input_requests.c.default_answer.is_(None)) if without_default else late
+
+
+def _unfinished(now: float) -> sa.ColumnElement[bool]:
+    """A run left to drive: not ended nor cancelled, and not waiting for a person unless a request's deadline
+    passed (the driver then takes the configured default, or fails the run). A run that failed on such a
+    deadline (no default) would fail the same way again: it waits for an answer or a retry, which asks
+    again with a new deadline (``admin.retry``)."""
+    return sa.or_(
+        sa.and_(
+            _R.status.not_in((*_NOT_CLAIMED, "waiting")),
+            sa.or_(_R.status != "failed", ~_late(now, without_default=True)),
+        ),
+        sa.and_(_R.status == "waiting", _late(now)),
+    )
 
 
 def _due(now: float) -> sa.ColumnElement[bool]:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from graphflow_durable._model.codec import dumps, loads, surrogate_problem
-from graphflow_durable._model.human import InputRequest
+from graphflow_durable._model.human import InputRequest, parked_on
 from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.schema import input_requests, runs
@@ -127,16 +127,21 @@ def _answer(
     now: float,
 ) -> tuple[InputRequest, str]:
     """Answer one pending request of ``run_id``; a ``waiting`` run becomes ``interrupted`` (to be
-    resumed). Returns the answered request and the run's status after the answer.
+    resumed) once none of the requests it parked on is pending: while another person's request is,
+    it still waits (a resume would only park again). Returns the answered request and the run's
+    status after the answer.
 
     The run's row is locked first (PostgreSQL ``FOR UPDATE``; SQLite's write transaction is
     exclusive), and the request is updated only while it is pending: of two concurrent answers,
     exactly one changes it, the other gets :class:`NotWaitingError`. A person's answer (``by``
     ``respond``) to a cancelled run is refused: the run asks again once it is resumed.
     """
-    status = conn.execute(sa.select(runs.c.status).where(runs.c.run_id == run_id).with_for_update()).scalar()
-    if status is None:
+    row = conn.execute(
+        sa.select(runs.c.status, runs.c.result).where(runs.c.run_id == run_id).with_for_update()
+    ).first()
+    if row is None:
         raise not_found(run_id)
+    status = row.status
     open_ = _pending(conn, [run_id])
     ids = [r.request_id for r in open_]
     if status == "cancelled" and by == "respond":
@@ -187,21 +192,31 @@ def _answer(
             run_id=run_id,
             request_id=target.request_id,
         )
-    if status == "waiting":
+    parked = parked_on(None if row.result is None else loads(row.result))
+    still = [i for i in ids if i != target.request_id and (parked is None or i in parked)]
+    if status == "waiting" and not still:
         status = "interrupted"
         conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(status=status, updated_at=now))
     return replace(target, status="answered", answer=text, answered_by=by, answered_at=now), str(status)
 
 
-def _wake_if_answered(conn: Connection, run_id: str, request_ids: Sequence[str], now: float) -> bool:
-    """A run that just parked on ``request_ids``: if one was answered before the park was committed,
-    make the run ``interrupted`` again (to be resumed). Returns whether it did."""
-    answered = sa.exists().where(
+def _answered(conn: Connection, run_id: str, request_ids: Sequence[str]) -> list[str]:
+    """Which of ``request_ids`` are answered."""
+    query = sa.select(_I.request_id).where(
         _I.run_id == run_id, _I.request_id.in_(list(request_ids)), _I.status == "answered"
+    )
+    return sorted(str(i) for i in conn.execute(query).scalars())
+
+
+def _wake_if_answered(conn: Connection, run_id: str, request_ids: Sequence[str], now: float) -> bool:
+    """A run that just parked on ``request_ids``: if all were answered before the park was committed,
+    make the run ``interrupted`` again (to be resumed). Returns whether it did."""
+    pending = sa.exists().where(
+        _I.run_id == run_id, _I.request_id.in_(list(request_ids)), _I.status == "pending"
     )
     changed = conn.execute(
         sa.update(runs)
-        .where(runs.c.run_id == run_id, runs.c.status == "waiting", answered)
+        .where(runs.c.run_id == run_id, runs.c.status == "waiting", ~pending)
         .values(status="interrupted", updated_at=now)
     ).rowcount
     return bool(changed)
@@ -288,8 +303,13 @@ class InputRequests:
         _log.info("run %s: request %s answered (%s); the run is %s", run_id, done.request_id, by, status)
         return done
 
+    def answered(self, run_id: str, request_ids: Sequence[str]) -> list[str]:
+        """Which of the run's ``request_ids`` are answered (sorted)."""
+        with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
+            return _answered(conn, run_id, request_ids)
+
     def wake_if_answered(self, run_id: str, request_ids: Sequence[str]) -> bool:
-        """After the run parked (``waiting``) on ``request_ids``: if one was answered before the park
+        """After the run parked (``waiting``) on ``request_ids``: if all were answered before the park
         committed, make the run ``interrupted`` (resumable) again; return whether it did."""
         with self._guard("checking the input requests", run_id), self._e.write.begin() as conn:
             return _wake_if_answered(conn, run_id, request_ids, time.time())

@@ -77,6 +77,8 @@ class WorkQueue:
             try:
                 with self._guard(f"submitting run {run_id}", run_id), self._e.write.begin() as conn:
                     row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
+                    if row is not None and row["task"] is None:
+                        row = None  # no submission: a run's failure bookkeeping (record_error/failure)
                     if row is not None:
                         if row["task"] == text and row["team"] == team:
                             return submission(row)
@@ -264,30 +266,45 @@ class WorkQueue:
     def record_failure(self, run_id: str, *, error: str, retry_at: float) -> int:
         """Count a failed attempt at ``run_id`` and keep workers off it until ``retry_at``; return the
         number of failed attempts so far. Works for runs that were never submitted, too."""
-        now = time.time()
-        values = {"not_before": retry_at, "last_error": error[:4000], "updated_at": now}
+        values = {"not_before": retry_at, "last_error": error[:4000]}
         with self._guard(f"recording a failure of run {run_id}", run_id), self._e.write.begin() as conn:
-            changed = conn.execute(
-                sa.update(queue)
-                .where(queue.c.run_id == run_id)
-                .values(attempts=queue.c.attempts + 1, **values)
-                .returning(queue.c.attempts)
-            ).scalar()
-            if changed is not None:
-                return int(changed)
-            conn.execute(
-                sa.insert(queue).values(
-                    run_id=run_id,
-                    team=None,
-                    task=None,
-                    status="claimed",
-                    attempts=1,
-                    claim_token=0,
-                    created_at=now,
-                    **values,
-                )
-            )
-        return 1
+            return _note(conn, run_id, values, count=True)
+
+    def record_error(self, run_id: str, *, error: str) -> None:
+        """Keep ``error`` as the run's last error (``runs show``), counting no attempt and leaving its
+        back-off alone: a run that failed outside a worker pool. Works for runs that were never
+        submitted, too."""
+        with self._guard(f"recording the error of run {run_id}", run_id), self._e.write.begin() as conn:
+            _note(conn, run_id, {"last_error": error[:4000]}, count=False)
+
+
+def _note(conn: sa.Connection, run_id: str, values: dict[str, Any], *, count: bool) -> int:
+    """Set ``values`` on the run's queue row (one more attempt if ``count``), made if it has none;
+    return its attempts."""
+    now = time.time()
+    attempts = queue.c.attempts + 1 if count else queue.c.attempts
+    changed = conn.execute(
+        sa.update(queue)
+        .where(queue.c.run_id == run_id)
+        .values(attempts=attempts, updated_at=now, **values)
+        .returning(queue.c.attempts)
+    ).scalar()
+    if changed is not None:
+        return int(changed)
+    conn.execute(
+        sa.insert(queue).values(
+            run_id=run_id,
+            team=None,
+            task=None,
+            status="claimed",
+            attempts=int(count),
+            claim_token=0,
+            created_at=now,
+            updated_at=now,
+            **values,
+        )
+    )
+    return int(count)
 
 
 def _dead_pids(host: str, held: Sequence[Any]) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Literal
 from graphflow_durable._worker.backoff import DatabaseBackoff, one_line
 from graphflow_durable.errors import (
     ConflictError,
+    InputDeadlineError,
     LeaseLostError,
     RunLockedError,
     SchemaVersionError,
@@ -100,6 +101,14 @@ class RunDriver:
             pause = self._database.problem(f"driving run {run_id}", exc)
             self._give_back(store, claim)
             return "deferred", f"database problem (claims paused {pause:.3g} s; no attempt counted)"
+        except InputDeadlineError as exc:
+            # A request for a person passed its deadline with no default: the run fails the same
+            # way until it is answered or retried (the claim query leaves it alone until then), so
+            # no back-off: an answer makes it claimable at once.
+            self._give_back(store, claim)
+            error = f"{type(exc).__name__}: {exc}"
+            self._record_failure(store, claim, error, 0.0)
+            return "failed", f"{error} (left alone until answered or retried)"
         except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
             return self._failed(store, claim, exc)
         try:

@@ -1,9 +1,9 @@
-"""Issue 12, items 3 and 4: the lease through a database outage and a paused driver.
+"""The lease through a database outage and a paused driver.
 
-- Item 3: a real PostgreSQL server (a cluster of this module's own) is stopped while an agent
+- An outage: a real PostgreSQL server (a cluster of this module's own) is stopped while an agent
   runs. Renewal retries through the outage; a driver that could not renew for longer than its
   lease minus the margin halts (no new dispatch) and leaves the run to be resumed.
-- Item 4: a driver frozen between a commit and its dispatch (its event loop blocked, as under
+- A paused driver: a driver frozen between a commit and its dispatch (its event loop blocked, as under
   SIGSTOP) past its lease, while another owner took the run over, does not dispatch.
 """
 
@@ -268,7 +268,7 @@ async def test_a_driver_frozen_after_its_lease_check_does_not_start_the_agent_it
 async def test_a_commit_failing_in_an_outage_raises_its_own_error_and_the_run_resumes_after_expiry(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Item 14: detach() after the failed commit fails too; the caller sees the commit's error."""
+    """A commit failing in an outage: detach() after the failed commit fails too; the caller sees the commit's error."""
     lease = 1.0
     calls: list[str] = []
     gate = Gate()
@@ -343,7 +343,7 @@ async def test_an_outage_while_a_batch_hands_its_answers_over_records_none_and_t
 async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_resumes(
     small_disk: SmallDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Item 14 on a real SQLite file on a full disk: the caller sees the commit's error, not the
+    """A commit failing on a real SQLite file on a full disk: the caller sees the commit's error, not the
     one of the bookkeeping after it; once space is back the next driver resumes the run."""
     url = f"sqlite:///{small_disk.path / 'runs.db'}"
     lease = 1.0

@@ -1,4 +1,4 @@
-"""Issue 12, item 5: worker PROCESSES survive PostgreSQL outages and never lose a claimed run.
+"""Worker PROCESSES survive PostgreSQL outages and never lose a claimed run.
 
 A throw-away PostgreSQL cluster of this module's own is stopped (``pg_ctl -m immediate``: every
 connection cut, as in a crash) and started again on the same port, while real

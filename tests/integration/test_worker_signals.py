@@ -1,4 +1,4 @@
-"""Issue 12 item 6: SIGTERM/SIGINT stop a real ``graphflow-durable worker`` process gracefully.
+"""SIGTERM/SIGINT stop a real ``graphflow-durable worker`` process gracefully.
 
 A real worker subprocess on a SQLite file drives the pool team with slow agents; a real SIGTERM
 arrives while agents are running. The worker stops claiming, lets in-flight turns finish within

@@ -43,7 +43,6 @@ from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreEr
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     ENDED_STATUSES,
-    FIRST_FENCING_TOKEN,
     AgentStateRecord,
     MessageRecord,
     RunRecord,
@@ -176,7 +175,7 @@ class RunSession:
                 states = self.states.encode(await self.team.agent_states(), (), 1)
                 self.commits.create_with_first(step, states)
                 self.head, self.synced = 1, True
-                self.lease.created(FIRST_FENCING_TOKEN, started)
+                self.lease.created(None, started)  # its token is drawn when the creation is written
                 return None
             try:
                 run = await self.commits.create()

@@ -8,7 +8,7 @@ Rules (a test keeps them):
 - Each migration runs in one transaction together with its version bump (row in
   ``graphflow_schema_version``); PostgreSQL and SQLite both have transactional DDL.
 - After the last migration a fresh database has exactly the tables and columns of
-  ``_schema.metadata``.
+  ``_schema.metadata`` that its dialect holds (``_schema.declared_tables``).
 
 Concurrent openers are serialised: SQLite by ``BEGIN IMMEDIATE`` (the write lock), PostgreSQL by
 a transaction-scoped advisory lock; each migration re-reads the version under that lock.
@@ -228,6 +228,31 @@ def _m0008_input_requests(conn: Connection) -> None:
     ).create(conn)
 
 
+def _m0009_fencing_tokens(conn: Connection) -> None:
+    """Version 9: fencing tokens from one store-wide counter (until now each run counted its own
+    from 1, so a run deleted and made again under its id repeated the tokens a stale driver may
+    still hold). PostgreSQL: the sequence ``graphflow_fencing_tokens``, and the token columns become
+    BIGINT (the counter runs over every lease of every run); SQLite (64-bit integers already): a
+    one-row table ``graphflow_fencing_tokens`` holding the last token issued. Either starts above
+    every token stored, run leases and submission claims alike."""
+    postgresql = conn.dialect.name == "postgresql"
+    if postgresql:  # first: ALTER locks both tables, so no token is issued while the top is read
+        conn.execute(sa.text("ALTER TABLE graphflow_runs ALTER COLUMN fencing_token TYPE BIGINT"))
+        conn.execute(sa.text("ALTER TABLE graphflow_queue ALTER COLUMN claim_token TYPE BIGINT"))
+    top = conn.execute(
+        sa.text(
+            "SELECT MAX(token) FROM (SELECT MAX(fencing_token) AS token FROM graphflow_runs "
+            "UNION ALL SELECT MAX(claim_token) AS token FROM graphflow_queue) AS issued"
+        )
+    ).scalar()
+    top = max(int(top or 0), 0)
+    if postgresql:
+        conn.execute(sa.text(f"CREATE SEQUENCE graphflow_fencing_tokens AS BIGINT START WITH {top + 1}"))
+    else:
+        conn.execute(sa.text("CREATE TABLE graphflow_fencing_tokens (last_token BIGINT NOT NULL)"))
+        conn.execute(sa.text("INSERT INTO graphflow_fencing_tokens (last_token) VALUES (:top)"), {"top": top})
+
+
 #: Append only. Versions are 1, 2, 3, ... in order.
 MIGRATIONS: tuple[Migration, ...] = (
     (1, "create runs, steps, messages and agent_states", _m0001_create_tables),
@@ -238,6 +263,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (6, "a checksum of each step, message and agent-state row, checked on read", _m0006_row_checksums),
     (7, "a cancel requested of a run's live driver (cancel_requested_at)", _m0007_cancel_request),
     (8, "create the requests for human input (pending, answered, deadline)", _m0008_input_requests),
+    (9, "fencing tokens from one store-wide counter, never repeated for a run id", _m0009_fencing_tokens),
 )
 
 #: The schema version this package writes.

@@ -15,8 +15,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from autogen_agentchat.agents import UserProxyAgent
+from autogen_agentchat.teams import DiGraphBuilder
+from autogen_core import CancellationToken
 
-from agents import Gate, Scripted, chain, close_stores, durable, stored_transcript
+from agents import OPEN_TEAMS, Gate, Scripted, chain, close_stores, durable, stored_transcript
 from graphflow_durable.errors import LeaseLostError
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Step, StepKind, Store
@@ -152,3 +155,34 @@ def test_tokens_never_repeat_across_creations_imports_forks_and_takeovers_of_one
         assert claim is not None and claim.kind == "submission"
         seen.append(claim.fencing_token)
         assert seen == sorted(set(seen)), seen
+
+
+async def test_a_stale_drivers_inline_answer_is_not_recorded_in_a_new_run_of_its_id(store_url: str) -> None:
+    """An input function's answer is a driver's write too: P's person answers after K was deleted
+    and imported again; the request is not recorded in the new K, and nothing else of P's lands."""
+    asking, typed = asyncio.Event(), asyncio.Event()
+
+    async def person(prompt: str, cancellation_token: CancellationToken | None = None) -> str:
+        asking.set()
+        await typed.wait()
+        return "P's person answered"
+
+    a, c, h = Scripted("A"), Scripted("C"), UserProxyAgent("H", input_func=person)
+    graph = DiGraphBuilder().add_node(a).add_node(h).add_node(c).add_edge(a, h).add_edge(h, c).build()
+    team = DurableGraphFlow(
+        [a, h, c], graph, store=store_url, run_id="K", lease_owner="P", human_input="inline"
+    )
+    OPEN_TEAMS.append(team)
+    driving = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(asking.wait(), 30)
+    with Store(store_url) as other:
+        document = other.export_run("K")
+        other.delete_run("K", force=True)
+        other.import_run(document)
+        before = snapshot(other, "K")
+        typed.set()
+        with pytest.raises(RuntimeError) as raised:  # LeaseLostError, or the agent's error around it
+            await asyncio.wait_for(driving, 30)
+        assert "fencing token" in str(raised.value), raised.value
+        assert other.requests.get("K", "H/3") is None and other.pending_requests("K") == []
+        assert snapshot(other, "K") == before

@@ -300,7 +300,8 @@ class RunSession:
         park committed makes the run resumable again at once; the next attach restores the team
         from the store (a waiting turn's agent may have changed its state before it asked)."""
         self.forget()
-        if await asyncio.to_thread(self.store.requests.wake_if_answered, self.run_id, request_ids):
+        wake = self.store.requests.wake_if_answered
+        if await asyncio.to_thread(wake, self.run_id, request_ids, fencing_token=self.lease.token):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)
 
     def halt(self) -> None:

@@ -102,6 +102,14 @@ def lease_clock(conn: sa.Connection, local: float) -> float:
     return float(conn.execute(_SELECT_NOW).scalar_one())
 
 
+_DRAW_FROM_SEQUENCE = sa.select(FENCING_SEQUENCE.next_value())
+_DRAW_FROM_ROW = (
+    sa.update(fencing_tokens)
+    .values(last_token=fencing_tokens.c.last_token + sa.literal_column("1"))
+    .returning(fencing_tokens.c.last_token)
+)
+
+
 def draw_token(dialect: str) -> sa.Select[Any] | sa.Update:
     """The statement that issues the next fencing token and returns it (one row, one column).
 
@@ -111,10 +119,7 @@ def draw_token(dialect: str) -> sa.Select[Any] | sa.Update:
     transaction; a rolled back draw leaves a gap, which is harmless). SQLite: the counter row moved
     on under the write lock the transaction holds.
     """
-    if dialect == "postgresql":
-        return sa.select(FENCING_SEQUENCE.next_value())
-    last = fencing_tokens.c.last_token
-    return sa.update(fencing_tokens).values(last_token=last + sa.literal_column("1")).returning(last)
+    return _DRAW_FROM_SEQUENCE if dialect == "postgresql" else _DRAW_FROM_ROW
 
 
 def next_token(conn: sa.Connection) -> int:

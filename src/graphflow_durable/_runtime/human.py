@@ -102,6 +102,8 @@ class HumanGate:
         if ctx is None or ctx.node != node:
             return await original()
         store, run_id = self._session.store, ctx.run_id
+        # The driver's writes are fenced as its commits are: a stale one records nothing.
+        token = self._session.lease.token if run_id == self._session.run_id else None
         turn, count = self._turn.get(node, (None, 0))
         index = count + 1 if turn == (ctx.idempotency_key, ctx.attempt) else 1
         self._turn[node] = ((ctx.idempotency_key, ctx.attempt), index)
@@ -119,10 +121,18 @@ class HumanGate:
                 if found is None:
                     answered = replace(request, status="answered", answer=answer, answered_by="inline",
                                        answered_at=time.time(), deadline=None, default=None)  # fmt: skip
-                    found = await asyncio.to_thread(store.requests.open, run_id, answered)
+                    found = await asyncio.to_thread(
+                        store.requests.open, run_id, answered, fencing_token=token
+                    )
                 else:  # left pending by a "wait" setting before: this answer answers it
                     found = await asyncio.to_thread(
-                        store.requests.answer, run_id, answer, node=None, request_id=rid, by="inline"
+                        store.requests.answer,
+                        run_id,
+                        answer,
+                        node=None,
+                        request_id=rid,
+                        by="inline",
+                        fencing_token=token,
                     )
         else:
             if self._session.nested:
@@ -132,7 +142,7 @@ class HumanGate:
                     run_id=run_id,
                     option="human_input",
                 )
-            found = await asyncio.to_thread(store.requests.open, run_id, request)
+            found = await asyncio.to_thread(store.requests.open, run_id, request, fencing_token=token)
         if found.status == "answered" and found.answer is not None:
             if ctx.attempt > 1 or found.answered_by != "inline":
                 logger.info(
@@ -143,10 +153,10 @@ class HumanGate:
                 )
             return found.answer
         if found.deadline is not None and time.time() >= found.deadline:
-            return await self._late(found)
+            return await self._late(found, token)
         raise InputPending(found)
 
-    async def _late(self, request: InputRequest) -> str:
+    async def _late(self, request: InputRequest, token: int | None) -> str:
         """A pending request past its deadline: its default answer, or the turn fails."""
         store, run_id, rid = self._session.store, request.run_id, request.request_id
         if request.default is None:
@@ -165,7 +175,13 @@ class HumanGate:
             raise error
         try:
             await asyncio.to_thread(
-                store.requests.answer, run_id, request.default, node=None, request_id=rid, by="default"
+                store.requests.answer,
+                run_id,
+                request.default,
+                node=None,
+                request_id=rid,
+                by="default",
+                fencing_token=token,
             )
             logger.warning("run %s: request %s passed its deadline: the default answer is taken", run_id, rid)
             return request.default

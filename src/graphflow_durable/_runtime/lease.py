@@ -106,9 +106,15 @@ class RunLease:
             "run() resumes it"
         )
 
-    def created(self, token: int, at: float) -> None:
-        """The session created the run, leased to it with ``token``, in a call sent at ``at``."""
-        self.token, self.confirmed_at, self.released = token, at, False
+    def created(self, token: int | None, at: float) -> None:
+        """The session created the run, leased to it with ``token``, in a call sent at ``at``.
+        ``None``: the creation goes with the round's first commit, which draws the token
+        (:meth:`issued` gives it); until then no token is the run's (0 never is)."""
+        self.token, self.confirmed_at, self.released = token or 0, at, False
+
+    def issued(self, token: int) -> None:
+        """The run's creation was written, with ``token`` (drawn in its transaction)."""
+        self.token = token
 
     def take(self) -> int:
         """Acquire the run's lease for the session's owner and process; the new fencing token."""

@@ -44,7 +44,6 @@ from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreEr
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     ENDED_STATUSES,
-    FIRST_FENCING_TOKEN,
     AgentStateRecord,
     MessageRecord,
     RunRecord,
@@ -195,7 +194,7 @@ class RunSession:
                 states = self.states.encode(await self.team.agent_states(), (), 1)
                 self.commits.create_with_first(step, states)
                 self.head, self.synced = 1, True
-                self.lease.created(FIRST_FENCING_TOKEN, started)
+                self.lease.created(None, started)  # its token is drawn when the creation is written
                 return None
             try:
                 run = await self.commits.create()
@@ -334,7 +333,8 @@ class RunSession:
         again at once; the next attach restores the team from the store (a waiting turn's agent may
         have changed its state before it asked)."""
         self.forget()
-        if await asyncio.to_thread(self.store.requests.wake_if_answered, self.run_id, request_ids):
+        wake = self.store.requests.wake_if_answered
+        if await asyncio.to_thread(wake, self.run_id, request_ids, fencing_token=self.lease.token):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)
 
     def halt(self, reason: str | None = None) -> None:

@@ -4,7 +4,7 @@ The store runs each function inside one of its transactions. Nothing here writes
 live driver holds (an unexpired lease whose holder is not provably dead), except a cancel
 *request*: a column the driver reads when it renews its lease (:func:`~.leasing.renew`), after which
 the driver itself records the run ``cancelled``. A run nobody holds is changed directly, and its
-fencing token is moved on, so a driver whose lease ran out can no longer commit to it.
+fencing token is replaced by a new one, so a driver whose lease ran out can no longer commit to it.
 Deleting runs and retention are in :mod:`.retention`.
 """
 
@@ -105,13 +105,13 @@ def held(row: Any) -> bool:
 
 
 def _free(conn: sa.Connection, row: Any, now: float, **values: Any) -> None:
-    """Set ``values`` on a run nobody holds; clear its lease and move its fencing token on, so that
-    a driver whose lease ran out can no longer commit to it."""
+    """Set ``values`` on a run nobody holds; clear its lease and give it a new fencing token (the
+    store's next), so that a driver whose lease ran out can no longer commit to it."""
     changed = conn.execute(
         sa.update(runs)
         .where(_R.run_id == row.run_id, _R.fencing_token == row.fencing_token)
         .values(
-            fencing_token=_R.fencing_token + 1,
+            fencing_token=S.next_token(conn),
             lease_owner=None,
             lease_host=None,
             lease_pid=None,

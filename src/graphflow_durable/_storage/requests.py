@@ -19,8 +19,10 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from graphflow_durable._model.codec import dumps, loads, surrogate_problem
 from graphflow_durable._model.human import InputRequest, parked_on
+from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.engine import Engines, guarded
+from graphflow_durable._storage.lease import lease_lost
 from graphflow_durable._storage.schema import input_requests, runs
 from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError
 
@@ -84,6 +86,19 @@ def _find(conn: Connection, run_id: str, request_id: str) -> InputRequest | None
         .first()
     )
     return None if row is None else _request(row)
+
+
+def _fenced(conn: Connection, run_id: str, fencing_token: int | None) -> None:
+    """A driver's write (its input function's request or answer): refused, before anything is
+    written, unless ``fencing_token`` is still the run's (``None``: not a driver's write). The run's
+    row stays locked to the end of the transaction (SQLite: the write lock)."""
+    if fencing_token is None:
+        return
+    row = conn.execute(S.SELECT_LEASE.with_for_update(), {"p_run_id": run_id}).first()
+    if row is None:
+        raise not_found(run_id)
+    if row.fencing_token != fencing_token:
+        raise lease_lost(run_id, fencing_token, row)
 
 
 def _insert(conn: Connection, request: InputRequest) -> InputRequest:
@@ -208,15 +223,19 @@ def _answered(conn: Connection, run_id: str, request_ids: Sequence[str]) -> list
     return sorted(str(i) for i in conn.execute(query).scalars())
 
 
-def _wake_if_answered(conn: Connection, run_id: str, request_ids: Sequence[str], now: float) -> bool:
+def _wake_if_answered(
+    conn: Connection, run_id: str, request_ids: Sequence[str], now: float, fencing_token: int | None
+) -> bool:
     """A run that just parked on ``request_ids``: if all were answered before the park was committed,
-    make the run ``interrupted`` again (to be resumed). Returns whether it did."""
+    make the run ``interrupted`` again (to be resumed), unless its token is no longer
+    ``fencing_token`` (the one that parked it; ``None``: any). Returns whether it did."""
     pending = sa.exists().where(
         _I.run_id == run_id, _I.request_id.in_(list(request_ids)), _I.status == "pending"
     )
+    fenced = sa.true() if fencing_token is None else runs.c.fencing_token == fencing_token
     changed = conn.execute(
         sa.update(runs)
-        .where(runs.c.run_id == run_id, runs.c.status == "waiting", ~pending)
+        .where(runs.c.run_id == run_id, runs.c.status == "waiting", ~pending, fenced)
         .values(status="interrupted", updated_at=now)
     ).rowcount
     return bool(changed)
@@ -258,9 +277,10 @@ class InputRequests:
         with self._guard("reading an input request", run_id), self._e.read.begin() as conn:
             return _find(conn, run_id, request_id)
 
-    def open(self, run_id: str, request: InputRequest) -> InputRequest:
+    def open(self, run_id: str, request: InputRequest, *, fencing_token: int | None = None) -> InputRequest:
         """Record ``request`` unless one with its id exists; return the stored one (an input
-        function's call; an ``answered`` request is recorded answered).
+        function's call; an ``answered`` request is recorded answered). With ``fencing_token`` (the
+        driver's), :class:`LeaseLostError` and nothing written unless it is still the run's.
 
         Raises:
             UsageError: one of its texts holds a lone surrogate (nothing is recorded).
@@ -279,6 +299,7 @@ class InputRequests:
         for _attempt in range(2):
             try:
                 with self._guard("recording an input request", run_id), self._e.write.begin() as conn:
+                    _fenced(conn, run_id, fencing_token)
                     found = _find(conn, run_id, request.request_id)
                     return found if found is not None else _insert(conn, request)
             except StoreError as exc:
@@ -290,13 +311,22 @@ class InputRequests:
         )
 
     def answer(
-        self, run_id: str, text: str, *, node: str | None = None, request_id: str | None = None, by: str
+        self,
+        run_id: str,
+        text: str,
+        *,
+        node: str | None = None,
+        request_id: str | None = None,
+        by: str,
+        fencing_token: int | None = None,
     ) -> InputRequest:
-        """:meth:`Store.respond`, recording who answered (``by``: ``respond``, ``inline``, ``default``)."""
+        """:meth:`Store.respond`, recording who answered (``by``: ``respond``, ``inline``, ``default``).
+        With ``fencing_token`` (a driver's answer), as :meth:`open`."""
         if not isinstance(text, str):
             raise UsageError(f"an answer is text, not {type(text).__name__}", run_id=run_id, option="answer")
         _refuse_surrogates(run_id, {"run_id": run_id, "answer": text, "node": node, "request_id": request_id})
         with self._guard("answering an input request", run_id), self._e.write.begin() as conn:
+            _fenced(conn, run_id, fencing_token)
             done, status = _answer(
                 conn, run_id, text, node=node, request_id=request_id, by=by, now=time.time()
             )
@@ -308,11 +338,14 @@ class InputRequests:
         with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
             return _answered(conn, run_id, request_ids)
 
-    def wake_if_answered(self, run_id: str, request_ids: Sequence[str]) -> bool:
+    def wake_if_answered(
+        self, run_id: str, request_ids: Sequence[str], *, fencing_token: int | None = None
+    ) -> bool:
         """After the run parked (``waiting``) on ``request_ids``: if all were answered before the park
-        committed, make the run ``interrupted`` (resumable) again; return whether it did."""
+        committed, make the run ``interrupted`` (resumable) again; return whether it did. With
+        ``fencing_token`` (the driver that parked it), only while that is still the run's token."""
         with self._guard("checking the input requests", run_id), self._e.write.begin() as conn:
-            return _wake_if_answered(conn, run_id, request_ids, time.time())
+            return _wake_if_answered(conn, run_id, request_ids, time.time(), fencing_token)
 
     def cancel(self, run_id: str) -> int:
         """Cancel the run's pending requests (its ``reset()``); return how many."""

@@ -186,7 +186,7 @@ class WorkQueue:
         reason = takeover_reason(row, NOBODY, float(row.db_now))
         if reason is None:  # a pid another holder (another PID namespace) still uses: not this one
             return None
-        token = int(row.fencing_token) + 1
+        token = S.next_token(conn)  # after the row's lock (SQLite: the write lock)
         params = {"p_run_id": row.run_id, "p_old_token": row.fencing_token, "p_token": token, "p_now": now}
         lease = {
             "p_owner": owner,
@@ -221,7 +221,7 @@ class WorkQueue:
         row = conn.execute(query, {"p_now": now}).mappings().first()
         if row is None:
             return None
-        token = int(row["claim_token"]) + 1
+        token = S.next_token(conn)  # claim tokens from the same counter: never repeated for a run id
         expires = float(row["db_now"]) + lease_seconds  # by the lease clock, as run leases
         changed = conn.execute(
             sa.update(queue)

@@ -295,8 +295,9 @@ class DurableGraphFlow(GraphFlow):
             raise
         finally:
             renewer.cancel()
+            refused = None
             try:
-                await session.commits.settle_at_end()
+                refused = await session.commits.settle_at_end()
             finally:
                 try:
                     await to_the_end(session.detach(finished_cleanly, failed, error))
@@ -305,6 +306,8 @@ class DurableGraphFlow(GraphFlow):
                         # The abandoned turns may still end in this process: no write of theirs may
                         # land on the run another process now drives (a token no lease ever has).
                         session.lease.token = -1
+        if finished_cleanly and refused is not None:
+            raise refused  # an answer refused for the lost lease ends the round, as when awaited
 
     def _round_messages(
         self, round_: Sequence[tuple[Mapping[str, Any], bool]], output_task_messages: bool

@@ -20,6 +20,7 @@ from autogen_agentchat.teams import DiGraphBuilder
 from autogen_core import CancellationToken
 
 from agents import OPEN_TEAMS, Gate, Scripted, chain, close_stores, durable, stored_transcript
+from graphflow_durable._model.graphid import describe_graph
 from graphflow_durable.errors import LeaseLostError
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Step, StepKind, Store
@@ -118,9 +119,11 @@ def test_tokens_never_repeat_across_creations_imports_forks_and_takeovers_of_one
     store_url: str,
 ) -> None:
     """Every way a run id gets a lease or a new incarnation draws a token above all issued before."""
+    a, b = Scripted("A"), Scripted("B")
+    graph = describe_graph(chain(a, b), ["A", "B"])  # a graph the import's checks accept
     with Store(store_url) as store:
         seen: list[int] = []
-        run = store.create_run("r", graph_fingerprint="f", graph={}, owner="w1", lease_seconds=0.01)
+        run = store.create_run("r", graph_fingerprint="f", graph=graph, owner="w1", lease_seconds=0.01)
         seen.append(run.fencing_token)
         time.sleep(0.05)  # its lease expires: w2 takes it over
         seen.append(store.acquire_lease("r", "w2", lease_seconds=30, host="h", pid=1))

@@ -165,21 +165,25 @@ class Commits:
         if cancelled:
             raise asyncio.CancelledError
 
-    async def settle_at_end(self) -> None:
+    async def settle_at_end(self) -> LeaseLostError | None:
         """As a run ends: wait for the commits still handed over (an interrupted batch's answers).
         The error that ended the run is the one the caller sees: a failure here is logged (a lost
-        lease as :meth:`RunSession.lost` says it) and the team is marked out of step with the store."""
+        lease as :meth:`RunSession.lost` says it) and the team is marked out of step with the store.
+        Returns the refusal of an answer by the fencing token, for a round that ended quietly
+        (its other turns were not started for the lost lease) to end with, as a refused commit does."""
         session = self._session
         if self._creation is not None:  # the round ended before its first commit: create the run alone
             self._hand_over_creation()
         # An abandoned turn's answer may still be in the writer (its handler, not this round, waits
         # for it): the run's end is read and recorded after it.
         cancelled = self._last is not None and await _settled(self._last)
+        refused = None
         try:
             await self.settle()
         except LeaseLostError as exc:
             session.synced = False
             session.lost(exc)
+            refused = exc
         except Exception as exc:  # noqa: BLE001 -- logged; the run's own end is what the caller sees
             session.synced = False
             logger.warning(
@@ -189,6 +193,7 @@ class Commits:
             )
         if cancelled:
             raise asyncio.CancelledError
+        return refused
 
 
 async def to_the_end(awaitable: Awaitable[T]) -> T:

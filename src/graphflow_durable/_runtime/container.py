@@ -63,7 +63,7 @@ class DurableChatAgentContainer(ChatAgentContainer):
         Unless the lease is no longer surely held when the turn is about to start (the process was
         frozen since the manager's check): then the run is halted and the agent is not called.
         """
-        if not self._turns.may_start(self._agent.name):
+        if not await self._turns.may_start(self._agent.name):
             return  # the node stays in flight: the run's next driver runs this turn
         with self._turns.running(self._agent.name):
             try:

@@ -46,7 +46,7 @@ class RunLease:
     stopped when the lease is lost (its answer is then refused by the fencing token, never
     recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
     message itself would wake up past its margin: the participant's container checks the clock
-    once more (:meth:`still_fresh`) immediately before it calls the agent, and does not start the
+    once more (:meth:`may_start`) immediately before it calls the agent, and does not start the
     turn then. What is left is a freeze between that last comparison and the agent's first
     statement, a few statements wide. The monotonic clock must not stop
     while the process runs (it does not count a suspended host on every platform).
@@ -74,27 +74,32 @@ class RunLease:
         """Whether the lease is surely still ours by the monotonic clock (no database call)."""
         return time.monotonic() - self.confirmed_at < self.seconds - self.margin
 
-    def still_fresh(self, node: str) -> bool:
-        """Just before ``node``'s agent starts (no I/O): whether the lease is still surely ours.
+    async def may_start(self, node: str) -> bool:
+        """Just before ``node``'s agent starts: whether the lease is still ours.
 
         The manager checked the lease before it dispatched the turn; a process frozen (SIGSTOP, a
         VM pause) after that check wakes up here past its margin, when another driver may have
-        taken the run over and run this very turn. Then the run is halted, as when the manager's
-        own check fails, and the turn is not started (it stays in flight: the next driver runs
-        it). A run not created yet has no stored lease to lose.
+        taken the run over and run this very turn. So the container asks once more, as the
+        manager does: by the monotonic clock (no I/O) while the lease is fresh, else by one
+        renewal, which a takeover refuses. When the lease is not ours the run is halted, as when
+        the manager's own check fails, and the turn is not started (it stays in flight: the next
+        driver runs it). A run not created yet has no stored lease to lose.
         """
         session = self._session
         if self.fresh() or not session.commits.created:
             return True
+        elapsed = time.monotonic() - self.confirmed_at
+        if await self._confirmed():
+            return True
         logger.warning(
-            "run %s: the lease was last confirmed %.2f s ago (lease %.2f s) when %s's turn was about "
-            "to start; this worker does not start it, stops dispatching and leaves the run to be resumed",
+            "run %s: the lease, last confirmed %.2f s before %s's turn was about to start (lease "
+            "%.2f s), is no longer this worker's; it does not start it, stops dispatching and leaves "
+            "the run to be resumed",
             session.run_id,
-            time.monotonic() - self.confirmed_at,
-            self.seconds,
+            elapsed,
             node,
+            self.seconds,
         )
-        session.halt()
         return False
 
     def unrenewed(self) -> str:
@@ -176,11 +181,14 @@ class RunLease:
         """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
         renewal, in a thread: the event loop runs on while the database answers); when it is not,
         or the database cannot say, the run is halted."""
-        session = self._session
-        if session.cancelling is not None:
+        if self._session.cancelling is not None:
             return False
-        if self.fresh():
-            return True
+        return self.fresh() or await self._confirmed()
+
+    async def _confirmed(self) -> bool:
+        """One renewal, in a thread: whether the lease is still ours; when it is not, or the
+        database cannot say, or a cancel was requested, the run is halted (or cancelled)."""
+        session = self._session
         try:
             requested = await asyncio.to_thread(self.renew)
         except (LeaseLostError, RunNotFoundError) as exc:

@@ -117,7 +117,7 @@ class RunSession:
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
         self.commits = Commits(self)  # the write path: commits handed over, their outcomes
-        self.turns = Turns(lambda: self.store, self.lease.still_fresh)
+        self.turns = Turns(lambda: self.store, self.lease.may_start)
         self.halted = False
         self.halt_reason: str | None = None  # why, when the round's stop reason should say it
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)

@@ -68,3 +68,9 @@ class Server:
             "-c fsync=off -c full_page_writes=off"
         )
         c._run("pg_ctl", "-D", str(c.data_dir), "-l", str(c.root / "log"), "-w", "-o", opts, "start")
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast``: each backend is told to terminate (its clients see
+        ``AdminShutdown``), then the server starts again with the same options and log file."""
+        c = self.cluster
+        c._run("pg_ctl", "-D", str(c.data_dir), "-l", str(c.root / "log"), "-m", "fast", "-w", "restart")

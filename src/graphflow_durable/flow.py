@@ -2,18 +2,21 @@
 
 The public facade. The team holds a :class:`~graphflow_durable._runtime.session.RunSession` (its
 stored run) and hands it to its manager and participant containers; what a run does with the
-store is there, AutoGen's private names are in ``_runtime``, and no SQL is anywhere near. The
-public methods over the stored run (its record, history, transcript, fork, the answer to a request)
-come from its base in ``_flow/stored.py``; what a call does on the run it attached, and the
-wind-down after an interrupt, are in ``_flow/start.py``.
+store is there, AutoGen's private names are in ``_runtime``, and no SQL is anywhere near. Here:
+the team's construction, its run, the public methods over its stored run outside a run (its
+record, the answer to a request, its history, transcript and fork; each one call into the store),
+its state; then what a call does on the run it attached (:func:`_opening`) and the wind-down after
+an interrupt (:func:`_wind_down`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import math
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import replace as _replace
 from typing import Any
 
 from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondition
@@ -21,11 +24,9 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_core import AgentRuntime, CancellationToken
 
-from graphflow_durable._flow.start import opening, wind_down
-from graphflow_durable._flow.stored import StoredRunMethods
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
-from graphflow_durable._model.task import task_messages
+from graphflow_durable._model.task import task_key, task_messages
 from graphflow_durable._runtime import stored
 from graphflow_durable._runtime.commits import to_the_end
 from graphflow_durable._runtime.config import (
@@ -39,13 +40,13 @@ from graphflow_durable._runtime.config import (
     refuse_callables,
 )
 from graphflow_durable._runtime.container import DurableChatAgentContainer
-from graphflow_durable._runtime.human import HumanGate
+from graphflow_durable._runtime.human import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.errors import UsageError
 from graphflow_durable.scheduler import GraphSpec
-from graphflow_durable.store import Store
+from graphflow_durable.store import ENDED_STATUSES, RunRecord, StepInfo, Store
 
 __all__ = [
     "DEFAULT_STORE_ENV",
@@ -56,8 +57,10 @@ __all__ = [
     "default_store_url",
 ]
 
+logger = logging.getLogger(__name__)
 
-class DurableGraphFlow(StoredRunMethods, GraphFlow):
+
+class DurableGraphFlow(GraphFlow):
     """A :class:`~autogen_agentchat.teams.GraphFlow` whose every transition is committed to a database.
 
     Swap the class name and add ``store=`` and ``run_id=``: every agent completion, the
@@ -228,8 +231,11 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         self._driven = True
         renewer = asyncio.ensure_future(session.lease.keep())
         finished_cleanly = failed = abandoned = False
+        error: BaseException | None = None
         try:
-            result, messages = await opening(session, run, messages, first_call, self._message_factory.create)
+            result, messages = await _opening(
+                session, run, messages, first_call, self._message_factory.create
+            )
             if result is not None:  # a finished or parked run, or a re-run script's ended round
                 if session.nested and first_call:  # see below: the outer turn hears its round again
                     ended = await asyncio.to_thread(stored.last_round, session)
@@ -268,7 +274,7 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
                     except asyncio.CancelledError:
                         session.halt()
                         advance.cancel()
-                        abandoned = not await wind_down(
+                        abandoned = not await _wind_down(
                             advance, self._interrupt_grace, self._team_view, session.run_id
                         )
                         raise
@@ -283,21 +289,25 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         except RuntimeError as exc:
             failed = True
             fatal = session.fatal
+            error = exc if fatal is None else fatal
             if fatal is not None and fatal is not exc:
                 raise fatal from exc
             raise
         finally:
             renewer.cancel()
+            refused = None
             try:
-                await session.commits.settle_at_end()
+                refused = await session.commits.settle_at_end()
             finally:
                 try:
-                    await to_the_end(session.detach(finished_cleanly, failed))
+                    await to_the_end(session.detach(finished_cleanly, failed, error))
                 finally:
                     if abandoned:
                         # The abandoned turns may still end in this process: no write of theirs may
                         # land on the run another process now drives (a token no lease ever has).
                         session.lease.token = -1
+        if finished_cleanly and refused is not None:
+            raise refused  # an answer refused for the lost lease ends the round, as when awaited
 
     def _round_messages(
         self, round_: Sequence[tuple[Mapping[str, Any], bool]], output_task_messages: bool
@@ -307,6 +317,76 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
         produced."""
         factory = self._message_factory
         return [factory.create(body) for body, is_task in round_ if output_task_messages or not is_task]
+
+    # -- the stored run, outside a run: each method is one call into the store ----------------
+
+    @property
+    def run_id(self) -> str:
+        """The id of the run this team drives (generated when not given)."""
+        return self._session.run_id
+
+    @property
+    def store(self) -> Store:
+        """The store this team commits to (opened on first use)."""
+        return self._session.store
+
+    def run_info(self) -> RunRecord | None:
+        """The stored run's record (status, head, lease..., its pending requests for human input in
+        ``pending``), or ``None`` before the first run."""
+        run = self.store.get_run(self.run_id)
+        return run if run is None else _replace(run, pending=tuple(self.store.pending_requests(self.run_id)))
+
+    async def respond(
+        self, answer: str, *, node: str | None = None, request_id: str | None = None
+    ) -> InputRequest:
+        """Answer the run's pending request for human input (``node`` or ``request_id`` names it when
+        several are pending); the next :meth:`run` (or a worker of a pool) resumes the run, and the
+        asking node's turn gets ``answer`` as if the person had typed it. See :meth:`Store.respond`.
+
+        Raises:
+            NotWaitingError: (a ``UsageError``) nothing pending to answer, several and none named,
+                or the run is cancelled (resumed, it asks again).
+        """
+        return await asyncio.to_thread(
+            self.store.respond, self.run_id, answer, node=node, request_id=request_id
+        )
+
+    # -- history, time travel and fork ---------------------------------------------------------
+
+    def history(self, *, round: int | None = None, node: str | None = None) -> list[StepInfo]:
+        """The stored run's steps in order (see :meth:`Store.history`), only round ``round`` and/or
+        node ``node`` if given.
+
+        Raises:
+            RunNotFoundError: the run is not in the store (before the first run).
+        """
+        return self.store.history(self.run_id, round=round, node=node)
+
+    def transcript(
+        self, *, round: int | None = None, node: str | None = None
+    ) -> list[BaseAgentEvent | BaseChatMessage]:
+        """The stored run's thread as AutoGen message objects, in order; only round ``round`` and/or
+        the answers of node ``node`` if given (see :meth:`Store.transcript`).
+
+        Raises:
+            RunNotFoundError: the run is not in the store (before the first run).
+        """
+        create = self._message_factory.create
+        return [create(m.body) for m in self.store.transcript(self.run_id, round=round, node=node)]
+
+    def fork(
+        self, at: int, *, run_id: str | None = None, replace: tuple[int, BaseChatMessage] | None = None
+    ) -> RunRecord:
+        """Start a new run from this run's step ``at`` (see :meth:`Store.fork`); the stored run is
+        only read. Drive the new run with a team built like this one with ``run_id=`` its id:
+        ``run()`` with no task continues it from that step. ``replace=(seq, message)``: message
+        ``seq`` (a node's text answer) is ``message`` instead, and what followed it runs again.
+
+        Raises:
+            RunNotFoundError, UsageError, RunLockedError, ConflictError: as :meth:`Store.fork`.
+        """
+        edit = None if replace is None else (replace[0], replace[1].dump())
+        return self.store.fork(self.run_id, at, new_run_id=run_id, replace=edit)
 
     # -- state, reset, component ----------------------------------------------------------------
 
@@ -404,3 +484,69 @@ class DurableGraphFlow(StoredRunMethods, GraphFlow):
     def _from_config(cls, config: GraphFlowConfig) -> DurableGraphFlow:
         participants, graph, options = flow_arguments(config)
         return cls(participants, graph, **options)
+
+
+# -- what a call does on the run it attached, and after an interrupt ------------------------------
+
+
+async def _opening(
+    session: RunSession,
+    run: RunRecord | None,
+    messages: list[BaseChatMessage] | None,
+    first_call: bool,
+    create: Callable[[Mapping[str, Any]], Any],
+) -> tuple[TaskResult | None, list[BaseChatMessage] | None]:
+    """What a call does on the run it attached (``run``: ``None`` when the call created it), given
+    the call's task ``messages`` and whether it is this team object's first call on the run.
+
+    Returns the stored result to return without running anything (or ``None``), and the task to
+    run with: ``None`` when the task is already the run's (the interrupted round began with it) or
+    was the answer to a waiting turn's request.
+    """
+    if run is None:
+        return None, messages
+    if run.status == "waiting":
+        own = messages is not None and run.task == task_key(messages)  # a re-run script's task
+        if await on_waiting_run(session.store, run, None if own else messages):
+            return stored.stored_result(session, run, create), messages
+        return None, None  # the task was the answer: the waiting turn resumes with it
+    if run.status in ENDED_STATUSES:
+        same_task = messages is not None and first_call and run.task == task_key(messages)
+        if same_task:
+            logger.info(
+                "run %s is %s and its last round began with this task: returning the stored "
+                "result without running anything (give a new task to start another round, or "
+                "call reset() to start over)",
+                session.run_id,
+                run.status,
+            )
+        if same_task or (messages is None and run.status == "finished"):
+            return stored.stored_result(session, run, create), messages
+        return None, messages
+    if messages is not None and run.task == task_key(messages):
+        logger.info("run %s: same task as the interrupted round; resuming it", session.run_id)
+        return None, None
+    return None, messages
+
+
+async def _wind_down(advance: asyncio.Future[Any], grace: float, team: TeamView, run_id: str) -> bool:
+    """After an interrupt: wait up to ``grace`` seconds (``interrupt_grace_seconds``) for GraphFlow's
+    stream to end (the agents already running answer and are recorded). Past it, or on a second
+    cancellation, cancel the turns still running and stop waiting; returns whether the stream ended."""
+    try:
+        await asyncio.wait({advance}, timeout=grace)
+    except asyncio.CancelledError:
+        pass  # a second interrupt: stop waiting at once
+    if advance.done():
+        if not advance.cancelled():
+            advance.exception()  # retrieved: the interrupt is what the caller sees
+        return True
+    cancelled = team.cancel_in_flight()
+    logger.warning(
+        "run %s: interrupted, but %d agent turn(s) did not end within interrupt_grace_seconds=%g; "
+        "stopped waiting: the run is left interrupted and those nodes run again on resume",
+        run_id,
+        cancelled,
+        grace,
+    )
+    return False

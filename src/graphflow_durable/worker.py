@@ -36,15 +36,22 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from types import FrameType
+from typing import Literal, Protocol
 
 from graphflow_durable._storage.urls import safe_url
-from graphflow_durable._worker.backoff import DatabaseBackoff, passing
-from graphflow_durable._worker.drain import drain
-from graphflow_durable._worker.drive import Outcome, RunDriver
-from graphflow_durable.errors import StoreError, UsageError
+from graphflow_durable.errors import (
+    ConflictError,
+    InputDeadlineError,
+    LeaseLostError,
+    RunLockedError,
+    SchemaVersionError,
+    StoreCorruptError,
+    StoreError,
+    UsageError,
+)
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Claim, Store
 
@@ -69,6 +76,12 @@ class TeamFactory(Protocol):
     ) -> DurableGraphFlow: ...
 
 
+Outcome = Literal[
+    "finished", "stopped", "waiting", "cancelled", "interrupted", "failed", "lost", "deferred", "halted"
+]
+"""How a claim ended in a worker (:class:`RunOutcome` describes each value)."""
+
+
 @dataclass(frozen=True)
 class RunOutcome:
     """How one claim ended in this worker.
@@ -80,10 +93,12 @@ class RunOutcome:
     (``Store.cancel_run`` stopped it: the pool leaves it alone until ``Store.retry_run``);
     ``"interrupted"`` (the team stopped before the end, e.g. it was
     halted); ``"failed"`` (the team raised; the run is retried after a back-off, the longest one for
-    a caller's mistake or bad configuration); ``"lost"`` (another worker took the run over or got
-    it first: this worker wrote nothing more); ``"deferred"`` (the database failed: no attempt was
-    counted against the run, which is claimed again later); ``"halted"`` (this worker was stopped
-    and cancelled the run, which is left interrupted for another worker).
+    a caller's mistake or bad configuration; on a request's deadline with no default answer,
+    ``InputDeadlineError``, it is left alone until answered or retried); ``"lost"`` (another worker
+    took the run over or got it first: this worker wrote nothing more); ``"deferred"`` (the
+    database failed: no attempt was counted against the run, which is claimed again later);
+    ``"halted"`` (this worker was stopped and cancelled the run, which is left interrupted for
+    another worker).
     """
 
     run_id: str
@@ -115,6 +130,240 @@ def check_options(
         if not math.isfinite(value) or value < 0 or (positive and value == 0):
             bound = "greater than 0" if positive else "0 or more"
             raise UsageError(f"{option} must be a number {bound}, not {value}", option=option)
+
+
+# -- a claim's outcome, the pause after database problems, the stop ----------------------------
+
+_Ended = tuple[Outcome, str | None]
+"""How a claim ended: the outcome and what to say about it (an error, a stop reason), if anything."""
+
+
+def _passing(exc: StoreError) -> bool:
+    """Whether ``exc`` is a database problem that may pass (not a bad URL, a foreign database, a
+    newer schema or corrupt rows: those stay until someone acts)."""
+    return not isinstance(exc, (UsageError, SchemaVersionError, StoreCorruptError))
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message on one log line (libpq's messages span several)."""
+    return " ".join(str(exc).split())
+
+
+class _DatabaseBackoff:
+    """Database errors in a row (claims and runs) of one worker, and the claim pause they set.
+
+    Args:
+        owner: the worker's id, for the log lines.
+        backoff_seconds, max_backoff_seconds: the first pause, and the longest.
+    """
+
+    def __init__(self, owner: str, backoff_seconds: float, max_backoff_seconds: float) -> None:
+        self._owner = owner
+        self._backoff = backoff_seconds
+        self._max_backoff = max_backoff_seconds
+        self._failures = 0  # database errors in a row
+        self._since = 0.0  # monotonic time of the first of them
+        self.resume_at = 0.0  # monotonic time before which nothing is claimed
+
+    def problem(self, action: str, exc: StoreError) -> float:
+        """Log a database error (not any run's fault) in one line and pause claiming; return the pause.
+
+        The pause doubles with each problem in a row; problems during a pause (the other runs in
+        flight hitting the same outage) do not lengthen it.
+        """
+        now = time.monotonic()
+        if now < self.resume_at:
+            pause = self.resume_at - now
+        else:
+            if self._failures == 0:
+                self._since = now
+            self._failures += 1
+            pause = min(self._backoff * 2.0 ** (self._failures - 1), self._max_backoff)
+            self.resume_at = now + pause
+        _log.error(
+            "worker %s: database problem while %s (claims paused %.3g s): %s",
+            self._owner,
+            action,
+            pause,
+            _one_line(exc),
+        )
+        return pause
+
+    def back(self) -> None:
+        """The database answered: after problems, say so once and reset the back-off."""
+        if self._failures:
+            _log.warning(
+                "worker %s: the database is back after %.1f s of problems; claims resumed",
+                self._owner,
+                time.monotonic() - self._since,
+            )
+        self._failures = 0
+
+
+class _RunDriver:
+    """Drives claimed runs for one worker and gives their claims back (recording failures): the
+    worker's outcome policy. What the run raised decides the outcome, as the module docstring lists;
+    a run that returned is judged by its stored status.
+
+    Args:
+        owner: the worker's id (the team's lease owner, and the log lines').
+        backoff_seconds, max_backoff_seconds: a failed run is retried after
+            ``backoff_seconds * 2 ** attempts``, at most ``max_backoff_seconds``; a caller's mistake
+            after ``max_backoff_seconds``.
+        database: the worker's pause after database problems, which a database failure extends.
+    """
+
+    def __init__(
+        self, owner: str, backoff_seconds: float, max_backoff_seconds: float, database: _DatabaseBackoff
+    ) -> None:
+        self._owner = owner
+        self._backoff = backoff_seconds
+        self._max_backoff = max_backoff_seconds
+        self._database = database
+
+    async def drive(self, store: Store, claim: Claim, build: Callable[[], DurableGraphFlow]) -> _Ended:
+        """Build the claimed run's team with ``build``, run it, and say how the claim ended.
+
+        A cancellation (the worker halting the run) propagates; every other error is an outcome.
+        """
+        run_id = claim.run_id
+        try:
+            team = build()
+            if team.run_id != run_id:
+                raise UsageError(
+                    f"the team factory for {claim.team!r} built a team for run {team.run_id!r}, not "
+                    f"{run_id!r}; pass run_id=run_id and the other keyword arguments to DurableGraphFlow",
+                    run_id=run_id,
+                    option="run_id",
+                )
+            run = store.get_run(run_id)
+            # A submitted task starts the run; once its round has started, resuming needs no task
+            # (and the same task again would be recognised and not added twice anyway).
+            start = claim.task if claim.task is not None and (run is None or run.task is None) else None
+            await team.run(task=start)
+        except (LeaseLostError, RunLockedError, ConflictError) as exc:
+            # Another worker took the run over (this one was paused or too slow) or created it
+            # first: the fencing token stopped every write; there is nothing to record here.
+            self._give_back(store, claim)
+            return "lost", str(exc)
+        except (UsageError, SchemaVersionError) as exc:
+            # A caller's mistake or bad configuration (a changed graph, a factory that builds another
+            # run, a database newer than this package): it fails the same way until someone fixes
+            # it, so it waits the longest back-off.
+            self._give_back(store, claim)
+            error = f"{type(exc).__name__}: {exc}"
+            self._record_failure(store, claim, error, self._max_backoff)
+            return (
+                "failed",
+                f"{error} (a mistake in the team or its configuration; retry in {self._max_backoff:g} s)",
+            )
+        except StoreError as exc:
+            if isinstance(exc, StoreCorruptError):
+                return self._failed(store, claim, exc)
+            # The database failed, not the run: count no attempt against the run, pause this
+            # worker's claims, and give the claim back (the run is claimed again later).
+            pause = self._database.problem(f"driving run {run_id}", exc)
+            self._give_back(store, claim)
+            return "deferred", f"database problem (claims paused {pause:.3g} s; no attempt counted)"
+        except InputDeadlineError as exc:
+            # A request for a person passed its deadline with no default: the run fails the same
+            # way until it is answered or retried (the claim query leaves it alone until then), so
+            # no back-off: an answer makes it claimable at once.
+            self._give_back(store, claim)
+            error = f"{type(exc).__name__}: {exc}"
+            self._record_failure(store, claim, error, 0.0)
+            return "failed", f"{error} (left alone until answered or retried)"
+        except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
+            return self._failed(store, claim, exc)
+        try:
+            final = store.get_run(run_id)
+        except StoreError as exc:
+            self._database.problem(f"reading run {run_id}", exc)
+            return "interrupted", f"the run's status could not be read: {exc}"
+        status = None if final is None else final.status
+        if status == "finished":
+            return "finished", None
+        if status in ("stopped", "waiting"):
+            result = final.result if final is not None and isinstance(final.result, dict) else {}
+            return ("stopped" if status == "stopped" else "waiting"), result.get("stop_reason")
+        if status == "cancelled":
+            return "cancelled", "on request; 'graphflow-durable runs retry' queues it again"
+        if final is not None and final.lease_owner not in (None, self._owner):
+            return "lost", f"run {run_id} is now driven by {final.lease_owner}"
+        return "interrupted", f"status {status}"
+
+    def _failed(self, store: Store, claim: Claim, exc: BaseException) -> _Ended:
+        """The run's own failure (its team or an agent raised): count it, retry after a back-off."""
+        self._give_back(store, claim)
+        delay = min(self._backoff * 2**claim.attempts, self._max_backoff)
+        error = f"{type(exc).__name__}: {exc}"
+        self._record_failure(store, claim, error, delay)
+        _log.debug("run %s failed", claim.run_id, exc_info=exc)
+        return "failed", f"{error} (retry in {delay:g} s)"
+
+    def _give_back(self, store: Store, claim: Claim) -> None:
+        """Release the claim; if the database fails here, say so (the lease or claim then expires)."""
+        try:
+            store.queue.release_claim(claim)
+        except StoreError as exc:
+            _log.error(
+                "worker %s: database problem while releasing the claim on run %s (it expires in %g s): %s",
+                self._owner,
+                claim.run_id,
+                max(claim.expires_at - time.time(), 0.0),
+                _one_line(exc),
+            )
+
+    def _record_failure(self, store: Store, claim: Claim, error: str, delay: float) -> None:
+        try:
+            store.queue.record_failure(claim.run_id, error=error, retry_at=time.time() + delay)
+        except StoreError as exc:
+            _log.error(
+                "worker %s: database problem while recording a failure of run %s (not recorded): %s",
+                self._owner,
+                claim.run_id,
+                _one_line(exc),
+            )
+
+
+async def _drain(
+    tasks: set[asyncio.Task[None]], wake: asyncio.Event, grace_seconds: float, halting: Callable[[], bool]
+) -> None:
+    """Wait for ``tasks`` (removing each as it ends) up to ``grace_seconds``, then cancel the rest and
+    wait for them; ``wake`` is set on every stop request, and ``halting()`` says whether to halt now.
+
+    A cancelled team stops dispatching and waits for its running agents' answers, at most its
+    ``interrupt_grace_seconds``; once ``halting()``, each is cancelled a second time and stops waiting.
+    """
+    if not tasks:
+        return
+    deadline = time.monotonic() + grace_seconds
+    while tasks and not halting():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        wake.clear()
+        waker = asyncio.ensure_future(wake.wait())
+        done, _ = await asyncio.wait({*tasks, waker}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        waker.cancel()
+        tasks -= done
+    # Halt: each team stops dispatching and waits for its running agents' answers, at most its
+    # interrupt_grace_seconds. A signal during that wait (the second one) halts them at once.
+    for task in tasks:
+        task.cancel()
+    recancelled = False
+    while tasks:
+        if halting() and not recancelled:
+            recancelled = True
+            await asyncio.sleep(0.01)  # the teams took the first cancellation and are waiting
+            for task in tasks:
+                task.cancel()  # a second one: each team stops waiting for its agents
+            continue
+        wake.clear()
+        waker = asyncio.ensure_future(wake.wait())
+        done, _ = await asyncio.wait({*tasks, waker}, return_when=asyncio.FIRST_COMPLETED)
+        waker.cancel()
+        tasks -= done
 
 
 class Worker:
@@ -198,14 +447,17 @@ class Worker:
         self._stopping = False
         self._halting = False
         self._wake: asyncio.Event | None = None
-        self._database = DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
-        self._driver = RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
+        # The runs this worker drives now. Their leases may have expired under its own id (its
+        # driver could not renew in an outage) and be claimable again: not while that driver lives.
+        self._driving: set[str] = set()
+        self._database = _DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
+        self._driver = _RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
         if isinstance(store, str):
             try:
                 self._store = Store(store)
                 self._url = self._store.url
             except StoreError as exc:
-                if not passing(exc):
+                if not _passing(exc):
                     raise
                 self._database.problem("opening the store", exc)  # run_forever() tries again
 
@@ -248,7 +500,10 @@ class Worker:
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: stop claiming and drain; a second signal halts in-flight runs at once.
 
-        Call from inside the running event loop (Unix only).
+        Call from inside the running event loop, in the main thread (Unix only). The handlers stay
+        installed after the loop ends, until the process exits or the caller installs others: a
+        signal while the process tears down (its loop closed, its threads joined) is logged and
+        ignored instead of killing the process (exit 143).
         """
         loop = asyncio.get_running_loop()
 
@@ -262,8 +517,19 @@ class Worker:
             )
             self.request_stop(halt=not first)
 
+        def handler(signum: int, frame: FrameType | None) -> None:
+            # A Python-level handler, not loop.add_signal_handler(): the loop resets those to the
+            # default action when it closes, and a signal during the teardown after it (a second
+            # SIGTERM while the store closes and threads are joined) would kill the process.
+            # Python runs this in the main thread between bytecodes, so the loop is not touched
+            # concurrently; call_soon_threadsafe also wakes it from its select().
+            if loop.is_closed():
+                _log.info("worker %s: %s; already stopped, exiting", self.owner, signal.Signals(signum).name)
+                return
+            loop.call_soon_threadsafe(on_signal, signum)
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal, signum)
+            signal.signal(signum, handler)
 
     async def run_forever(self) -> None:
         """Claim and drive runs until :meth:`request_stop`; then drain and return."""
@@ -293,7 +559,7 @@ class Worker:
                 # In a thread: a connect that hangs (a partition) must not hold off the signals.
                 self._store = await asyncio.to_thread(Store, str(self._store_arg))
             except StoreError as exc:
-                if not passing(exc):
+                if not _passing(exc):
                     raise
                 self._database.problem("opening the store", exc)
         if self._store is not None:
@@ -315,7 +581,9 @@ class Worker:
                 paused = time.monotonic() < self._database.resume_at
                 while len(tasks) < self._concurrency and not self._stopping and not paused:
                     try:
-                        claim = store.queue.claim(self.owner, lease_seconds=self._lease, teams=self.teams)
+                        claim = store.queue.claim(
+                            self.owner, lease_seconds=self._lease, teams=self.teams, skip=self._driving
+                        )
                     except StoreError as exc:
                         self._database.problem("claiming work", exc)
                         paused = True
@@ -324,6 +592,7 @@ class Worker:
                     if claim is None:
                         break
                     claimed = True
+                    self._driving.add(claim.run_id)
                     tasks.add(asyncio.ensure_future(self._drive(claim)))
                 if until_idle and not tasks and not claimed and not paused:
                     break
@@ -337,7 +606,7 @@ class Worker:
                 waker.cancel()
                 tasks -= done
         finally:
-            await drain(tasks, self._wake, self._grace, lambda: self._halting)
+            await _drain(tasks, self._wake, self._grace, lambda: self._halting)
             _log.info("worker %s: stopped", self.owner)
             if self._own_store and self._store is not None:
                 self._store.close()
@@ -367,4 +636,6 @@ class Worker:
         except asyncio.CancelledError:
             done("halted")
             raise
+        finally:
+            self._driving.discard(run_id)
         done(outcome, error)

@@ -1,4 +1,4 @@
-"""Issue 15: ``graphflow-durable runs history | transcript | export | import | fork`` on SQLite and
+"""``graphflow-durable runs history | transcript | export | import | fork`` on SQLite and
 PostgreSQL: data on stdout, one-line errors on stderr, the documented exit codes."""
 
 from __future__ import annotations

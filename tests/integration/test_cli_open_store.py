@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from agents import Scripted, chain, close_stores, durable
 from graphflow_durable.cli.runs import EXIT_OK, EXIT_USAGE, main
 from graphflow_durable.errors import StoreConfigError
 from graphflow_durable.flow import DEFAULT_STORE_ENV
@@ -88,13 +89,14 @@ def test_a_file_that_holds_no_store_is_refused_and_left_byte_for_byte_unchanged(
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
 
 
-def test_submit_and_import_still_create_the_store_they_write_into(
+async def test_submit_and_import_still_create_the_store_they_write_into(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = f"sqlite:///{tmp_path / 'source.db'}"
     assert _run(capsys, "submit", "--store", source, "r-1", "go")[0] == EXIT_OK
-    with Store(source) as store:
-        store.create_run("r-2", graph_fingerprint="fp", graph={}, owner="w", lease_seconds=60)
+    a, b = Scripted("A", calls=[]), Scripted("B", calls=[])
+    await durable([a, b], chain(a, b), source, "r-2").run(task="go")  # an export the import accepts
+    close_stores()
     code, exported, _ = _run(capsys, "runs", "export", "--store", source, "r-2")
     assert code == EXIT_OK
     document = tmp_path / "r-2.json"

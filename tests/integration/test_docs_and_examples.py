@@ -1,4 +1,4 @@
-"""The README's code and the examples run as documented."""
+"""The code of the README and docs/ and the examples run as documented."""
 
 from __future__ import annotations
 
@@ -16,22 +16,32 @@ def python_blocks(markdown: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", markdown.read_text(), flags=re.S)
 
 
-def test_readme_python_examples_run_and_resume_from_the_same_store(tmp_path: Path) -> None:
-    blocks = python_blocks(ROOT / "README.md")
-    assert blocks, "the README has no python example"
-    for index, code in enumerate(blocks):
-        script = tmp_path / f"readme_{index}.py"
-        script.write_text(code)
-        for attempt in (1, 2):  # the second run finds the stored run
-            done = subprocess.run(
-                [sys.executable, str(script)],
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            assert done.returncode == 0, f"README block {index}, run {attempt}:\n{done.stderr}"
+#: The documents whose python blocks are whole scripts; each runs twice against one store.
+EXECUTED_DOCUMENTS = (
+    "README.md",
+    "docs/lifecycle.md",
+    "docs/human-in-the-loop.md",
+    "docs/operations.md",
+)
+
+
+def test_readme_and_docs_python_examples_run_and_resume_from_the_same_store(tmp_path: Path) -> None:
+    for document in EXECUTED_DOCUMENTS:
+        blocks = python_blocks(ROOT / document)
+        assert blocks, f"{document} has no python example"
+        for index, code in enumerate(blocks):
+            script = tmp_path / f"{Path(document).stem}_{index}.py"
+            script.write_text(code)
+            for attempt in (1, 2):  # the second run finds the stored run
+                done = subprocess.run(
+                    [sys.executable, str(script)],
+                    cwd=tmp_path,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )
+                assert done.returncode == 0, f"{document} block {index}, run {attempt}:\n{done.stderr}"
 
 
 def test_crash_demo_resumes_at_summarize_in_a_fresh_process_without_rerunning_completed_nodes(

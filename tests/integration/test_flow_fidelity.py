@@ -1,4 +1,4 @@
-"""Drop-in fidelity: where GraphFlow is right, DurableGraphFlow does the same (issue 10).
+"""Drop-in fidelity: where GraphFlow is right, DurableGraphFlow does the same.
 
 Each test runs the same script on plain GraphFlow and on the durable flow and compares what the
 caller sees; durability only adds (the store's status, history and results).

@@ -1,4 +1,4 @@
-"""Issue 6, behaviour 6: graph identity on resume, and dump_component() refusing callable conditions."""
+"""Graph identity on resume, and dump_component() refusing callable conditions."""
 
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ the settings' round trip through the component config."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import logging
 import sys
 import time
 from pathlib import Path
@@ -13,12 +15,21 @@ import pytest
 from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.teams import DiGraphBuilder
 
-from graphflow_durable import DurableGraphFlow, HumanInput, NotWaitingError, RunNotFoundError, Store
+from graphflow_durable import (
+    DurableGraphFlow,
+    HumanInput,
+    InputDeadlineError,
+    NotWaitingError,
+    RunExistsError,
+    RunNotFoundError,
+    Store,
+    Worker,
+)
 from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, main
 from graphflow_durable.store import InputRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted
+from agents import Gate, Hook, Scripted
 
 asked: list[str] = []
 
@@ -28,16 +39,33 @@ def person(prompt: str) -> str:
     return "typed"
 
 
-def fan(url: str, run_id: str = "r", **kw: object) -> DurableGraphFlow:
-    """A -> (H1, H2, B) -> C: two people and an agent in parallel, C joins them."""
-    a, b, c = Scripted("A"), Scripted("B"), Scripted("C")
-    h1, h2 = UserProxyAgent("H1", input_func=person), UserProxyAgent("H2", input_func=person)
+def fan(
+    url: str,
+    run_id: str = "r",
+    *,
+    people: tuple[str, ...] = ("H1", "H2"),
+    before: Hook | None = None,
+    **kw: object,
+) -> DurableGraphFlow:
+    """A -> (H1, H2, B) -> C: two people (or ``people``) and an agent (its turn starts with
+    ``before``) in parallel, C joins them."""
+    a, b, c = Scripted("A"), Scripted("B", before=before), Scripted("C")
+    humans = [UserProxyAgent(name, input_func=person) for name in people]
     builder = DiGraphBuilder()
-    for node in (a, h1, h2, b, c):
+    for node in (a, *humans, b, c):
         builder.add_node(node)
-    for mid in (h1, h2, b):
+    for mid in (*humans, b):
         builder.add_edge(a, mid).add_edge(mid, c)
-    return DurableGraphFlow([a, h1, h2, b, c], builder.build(), store=url, run_id=run_id, **kw)  # type: ignore[arg-type]
+    return DurableGraphFlow([a, *humans, b, c], builder.build(), store=url, run_id=run_id, **kw)  # type: ignore[arg-type]
+
+
+async def until_asked(store: Store, run_id: str, request_ids: list[str]) -> None:
+    """Wait until the run's pending requests are ``request_ids``."""
+    for _ in range(500):
+        if [r.request_id for r in store.pending_requests(run_id)] == request_ids:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"run {run_id} never asked {request_ids}")
 
 
 def one(url: str, run_id: str = "r", **kw: object) -> DurableGraphFlow:
@@ -82,6 +110,74 @@ async def test_several_waiting_nodes_are_answered_one_by_one_by_node_and_by_requ
         await team.respond("late")
 
 
+async def test_a_run_answered_by_one_of_two_people_still_reads_waiting_and_a_pool_takes_it_once_both_answered(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def factory(run_id: str, **durable: object) -> DurableGraphFlow:
+        return fan(durable.pop("store"), run_id=run_id, human_input="wait", **durable)  # type: ignore[arg-type]
+
+    store.queue.submit("r", task="go", team="t")
+    worker = Worker(store, {"t": factory}, poll_interval=0.01)
+    await worker.run_until_idle()
+    assert store.respond("r", "one", node="H1").request_id == "H1/3"
+    run = store.get_run("r")
+    assert run is not None and run.status == "waiting"  # H2 still waits
+    assert [r.request_id for r in store.pending_requests("r")] == ["H2/3"]
+    capsys.readouterr()
+    assert main(["runs", "list", "--status", "waiting", "--store", store.url]) == EXIT_OK
+    listed = capsys.readouterr().out
+    assert "waits for H2/3: H2 asks" in listed and "H1/3" not in listed, listed
+    await worker.run_until_idle()  # nothing to do until H2 answers
+    assert [o.outcome for o in worker.outcomes] == ["waiting"]
+    store.respond("r", "two", node="H2")
+    assert store.get_run("r").status == "interrupted"  # type: ignore[union-attr]
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "finished"]
+    thread = [(m.body["source"], m.body.get("content")) for m in store.load("r").messages]
+    assert ("H1", "one") in thread and ("H2", "two") in thread and thread[-1][0] == "C"
+
+
+async def test_an_answer_given_while_the_run_is_driven_is_taken_by_that_run_which_finishes(
+    store_url: str,
+) -> None:
+    gate = Gate()
+    team = fan(store_url, people=("H",), before=gate, human_input="wait")
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)  # B runs, H asked
+    await until_asked(team.store, "r", ["H/3"])
+    with Store(store_url) as other:
+        other.respond("r", "yes")
+    gate.open()
+    result = await asyncio.wait_for(running, 30)  # no second run(): this driver took the answer
+    assert team.run_info().status == "finished"  # type: ignore[union-attr]
+    assert ("H", "yes") in texts(result) and result.messages[-1].source == "C"
+    assert result.stop_reason is not None and "waiting" not in result.stop_reason
+
+
+async def test_an_answer_to_one_of_two_people_given_while_the_run_is_driven_leaves_it_waiting_for_the_other(
+    store_url: str,
+) -> None:
+    gate = Gate()
+    team = fan(store_url, before=gate, human_input="wait")
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+    await until_asked(team.store, "r", ["H1/3", "H2/3"])
+    with Store(store_url) as other:
+        other.respond("r", "one", node="H1")
+    gate.open()
+    result = await asyncio.wait_for(running, 30)
+    info = team.run_info()
+    assert info is not None and info.status == "waiting" and [r.request_id for r in info.pending] == ["H2/3"]
+    assert "H2 asks" in str(result.stop_reason) and "H1" not in str(result.stop_reason)
+    assert ("H1", "one") in texts(result)  # H1's turn took its answer in this call
+    await team.respond("two")
+    done = await team.run()
+    assert team.run_info().status == "finished"  # type: ignore[union-attr]
+    assert ("H2", "two") in texts(done)
+    thread = [(m.body["source"], m.body.get("content")) for m in team.store.load("r").messages]
+    assert [s for s, _ in thread] == ["user", "A", "B", "H1", "H2", "C"]
+
+
 async def test_a_task_given_to_a_waiting_run_is_the_answer_and_the_same_task_is_not(store_url: str) -> None:
     team = one(store_url, human_input="wait")
     await team.run(task="go")
@@ -124,6 +220,84 @@ async def test_a_deadline_takes_the_default_answer_or_fails_the_run(store_url: s
     with pytest.raises(RuntimeError, match="passed its deadline"):
         await failing.run()
     assert failing.run_info().status == "failed"  # type: ignore[union-attr]
+
+
+async def test_a_deadline_without_a_default_raises_input_deadline_error_recorded_as_the_runs_last_error(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    team = one(store_url, "f", human_input=HumanInput("wait", timeout=0.2))
+    await team.run(task="go")
+    request = team.store.requests.get("f", "H/3")
+    assert request is not None and request.deadline is not None
+    time.sleep(0.3)
+    with pytest.raises(InputDeadlineError) as raised:
+        await team.run()
+    error = raised.value
+    assert (error.run_id, error.request_id, error.deadline) == ("f", "H/3", request.deadline)
+    assert "passed its deadline" in str(error) and "\n" not in str(error)
+    assert isinstance(error.__cause__, RuntimeError)  # what GraphFlow raised, chained
+    assert team.run_info().status == "failed"  # type: ignore[union-attr]
+    capsys.readouterr()
+    assert main(["runs", "show", "f", "--store", store_url]) == EXIT_OK
+    shown = capsys.readouterr().out.splitlines()
+    last = [line for line in shown if line.startswith("last error")]
+    assert last == [f"last error  InputDeadlineError: {error}"], shown
+    asked_line = [line for line in shown if line.startswith("asked")]
+    assert len(asked_line) == 1 and "'runs respond'" in asked_line[0] and "'runs retry'" in asked_line[0], (
+        shown
+    )
+    with pytest.raises(RunExistsError, match="was not submitted"):  # its error's bookkeeping is no submission
+        team.store.queue.submit("f", task="go", team=None)
+
+
+def _pool_factory(run_id: str, **durable: object) -> DurableGraphFlow:
+    return one(durable.pop("store"), run_id=run_id, human_input=HumanInput("wait", timeout=1.0), **durable)  # type: ignore[arg-type]
+
+
+async def test_a_pool_run_failed_by_a_deadline_is_left_alone_until_retried_then_asks_again(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": _pool_factory}, poll_interval=0.01, backoff_seconds=0.01)
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes] == ["waiting"]
+    time.sleep(1.1)
+    caplog.clear()
+    await worker.run_until_idle()  # past the deadline, no default: the run fails, once
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "failed"]
+    assert (worker.outcomes[-1].error or "").startswith("InputDeadlineError: run w: request H/3")
+    assert store.get_run("w").status == "failed"  # type: ignore[union-attr]
+    assert (store.queue.get_submission("w").last_error or "").startswith("InputDeadlineError:")  # type: ignore[union-attr]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]  # one WARNING line from the worker, no traceback
+    time.sleep(0.1)  # past any back-off: still not claimed, it would fail the same way
+    await worker.run_until_idle()
+    assert len(worker.outcomes) == 2
+    assert store.retry_run("w").asked_again == ("H/3",)  # asks again, with a new deadline
+    assert store.requests.get("w", "H/3").deadline > time.time() + 0.5  # type: ignore[operator,union-attr]
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes][2:] == ["waiting"]
+    assert [r.request_id for r in store.pending_requests("w")] == ["H/3"]
+    store.respond("w", "yes")
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "finished"  # type: ignore[union-attr]
+    assert ("H", "yes") in [(m.body["source"], m.body.get("content")) for m in store.load("w").messages]
+
+
+async def test_a_pool_run_failed_by_a_deadline_is_finished_by_the_pool_once_answered(store: Store) -> None:
+    store.queue.submit("w", task="go", team="t")
+    worker = Worker(store, {"t": _pool_factory}, poll_interval=0.01, backoff_seconds=0.01)
+    await worker.run_until_idle()
+    time.sleep(1.1)
+    await worker.run_until_idle()
+    assert store.get_run("w").status == "failed"  # type: ignore[union-attr]
+    store.respond("w", "late, but yes")  # the answer the run failed for
+    time.sleep(0.05)
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes] == ["waiting", "failed", "finished"]
+    assert ("H", "late, but yes") in [
+        (m.body["source"], m.body.get("content")) for m in store.load("w").messages
+    ]
 
 
 async def test_inline_input_is_asked_once_and_recorded(store_url: str) -> None:
@@ -233,8 +407,6 @@ async def test_an_answer_to_a_cancelled_run_is_refused_and_the_resumed_run_asks_
 async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadline_passed(
     store: Store,
 ) -> None:
-    from graphflow_durable import Worker
-
     def factory(run_id: str, **durable: object) -> DurableGraphFlow:
         a, c, h = Scripted("A"), Scripted("C"), UserProxyAgent("H", input_func=person)
         graph = DiGraphBuilder().add_node(a).add_node(h).add_node(c).add_edge(a, h).add_edge(h, c).build()
@@ -258,8 +430,6 @@ async def test_a_worker_takes_the_default_answer_of_a_waiting_run_once_its_deadl
 async def test_a_cancelled_waiting_run_of_a_pool_is_left_alone_until_retried_then_asks_again(
     store: Store,
 ) -> None:
-    from graphflow_durable import Worker
-
     def factory(run_id: str, **durable: object) -> DurableGraphFlow:
         return one(durable.pop("store"), run_id=run_id, human_input="wait", **durable)  # type: ignore[arg-type]
 

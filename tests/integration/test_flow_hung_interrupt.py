@@ -1,4 +1,4 @@
-"""Issue 12 item 12: Ctrl+C on a hung agent stops ``run()`` within ``interrupt_grace_seconds``.
+"""Ctrl+C on a hung agent stops ``run()`` within ``interrupt_grace_seconds``.
 
 A real process runs A -> B -> C; B's turn ignores cancellation (it swallows the first
 ``CancelledError`` and keeps sleeping). A real SIGINT while B runs: the process ends within the

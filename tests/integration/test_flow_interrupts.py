@@ -1,4 +1,4 @@
-"""Issue 6, behaviour 4: a cancelled token, a cancelled consumer task and ``aclose()`` stop the flow;
+"""A cancelled token, a cancelled consumer task and ``aclose()`` stop the flow;
 the team object stays usable (``run()`` resumes; ``reset()`` then ``run(task)`` starts over)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Nested durable teams with no configuration: an inner DurableGraphFlow given no store and no run
 id, run inside an agent's turn of a durable run, stores where the outer run does and drives the
-run of that turn (its id from the outer turn's idempotency key), so it resumes inside (issue 10)."""
+run of that turn (its id from the outer turn's idempotency key), so it resumes inside."""
 
 from __future__ import annotations
 

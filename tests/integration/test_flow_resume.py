@@ -1,4 +1,4 @@
-"""Issue 6, behaviours 2 and 7: exact resume by a new team object, and the execution context."""
+"""Exact resume by a new team object, and the execution context."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 6, behaviour 5: save_state() mid-run is a portable, consistent cut; load_state() copies."""
+"""save_state() mid-run is a portable, consistent cut; load_state() copies."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 6, behaviour 3: termination conditions continue across a resume, see every message of a
+"""Termination conditions continue across a resume, see every message of a
 parallel batch, and are reset by a stop for the next round (as GraphFlow does)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 6, behaviour 1: one commit per agent completion; late and duplicate answers are ignored.
+"""One commit per agent completion; late and duplicate answers are ignored.
 
 Also the run lease: a second team driving the same run while the first is running is refused.
 """

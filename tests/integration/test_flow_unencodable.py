@@ -1,4 +1,4 @@
-"""Issue 12, item 9: content the encoder cannot take (a lone surrogate, a value nested thousands of
+"""Content the encoder cannot take (a lone surrogate, a value nested thousands of
 levels deep) is refused with a NotSerializableError naming the node and where in the value, before
 anything of the turn is written; a fixed agent resumes the run to the end."""
 

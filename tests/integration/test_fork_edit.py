@@ -1,4 +1,4 @@
-"""Issue 15: a fork that replaces one answer ("B should have said X"): what depended on it runs
+"""A fork that replaces one answer ("B should have said X"): what depended on it runs
 again, the rest is kept; refused where the answer decided something the fork would keep."""
 
 from __future__ import annotations

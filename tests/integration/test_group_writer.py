@@ -25,7 +25,7 @@ from agents import Scripted, Ticker, chain, close_stores, durable, stored_transc
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError, UsageError
 from graphflow_durable.scheduler import GraphSpec, initial
-from graphflow_durable.store import MessageRecord, RunUpdate, Step, StepKind, Store
+from graphflow_durable.store import MessageRecord, RunRecord, RunUpdate, Step, StepKind, Store
 
 LEASE = 60.0
 
@@ -36,11 +36,12 @@ def _close_stores() -> Iterator[None]:
     close_stores()
 
 
-def _create(store: Store, run_id: str) -> None:
-    store.create_run(run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+def _create(store: Store, run_id: str) -> RunRecord:
+    return store.create_run(run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
 
 
 def _step(store: Store, run_id: str, head: int, token: int = 1) -> asyncio.Future[int]:
+    """Commit step ``head + 1`` of ``run_id`` under ``token`` (1: the first run's, on a new store)."""
     message = MessageRecord(head, {"type": "TextMessage", "source": run_id, "content": f"m{head}"}, True)
     return store.submit_commit(
         run_id, expected_head=head, fencing_token=token, step=Step("complete", "A", {}), messages=[message]
@@ -63,14 +64,17 @@ async def test_commits_that_wait_together_are_written_as_one_group_and_a_refused
     sqlite_url: str,
 ) -> None:
     store = Store(sqlite_url)
-    for run_id in ("a", "b", "stale", "fenced"):
-        _create(store, run_id)
-    await _step(store, "stale", 0)  # "stale" is at head 1: a commit expecting head 0 is refused
+    tokens = {run_id: _create(store, run_id).fencing_token for run_id in ("a", "b", "stale", "fenced")}
+    await _step(store, "stale", 0, tokens["stale"])  # at head 1: a commit expecting head 0 is refused
     groups_before = store._writer.groups
     lock = WriteLock(sqlite_url)
-    first = _step(store, "a", 0)
+    first = _step(store, "a", 0, tokens["a"])
     await asyncio.sleep(0.2)  # the writer thread now waits on the lock with "a" in hand
-    rest = [_step(store, "b", 0), _step(store, "stale", 0), _step(store, "fenced", 0, token=7)]
+    rest = [
+        _step(store, "b", 0, tokens["b"]),
+        _step(store, "stale", 0, tokens["stale"]),
+        _step(store, "fenced", 0, token=0),  # 0: no token the store issues
+    ]
     lock.release()
     outcomes = await asyncio.gather(first, *rest, return_exceptions=True)
     assert outcomes[0] == 1 and outcomes[1] == 1
@@ -457,7 +461,8 @@ async def test_a_new_run_is_created_by_the_writer_in_turn_with_other_runs_commit
     assert isinstance(outcomes[2], ConflictError) and "run a already exists" in str(outcomes[2])
     record = outcomes[1]
     assert record == store.get_run("new")  # the record given back is the row as stored
-    assert record.head_seq == 1 and record.fencing_token == 1 and record.lease_expires_at > time.time()
+    assert record.head_seq == 1 and record.lease_expires_at > time.time()
+    assert record.fencing_token == 2  # the store's second token: run "a" drew the first
     assert [s.kind for s in store.load("new").steps] == ["created"]
     assert store._writer.groups - groups_before == 2  # "a" alone, then the three that queued
     store.close()

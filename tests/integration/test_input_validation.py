@@ -1,4 +1,4 @@
-"""Issue 12, items 11 and 13: a run id that is empty or white space is refused, never replaced by
+"""A run id that is empty or white space is refused, never replaced by
 a random one; bad command-line input exits 2 with one line on stderr and no traceback."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _close_stores() -> Iterator[None]:
     close_stores()
 
 
-# --- item 11: run ids ----------------------------------------------------------------------------
+# --- run ids --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("run_id", ["", " ", "\t\n", " r1", "r1 ", "a\nb", "a\x00b", "x" * 501])
@@ -48,7 +48,7 @@ def test_the_work_queue_refuses_a_blank_run_id(store_url: str) -> None:
         assert store.queue.list_submissions() == []
 
 
-# --- item 13: the command line, run as a real process ---------------------------------------------
+# --- the command line, run as a real process ------------------------------------------------------
 
 
 def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""Issue 6, behaviour 9: regression test for microsoft/autogen#7043.
+"""Regression test for microsoft/autogen#7043: a state saved while an agent runs resumes it.
 
 A -> B -> C, interrupted while B runs, state saved and loaded into a fresh team, resumed with
 ``run(task="continue")``. Plain GraphFlow (autogen-agentchat 0.7.x) saves B neither as ready nor

@@ -1,4 +1,4 @@
-"""Issue 12, item 15 (logs): a lost lease, a normal event in a pool, is one line, not tracebacks.
+"""Logs: a lost lease, a normal event in a pool, is one line, not tracebacks.
 
 A driver is frozen (its event loop blocked, as under SIGSTOP) while its agent B runs; meanwhile its
 lease expires and a successor takes the run over and finishes it. When the frozen driver wakes up,

@@ -1,9 +1,9 @@
-"""Issue 12, items 3 and 4: the lease through a database outage and a paused driver.
+"""The lease through a database outage and a paused driver.
 
-- Item 3: a real PostgreSQL server (a cluster of this module's own) is stopped while an agent
+- An outage: a real PostgreSQL server (a cluster of this module's own) is stopped while an agent
   runs. Renewal retries through the outage; a driver that could not renew for longer than its
   lease minus the margin halts (no new dispatch) and leaves the run to be resumed.
-- Item 4: a driver frozen between a commit and its dispatch (its event loop blocked, as under
+- A paused driver: a driver frozen between a commit and its dispatch (its event loop blocked, as under
   SIGSTOP) past its lease, while another owner took the run over, does not dispatch.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -117,9 +118,10 @@ async def test_a_driver_that_cannot_renew_halts_before_its_lease_expires_and_the
     await asyncio.wait_for(gate.started.wait(), 10)
     await _outage(server, lease + 1.0)  # past the lease: another driver could have taken over
     gate.open()
-    await asyncio.wait_for(running, 20)
+    halted = await asyncio.wait_for(running, 20)
     assert calls == ["A", "B"]  # C was not dispatched by the driver that lost contact
     assert any("stops dispatching" in r.getMessage() for r in caplog.records)
+    assert re.fullmatch(HALTED, str(halted.stop_reason)), halted.stop_reason
     with Store(server.url) as store:
         run = store.get_run("outage-long")
         assert run is not None and run.status == "interrupted"
@@ -129,6 +131,49 @@ async def test_a_driver_that_cannot_renew_halts_before_its_lease_expires_and_the
     await asyncio.wait_for(again.run(), 20)
     assert calls2 == ["C"]
     assert [s for s, _ in stored_transcript(again)] == ["user", "A", "B", "C"]
+
+
+HALTED = (
+    r"run [\w-]+: stopped dispatching: the lease could not be renewed since "
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* \(lease [\d.]+ s\); run\(\) resumes it"
+)
+
+
+async def test_a_round_halted_because_the_lease_could_not_be_renewed_says_so_in_its_stop_reason(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database answers commits but not the lease's renewals (as in an outage that ends just
+    before B answers): the round halts before C and its result says why, not GraphFlow's generic
+    "The group chat is stopped."; run() resumes it."""
+    lease = 1.2  # renewed every 0.4 s; halted after 0.8 s without a renewal
+    calls: list[str] = []
+    gate = Gate()
+    team = _team(store_url, "unrenewed", calls, gate, lease)
+    running = asyncio.ensure_future(team.run(task="go"))
+    await asyncio.wait_for(gate.started.wait(), 10)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("renewing the lease: the server is not answering (test)")
+
+    monkeypatch.setattr(team.store, "heartbeat", down)
+    started = time.time()
+    await asyncio.sleep(lease)  # past the margin: the renewer halts the run
+    gate.open()
+    halted = await asyncio.wait_for(running, 20)
+    assert calls == ["A", "B"]
+    assert re.fullmatch(HALTED, str(halted.stop_reason)), halted.stop_reason
+    since = str(halted.stop_reason).split("since ")[1].split(" ")[0]
+    from datetime import datetime
+
+    assert started - 1.0 <= datetime.fromisoformat(since).timestamp() <= started + 0.1
+    assert team.run_info().status == "interrupted"  # type: ignore[union-attr]
+    monkeypatch.undo()
+    resumed = await asyncio.wait_for(team.run(), 20)
+    assert (
+        calls == ["A", "B", "C"]
+        and resumed.stop_reason is not None
+        and "stopped dispatching" not in resumed.stop_reason
+    )
 
 
 async def _frozen_driver(url: str, run_id: str) -> list[str]:
@@ -176,11 +221,54 @@ async def test_a_driver_frozen_past_its_lease_does_not_dispatch_after_a_takeover
         assert run is not None and run.lease_owner == "successor"
 
 
+async def _frozen_after_the_check(url: str, run_id: str) -> list[str]:
+    """A's answer is committed and B selected; the manager's lease check before B's dispatch
+    passes, and right after it the driver freezes past its lease (as under SIGSTOP) while another
+    owner takes the run over; then it wakes up and the dispatch goes on to B's container."""
+    lease = 0.6
+    calls: list[str] = []
+    agents = [Scripted(n, calls=calls) for n in "ABC"]
+    team = durable(agents, chain(*agents), url, run_id, lease_seconds=lease)
+    lease_of = team._session.lease
+    valid = lease_of.valid
+
+    def take_over() -> None:
+        time.sleep(lease + 0.2)
+        with Store(url) as other:
+            other.acquire_lease(run_id, "successor", lease_seconds=30)
+
+    async def checked_then_frozen() -> bool:
+        ok = await valid()
+        if ok and calls == ["A"]:  # the check before B's dispatch passed: freeze now
+            thief = threading.Thread(target=take_over)
+            thief.start()
+            thief.join()  # blocks the event loop: no renewal, until after the takeover
+        return ok
+
+    lease_of.valid = checked_then_frozen  # type: ignore[method-assign]
+    await asyncio.wait_for(team.run(task="go"), 20)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_driver_frozen_after_its_lease_check_does_not_start_the_agent_it_dispatched(
+    backend: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "postgres_database"))
+    calls = await _frozen_after_the_check(url, "frozen-late")
+    assert calls == ["A"]  # B's turn belongs to the successor: the woken driver never called B
+    assert any("does not start it" in r.getMessage() for r in caplog.records), caplog.text
+    with Store(url) as store:
+        run = store.get_run("frozen-late")
+        assert run is not None and run.lease_owner == "successor"
+        assert [s.node for s in store.load("frozen-late").steps if s.kind == "complete"] == ["A"]
+
+
 @pytest.mark.postgres
 async def test_a_commit_failing_in_an_outage_raises_its_own_error_and_the_run_resumes_after_expiry(
     server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Item 14: detach() after the failed commit fails too; the caller sees the commit's error."""
+    """A commit failing in an outage: detach() after the failed commit fails too; the caller sees the commit's error."""
     lease = 1.0
     calls: list[str] = []
     gate = Gate()
@@ -255,7 +343,7 @@ async def test_an_outage_while_a_batch_hands_its_answers_over_records_none_and_t
 async def test_a_commit_failing_on_a_full_disk_raises_its_own_error_and_the_run_resumes(
     small_disk: SmallDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Item 14 on a real SQLite file on a full disk: the caller sees the commit's error, not the
+    """A commit failing on a real SQLite file on a full disk: the caller sees the commit's error, not the
     one of the bookkeeping after it; once space is back the next driver resumes the run."""
     url = f"sqlite:///{small_disk.path / 'runs.db'}"
     lease = 1.0

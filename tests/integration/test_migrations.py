@@ -43,9 +43,10 @@ def test_an_empty_database_migrates_to_exactly_the_declared_tables_and_columns(
     store_url: str, raw: sa.Engine
 ) -> None:
     Store(store_url).close()
+    tables = _schema.declared_tables(raw.dialect.name)
     declared = {
         table.name: (sorted(c.name for c in table.columns), sorted(c.name for c in table.primary_key))
-        for table in _schema.metadata.sorted_tables
+        for table in tables
     }
     with raw.connect() as conn:
         assert shape(conn) == declared
@@ -55,10 +56,12 @@ def test_an_empty_database_migrates_to_exactly_the_declared_tables_and_columns(
             name: sorted(tuple(fk["constrained_columns"]) for fk in inspector.get_foreign_keys(name))
             for name in declared
         }
+        if raw.dialect.name == "postgresql":  # its token counter is a sequence, not a table
+            assert inspector.get_sequence_names() == [_schema.FENCING_SEQUENCE.name]
     assert indexes["graphflow_runs"] >= {"graphflow_runs_status", "graphflow_runs_parent"}
     assert foreign == {
         table.name: sorted(tuple(c.name for c in fk.columns) for fk in table.foreign_key_constraints)
-        for table in _schema.metadata.sorted_tables
+        for table in tables
     }
 
 
@@ -180,3 +183,50 @@ def test_a_store_error_wraps_a_schema_that_was_tampered_with(store_url: str, raw
         pytest.raises(StoreError, match=r"loading run x failed on .*graphflow_agent_states"),
     ):
         store.load("x")
+
+
+#: The last schema version before fencing tokens came from one store-wide counter.
+PER_RUN_TOKENS = 9
+
+
+def test_a_store_with_tokens_gets_a_token_counter_above_every_token_stored(
+    store_url: str, raw: sa.Engine
+) -> None:
+    """A database whose runs and submissions hold tokens (each run counted its own from 1) issues,
+    once migrated, only tokens above all of them: also past 2**31, which a 32-bit column cannot hold."""
+    engines = open_engines(store_url)
+    try:
+        older = tuple(m for m in _migrations.MIGRATIONS if m[0] <= PER_RUN_TOKENS)
+        _migrations.migrate(engines.write, url=engines.url, migrations=older)
+    finally:
+        engines.engine.dispose()
+    top = 2**31 - 3
+    with raw.begin() as conn:
+        for run_id, token in (("low", 7), ("high", top)):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO graphflow_runs (run_id, graph_fingerprint, graph, status, head_seq, "
+                    "message_count, fencing_token, created_at, updated_at) "
+                    "VALUES (:r, 'f', '{}', 'interrupted', 0, 0, :t, 0, 0)"
+                ),
+                {"r": run_id, "t": token},
+            )
+        conn.execute(
+            sa.text(
+                "INSERT INTO graphflow_queue (run_id, status, attempts, claim_token, created_at, updated_at) "
+                "VALUES ('sub', 'pending', 0, :t, 0, 0)"
+            ),
+            {"t": top - 1},
+        )
+    with Store(store_url) as store:
+        assert store.schema_version() == _migrations.HEAD
+        created = store.create_run("new", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+        tokens = [
+            created.fencing_token,
+            store.acquire_lease("low", "w", lease_seconds=60),
+            store.acquire_lease("high", "w", lease_seconds=60),
+            store.acquire_lease("high", "w", lease_seconds=60),
+        ]
+        assert tokens == [top + 1, top + 2, top + 3, top + 4], tokens
+        high = store.get_run("high")
+        assert high is not None and high.fencing_token == top + 4 > 2**31

@@ -1,4 +1,4 @@
-"""Issue 15 (history, time travel, fork, export/import): the Python API on SQLite and PostgreSQL."""
+"""History, time travel, fork, export/import: the Python API on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

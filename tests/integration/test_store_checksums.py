@@ -1,6 +1,6 @@
-"""Issue 12 item 8: a row changed in the database (a flipped byte, a row moved) is refused on
+"""A row changed in the database (a flipped byte, a row moved) is refused on
 resume, naming the run, table, step and row, before any agent runs; ``runs verify`` lists every
-damaged row. Item 15 (part): ``runs list`` shows a run whose driver died as such."""
+damaged row. And ``runs list`` shows a run whose driver died as such."""
 
 from __future__ import annotations
 

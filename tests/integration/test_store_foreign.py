@@ -1,4 +1,4 @@
-"""A database that belongs to something else (issue 12, item 10): a database holding other tables and
+"""A database that belongs to something else: a database holding other tables and
 no store is refused before any DDL, naming the tables, unless the store is told to share it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, item 7: a network partition is a clear StoreError within seconds, never a hang.
+"""A network partition is a clear StoreError within seconds, never a hang.
 
 A real PostgreSQL is reached through a local proxy (``tests/netproxy.py``) that can drop every
 byte both ways while keeping the connections open, as a partition behind a proxy or pooler looks.

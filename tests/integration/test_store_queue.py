@@ -147,11 +147,19 @@ def test_the_run_of_a_dead_process_on_this_host_is_claimable_at_once(store: Stor
     assert store.queue.claim("w2", lease_seconds=LEASE) is None  # another host's dead pid: wait for expiry
 
 
-def test_a_worker_does_not_claim_a_run_it_already_holds(store: Store) -> None:
-    make_run(store, "mine", owner="w", lease=0.01)
+def test_a_worker_claims_its_own_expired_lease_with_a_new_token_unless_it_still_drives_the_run(
+    store: Store,
+) -> None:
+    make_run(store, "live", owner="w")
+    old = make_run(store, "mine", owner="w", lease=0.01)
     time.sleep(0.05)
-    assert store.queue.claim("w", lease_seconds=LEASE) is None
-    assert store.queue.claim("other", lease_seconds=LEASE) is not None
+    assert store.queue.claim("w", lease_seconds=LEASE, skip={"mine"}) is None  # its driver lives on
+    claim = store.queue.claim("w", lease_seconds=LEASE)
+    assert claim is not None and (claim.run_id, claim.reason) == ("mine", "expired")
+    assert claim.fencing_token > old
+    with pytest.raises(LeaseLostError):  # the old driver of the same owner is fenced off
+        store.commit("mine", expected_head=0, fencing_token=old, step=Step("complete", "a", {}))
+    assert store.queue.claim("w", lease_seconds=LEASE) is None  # its live lease stays its own
 
 
 def test_a_failure_backs_the_run_off_until_its_retry_time(store: Store) -> None:

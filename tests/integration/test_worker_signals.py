@@ -1,4 +1,4 @@
-"""Issue 12 item 6: SIGTERM/SIGINT stop a real ``graphflow-durable worker`` process gracefully.
+"""SIGTERM/SIGINT stop a real ``graphflow-durable worker`` process gracefully.
 
 A real worker subprocess on a SQLite file drives the pool team with slow agents; a real SIGTERM
 arrives while agents are running. The worker stops claiming, lets in-flight turns finish within
@@ -9,6 +9,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -114,3 +115,31 @@ def test_a_second_sigterm_halts_the_worker_at_once_and_still_exits_0_with_the_ru
     sqlite_url: str, tmp_path: Path
 ) -> None:
     stop_and_check(sqlite_url, tmp_path, signals=2)
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "driving"])
+@pytest.mark.parametrize("offset", [0.0, 0.05, 0.2, 0.5])
+def test_a_second_sigterm_at_any_moment_of_the_stop_still_exits_0(
+    sqlite_url: str, tmp_path: Path, offset: float, busy: bool
+) -> None:
+    """The second signal may come while the worker drains, while its loop closes, or while the
+    interpreter tears down after it: the process is never killed by it (exit 143)."""
+    if busy:
+        with Store(sqlite_url) as store:
+            store.queue.submit("r", task="short turns", team=None)
+    worker = start_worker(sqlite_url, tmp_path / "exec.log", 0.3, "--grace-seconds", "10")
+    try:
+        if busy:
+            wait_until(lambda: executions(tmp_path / "exec.log") != [])  # a run is in flight
+        time.sleep(0.2)
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(offset)
+        with contextlib.suppress(ProcessLookupError):  # already gone: it exited on the first one
+            worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        stderr = worker.communicate()[1]
+    assert code == 0, stderr
+    assert "Traceback" not in stderr, stderr

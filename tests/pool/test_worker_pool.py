@@ -116,7 +116,7 @@ def reference(tmp: Path, tasks: dict[str, str]) -> dict[str, list[tuple[str, str
 
 
 def tracebacks(log: str) -> list[str]:
-    """The exception lines of the tracebacks in ``log`` (a lost lease or a halt logs none: issue 12, item 15)."""
+    """The exception lines of the tracebacks in ``log`` (a lost lease or a halt logs none)."""
     found = []
     for block in log.split("Traceback (most recent call last):")[1:]:
         found.append(next((line for line in block.splitlines()[1:] if line and not line[0].isspace()), ""))

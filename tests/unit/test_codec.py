@@ -1,4 +1,4 @@
-"""Issue 12, item 9: the canonical encoder refuses what JSON text in UTF-8 cannot hold, naming where."""
+"""The canonical encoder refuses what JSON text in UTF-8 cannot hold, naming where."""
 
 from __future__ import annotations
 

@@ -83,7 +83,8 @@ class Cursor:
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
-        attempts = {n: self.attempts.get(n, 1) + 1 for n in speakers}
+        """``speakers`` (in flight) dispatched again: one more attempt each; the others' unchanged."""
+        attempts = {**self.attempts, **{n: self.attempts.get(n, 1) + 1 for n in speakers}}
         return replace(self, attempts=attempts)
 
     def answered(self, name: str, sched: SchedulerState) -> Cursor:

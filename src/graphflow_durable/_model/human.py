@@ -24,6 +24,7 @@ __all__ = [
     "RequestStatus",
     "human_input_config",
     "human_inputs",
+    "parked_on",
     "request_id",
 ]
 
@@ -124,6 +125,14 @@ def human_input_config(default: HumanInput, per_node: Mapping[str, HumanInput]) 
 def request_id(node: str, step: int, index: int) -> str:
     """The id of the ``index``-th (1-based) input request of ``node``'s turn dispatched at ``step``."""
     return f"{node}/{step}" if index == 1 else f"{node}/{step}#{index}"
+
+
+def parked_on(result: Any) -> list[str] | None:
+    """The ids of the requests a ``waiting`` run parked on, from its stored result (``"waiting"``,
+    beside the stop reason); ``None`` when not recorded (a run parked by an older version: every
+    pending request of the run counts)."""
+    ids = result.get("waiting") if isinstance(result, Mapping) else None
+    return [str(i) for i in ids] if isinstance(ids, list) else None
 
 
 @dataclass(frozen=True)

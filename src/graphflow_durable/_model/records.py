@@ -40,7 +40,9 @@ task returns the stored result)."""
 
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 
-#: The fencing token of a new run's first lease (every takeover then increments it).
+#: The first fencing token a store issues. Tokens come from one store-wide counter (every new run,
+#: import, fork, lease taken or taken over draws the next), so no token repeats for a run id: a run's
+#: own token is :attr:`RunRecord.fencing_token` (and what ``Store.acquire_lease`` returns).
 FIRST_FENCING_TOKEN = 1
 
 #: Statuses whose last round has ended: the run is at rest until a caller continues it.

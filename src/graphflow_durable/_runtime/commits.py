@@ -101,14 +101,18 @@ class Commits:
         for an answer of a parallel batch that is not its last, on which nothing is dispatched or
         reported, so that the batch's other answers join it in the writer's next group. Commits
         stay in order; the next waiting write (or :meth:`settle`) waits for it as well and raises
-        its failure, the first in order, rather than its own refusal that followed from it.
+        its failure, the first in order, rather than its own refusal that followed from it. The
+        commit that creates the run always waits: the run's fencing token is drawn there.
         """
         session = self._session
         store = session.store
+        creating = self._creation is not None
         try:
-            # A run still to be created goes in the same transaction as its first commit.
-            with store.together() if self._creation is not None else contextlib.nullcontext():
-                if self._creation is not None:
+            # A run still to be created goes in the same transaction as its first commit, which the
+            # writer writes under the token the creation draws there (the session learns it in
+            # settle(): it waits for this one, so no later commit is handed over without it).
+            with store.together() if creating else contextlib.nullcontext():
+                if creating:
                     self._hand_over_creation()
                 future = store.submit_commit(
                     session.run_id,
@@ -124,7 +128,7 @@ class Commits:
             raise
         self._unsettled.append((session.head, future))
         self._last = future
-        if not wait:
+        if not wait and not creating:
             session.head += 1
             return session.head
         await self.settle()
@@ -141,8 +145,11 @@ class Commits:
         for _, future in unsettled:
             cancelled = await _settled(future) or cancelled
         creating, self._creating = self._creating, None  # among the unsettled: done now
-        if creating is not None and creating.exception() is not None:
-            self._refused = True  # never write on (nor release) a run this session did not create
+        if creating is not None:
+            if creating.exception() is not None:
+                self._refused = True  # never write on (nor release) a run this session did not create
+            else:
+                session.lease.issued(creating.result().fencing_token)
         failure = None
         for expected, future in unsettled:
             error = future.exception()  # read even after a failure: none is logged as never retrieved
@@ -158,21 +165,25 @@ class Commits:
         if cancelled:
             raise asyncio.CancelledError
 
-    async def settle_at_end(self) -> None:
+    async def settle_at_end(self) -> LeaseLostError | None:
         """As a run ends: wait for the commits still handed over (an interrupted batch's answers).
         The error that ended the run is the one the caller sees: a failure here is logged (a lost
-        lease as :meth:`RunSession.lost` says it) and the team is marked out of step with the store."""
+        lease as :meth:`RunSession.lost` says it) and the team is marked out of step with the store.
+        Returns the refusal of an answer by the fencing token, for a round that ended quietly
+        (its other turns were not started for the lost lease) to end with, as a refused commit does."""
         session = self._session
         if self._creation is not None:  # the round ended before its first commit: create the run alone
             self._hand_over_creation()
         # An abandoned turn's answer may still be in the writer (its handler, not this round, waits
         # for it): the run's end is read and recorded after it.
         cancelled = self._last is not None and await _settled(self._last)
+        refused = None
         try:
             await self.settle()
         except LeaseLostError as exc:
             session.synced = False
             session.lost(exc)
+            refused = exc
         except Exception as exc:  # noqa: BLE001 -- logged; the run's own end is what the caller sees
             session.synced = False
             logger.warning(
@@ -182,6 +193,7 @@ class Commits:
             )
         if cancelled:
             raise asyncio.CancelledError
+        return refused
 
 
 async def to_the_end(awaitable: Awaitable[T]) -> T:

@@ -11,6 +11,7 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageF
 from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
 from autogen_agentchat.teams._group_chat._events import (
     GroupChatAgentResponse,
+    GroupChatError,
     GroupChatRequestPublish,
     GroupChatReset,
     GroupChatTeamResponse,
@@ -57,7 +58,13 @@ class DurableChatAgentContainer(ChatAgentContainer):
 
     @event
     async def handle_request(self, message: GroupChatRequestPublish, ctx: MessageContext) -> None:  # type: ignore[override]
-        """Run the agent's turn with its execution context set; then hear what was deferred."""
+        """Run the agent's turn with its execution context set; then hear what was deferred.
+
+        Unless the lease is no longer surely held when the turn is about to start (the process was
+        frozen since the manager's check): then the run is halted and the agent is not called.
+        """
+        if not await self._turns.may_start(self._agent.name):
+            return  # the node stays in flight: the run's next driver runs this turn
         with self._turns.running(self._agent.name):
             try:
                 await ChatAgentContainer.handle_request(self, message, ctx)
@@ -77,6 +84,11 @@ class DurableChatAgentContainer(ChatAgentContainer):
     @event
     async def handle_input_pending(self, message: GroupChatInputPending, ctx: MessageContext) -> None:
         """Another node waits for a person: that is the manager's business."""
+
+    @event
+    async def handle_group_chat_error(self, message: GroupChatError, ctx: MessageContext) -> None:
+        """Another node's turn failed: the manager ends the run with it. (GraphFlow's container has no
+        handler for it and logs an ERROR traceback per participant besides the failing one's.)"""
 
     @rpc
     async def handle_reset(self, message: GroupChatReset, ctx: MessageContext) -> None:  # type: ignore[override]

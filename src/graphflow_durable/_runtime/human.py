@@ -32,12 +32,13 @@ from autogen_agentchat.base import ChatAgent, Team
 from autogen_core import CancellationToken
 from pydantic import BaseModel
 
-from graphflow_durable._model.human import HumanInput, InputRequest, request_id
+from graphflow_durable._model.human import HumanInput, InputRequest, parked_on, request_id
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import InputDeadlineError, NotWaitingError, UsageError
 
 if TYPE_CHECKING:
     from graphflow_durable._runtime.session import RunSession
+    from graphflow_durable.store import RunRecord
 
 __all__ = ["GroupChatInputPending", "HumanGate", "InputPending", "answer_text", "on_waiting_run"]
 
@@ -101,6 +102,8 @@ class HumanGate:
         if ctx is None or ctx.node != node:
             return await original()
         store, run_id = self._session.store, ctx.run_id
+        # The driver's writes are fenced as its commits are: a stale one records nothing.
+        token = self._session.lease.token if run_id == self._session.run_id else None
         turn, count = self._turn.get(node, (None, 0))
         index = count + 1 if turn == (ctx.idempotency_key, ctx.attempt) else 1
         self._turn[node] = ((ctx.idempotency_key, ctx.attempt), index)
@@ -118,10 +121,18 @@ class HumanGate:
                 if found is None:
                     answered = replace(request, status="answered", answer=answer, answered_by="inline",
                                        answered_at=time.time(), deadline=None, default=None)  # fmt: skip
-                    found = await asyncio.to_thread(store.requests.open, run_id, answered)
+                    found = await asyncio.to_thread(
+                        store.requests.open, run_id, answered, fencing_token=token
+                    )
                 else:  # left pending by a "wait" setting before: this answer answers it
                     found = await asyncio.to_thread(
-                        store.requests.answer, run_id, answer, node=None, request_id=rid, by="inline"
+                        store.requests.answer,
+                        run_id,
+                        answer,
+                        node=None,
+                        request_id=rid,
+                        by="inline",
+                        fencing_token=token,
                     )
         else:
             if self._session.nested:
@@ -131,7 +142,7 @@ class HumanGate:
                     run_id=run_id,
                     option="human_input",
                 )
-            found = await asyncio.to_thread(store.requests.open, run_id, request)
+            found = await asyncio.to_thread(store.requests.open, run_id, request, fencing_token=token)
         if found.status == "answered" and found.answer is not None:
             if ctx.attempt > 1 or found.answered_by != "inline":
                 logger.info(
@@ -142,24 +153,35 @@ class HumanGate:
                 )
             return found.answer
         if found.deadline is not None and time.time() >= found.deadline:
-            return await self._late(found)
+            return await self._late(found, token)
         raise InputPending(found)
 
-    async def _late(self, request: InputRequest) -> str:
+    async def _late(self, request: InputRequest, token: int | None) -> str:
         """A pending request past its deadline: its default answer, or the turn fails."""
         store, run_id, rid = self._session.store, request.run_id, request.request_id
         if request.default is None:
-            raise InputDeadlineError(
+            error = InputDeadlineError(
                 f"run {run_id}: request {rid} ({request.node} asked {request.prompt!r}) passed its deadline "
-                "unanswered and no default answer is configured (HumanInput(default=...)); answer it with "
-                "respond() and run the team again",
+                "unanswered and no default answer is configured (HumanInput(default=...)); answer it "
+                "(respond(), 'graphflow-durable runs respond') and run the team again, or ask again with a "
+                "new deadline ('graphflow-durable runs retry')",
                 run_id=run_id,
                 request_id=rid,
                 deadline=request.deadline or 0.0,
             )
+            # UserProxyAgent wraps it in a RuntimeError, which GraphFlow passes on only as text: the
+            # session keeps it, so that run() raises it with its attributes.
+            self._session.fail(error)
+            raise error
         try:
             await asyncio.to_thread(
-                store.requests.answer, run_id, request.default, node=None, request_id=rid, by="default"
+                store.requests.answer,
+                run_id,
+                request.default,
+                node=None,
+                request_id=rid,
+                by="default",
+                fencing_token=token,
             )
             logger.warning("run %s: request %s passed its deadline: the default answer is taken", run_id, rid)
             return request.default
@@ -180,20 +202,25 @@ def answer_text(run_id: str, messages: Sequence[Any]) -> str:
     return contents[0]
 
 
-async def on_waiting_run(store: Any, run_id: str, messages: Sequence[Any] | None) -> bool:
+async def on_waiting_run(store: Any, run: RunRecord, messages: Sequence[Any] | None) -> bool:
     """``run()`` on a ``waiting`` run (``messages``: its task, unless it is the run's own): a task is
     the answer to its pending request (the run resumes). Without one, returns whether the run stays
-    parked (nothing answered, no deadline passed): the caller returns the stored result."""
+    parked (none of its requests answered, no deadline passed): the caller returns the stored
+    result. One answered while another person's request is pending: the run resumes (that node
+    takes its answer) and parks again on the other."""
+    run_id = run.run_id
     if messages is not None:
         await asyncio.to_thread(store.respond, run_id, answer_text(run_id, messages))
         return False
     pending = await asyncio.to_thread(store.pending_requests, run_id)
     now = time.time()
     late = [r for r in pending if r.deadline is not None and r.deadline <= now]
-    if pending and not late:
+    open_ids = {r.request_id for r in pending}
+    answered = [i for i in parked_on(run.result) or () if i not in open_ids]
+    if pending and not late and not answered:
         logger.info(
             "run %s is waiting for input (%s): returning without running anything; answer with respond()",
             run_id,
             ", ".join(r.request_id for r in pending),
         )
-    return bool(pending) and not late
+    return bool(pending) and not late and not answered

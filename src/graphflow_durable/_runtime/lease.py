@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import LeaseLostError, RunNotFoundError, StateFormatError, StoreError
 from graphflow_durable.store import RunRecord
 
@@ -44,8 +45,10 @@ class RunLease:
     ``margin`` before the lease expires in the database, and an agent already running is not
     stopped when the lease is lost (its answer is then refused by the fencing token, never
     recorded twice). A process paused (SIGSTOP, a VM freeze) between the check and the dispatch
-    message itself can still start an agent once after its lease expired; the check makes that
-    window a few statements wide instead of a whole agent turn. The monotonic clock must not stop
+    message itself would wake up past its margin: the participant's container checks the clock
+    once more (:meth:`may_start`) immediately before it calls the agent, and does not start the
+    turn then. What is left is a freeze between that last comparison and the agent's first
+    statement, a few statements wide. The monotonic clock must not stop
     while the process runs (it does not count a suspended host on every platform).
 
     A renewal also learns of a cancel requested from another process (``Store.cancel_run``): the
@@ -71,9 +74,52 @@ class RunLease:
         """Whether the lease is surely still ours by the monotonic clock (no database call)."""
         return time.monotonic() - self.confirmed_at < self.seconds - self.margin
 
-    def created(self, token: int, at: float) -> None:
-        """The session created the run, leased to it with ``token``, in a call sent at ``at``."""
-        self.token, self.confirmed_at, self.released = token, at, False
+    async def may_start(self, node: str) -> bool:
+        """Just before ``node``'s agent starts: whether the lease is still ours.
+
+        The manager checked the lease before it dispatched the turn; a process frozen (SIGSTOP, a
+        VM pause) after that check wakes up here past its margin, when another driver may have
+        taken the run over and run this very turn. So the container asks once more, as the
+        manager does: by the monotonic clock (no I/O) while the lease is fresh, else by one
+        renewal, which a takeover refuses. When the lease is not ours the run is halted, as when
+        the manager's own check fails, and the turn is not started (it stays in flight: the next
+        driver runs it). A run not created yet has no stored lease to lose.
+        """
+        session = self._session
+        if self.fresh() or not session.commits.created:
+            return True
+        elapsed = time.monotonic() - self.confirmed_at
+        if await self._confirmed():
+            return True
+        logger.warning(
+            "run %s: the lease, last confirmed %.2f s before %s's turn was about to start (lease "
+            "%.2f s), is no longer this worker's; it does not start it, stops dispatching and leaves "
+            "the run to be resumed",
+            session.run_id,
+            elapsed,
+            node,
+            self.seconds,
+        )
+        return False
+
+    def unrenewed(self) -> str:
+        """The stop reason of a round halted because the lease could not be confirmed."""
+        since = time.time() - (time.monotonic() - self.confirmed_at)
+        return (
+            f"run {self._session.run_id}: stopped dispatching: the lease could not be renewed since "
+            f"{iso(since) if math.isfinite(since) else 'the run started'} (lease {self.seconds:g} s); "
+            "run() resumes it"
+        )
+
+    def created(self, token: int | None, at: float) -> None:
+        """The session created the run, leased to it with ``token``, in a call sent at ``at``.
+        ``None``: the creation goes with the round's first commit, which draws the token
+        (:meth:`issued` gives it); until then no token is the run's (0 never is)."""
+        self.token, self.confirmed_at, self.released = token or 0, at, False
+
+    def issued(self, token: int) -> None:
+        """The run's creation was written, with ``token`` (drawn in its transaction)."""
+        self.token = token
 
     def take(self) -> int:
         """Acquire the run's lease for the session's owner and process; the new fencing token."""
@@ -135,11 +181,14 @@ class RunLease:
         """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
         renewal, in a thread: the event loop runs on while the database answers); when it is not,
         or the database cannot say, the run is halted."""
-        session = self._session
-        if session.cancelling is not None:
+        if self._session.cancelling is not None:
             return False
-        if self.fresh():
-            return True
+        return self.fresh() or await self._confirmed()
+
+    async def _confirmed(self) -> bool:
+        """One renewal, in a thread: whether the lease is still ours; when it is not, or the
+        database cannot say, or a cancel was requested, the run is halted (or cancelled)."""
+        session = self._session
         try:
             requested = await asyncio.to_thread(self.renew)
         except (LeaseLostError, RunNotFoundError) as exc:
@@ -152,7 +201,7 @@ class RunLease:
                 session.run_id,
                 exc,
             )
-            session.halt()
+            session.halt(self.unrenewed())
             return False
         if requested is not None:
             session.cancel(requested)
@@ -191,7 +240,7 @@ class RunLease:
                         time.monotonic() - self.confirmed_at,
                         self.seconds,
                     )
-                    session.halt()
+                    session.halt(self.unrenewed())
                 continue
             if requested is not None:
                 session.cancel(requested)

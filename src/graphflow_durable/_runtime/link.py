@@ -8,7 +8,7 @@ internals here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -24,9 +24,15 @@ _outer_store: ContextVar[Store | None] = ContextVar("graphflow_durable_outer_sto
 class Turns:
     """The execution contexts of a team's turns in flight: the manager writes, containers read."""
 
-    def __init__(self, store: Callable[[], Store]) -> None:
+    def __init__(self, store: Callable[[], Store], may_start: Callable[[str], Awaitable[bool]]) -> None:
         self._store = store
+        self._may_start = may_start
         self._contexts: dict[str, ExecutionContext] = {}
+
+    async def may_start(self, node: str) -> bool:
+        """Whether ``node``'s dispatched turn may start now: the lease is still held (by the
+        monotonic clock, else by one renewal); when it is not, the run was halted."""
+        return await self._may_start(node)
 
     def dispatched(self, context: ExecutionContext) -> None:
         """The manager dispatched ``context.node``'s turn."""

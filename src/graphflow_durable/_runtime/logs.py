@@ -9,7 +9,8 @@ also surfaces as tracebacks logged by libraries:
   traceback, for every exception a message handler raises: the manager's refused commit
   (:class:`~graphflow_durable.errors.LeaseLostError`), a commit that failed in a database outage,
   a turn cancelled by a halt (``CancelledError``), a message published after the runtime stopped
-  while a halted run winds down (``QueueShutDown``);
+  while a halted run winds down (``QueueShutDown``), a request's deadline that failed its turn
+  (:class:`~graphflow_durable.errors.InputDeadlineError`);
 - psycopg logs ``error ignored terminating <Pipeline>: pipeline aborted`` at WARNING when the
   statements of a refused commit fail inside pipeline mode (the commit's own error is raised).
 
@@ -23,7 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from graphflow_durable.errors import ConflictError, StoreCorruptError, StoreError, UsageError
+from graphflow_durable.errors import (
+    ConflictError,
+    InputDeadlineError,
+    StoreCorruptError,
+    StoreError,
+    UsageError,
+)
 
 __all__ = ["expected", "install"]
 
@@ -35,10 +42,17 @@ def expected(exc: BaseException) -> bool:
 
     Another driver took the run (:class:`ConflictError` and its subclasses); the database failed
     (a plain :class:`StoreError`: the run raises it, a worker logs it as a database problem); a
-    cancellation (a halt or an interrupt); AutoGen's runtime queue shut down under a turn.
+    cancellation (a halt or an interrupt); AutoGen's runtime queue shut down under a turn; a request
+    for a person past its deadline (:class:`InputDeadlineError`, wrapped by ``UserProxyAgent``: the
+    run raises it and records it as its last error).
     """
     if isinstance(exc, (asyncio.CancelledError, ConflictError)):
         return True
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, InputDeadlineError):
+            return True
+        cause = cause.__cause__
     if isinstance(exc, StoreError):
         return not isinstance(exc, (UsageError, StoreCorruptError))
     # asyncio.QueueShutDown (Python 3.13) or autogen_core's own copy of it before 3.13.

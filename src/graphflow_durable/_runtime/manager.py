@@ -116,26 +116,54 @@ class DurableGraphFlowManager(GraphFlowManager):
             if message.name not in self._cursor.sched.in_flight:
                 return  # a late signal of a turn that is no longer in flight
             self._stops.parked[message.name] = message
-            await self._park_if_blocked()
+            await self._park_if_blocked(ctx.cancellation_token)
         except Exception as exc:
             await self._fail(exc)
             raise
 
-    async def _park_if_blocked(self) -> None:
-        """When every node in flight waits for a person: commit the wait (status ``waiting``, the
-        lease released) and end the round with a stop reason naming them."""
+    async def _park_if_blocked(self, token: CancellationToken) -> None:
+        """When every node in flight waits for a person: the nodes whose request was answered
+        meanwhile (while this driver ran the others) run again now, with their answer; when none
+        was, commit the wait (status ``waiting``, the lease released) and end the round with a stop
+        reason naming them."""
         waiting = self._stops.waiting(self._cursor.sched.in_flight)
         if waiting is None:
             return
         reason, ids = waiting
+        answered = await self._link.answered(ids)
+        if answered:
+            await self._redispatch(self._stops.unpark(answered), token)
+            return
         self._stop_reason = reason
-        update = RunUpdate(status="waiting", result={"stop_reason": reason}, release_lease=True)
+        # The requests parked on, beside the reason: an answer makes the run resumable once none of
+        # them is pending (Store.respond), and run() resumes it once one is answered.
+        update = RunUpdate(
+            status="waiting", result={"stop_reason": reason, "waiting": ids}, release_lease=True
+        )
         await self._link.write(
             Step(StepKind.WAIT, None, self._cursor.to_json(self._spec), {"waiting": ids}), (), (), update
         )
         self._stops.parked.clear()
         await self._link.parked(ids)
         await self._signal_termination(StopMessage(content=reason, source=self._name))
+
+    async def _redispatch(self, nodes: Sequence[str], token: CancellationToken) -> None:
+        """Run parked ``nodes`` again (attempt + 1, same dispatch point and key): their requests
+        were answered while this driver was attached, so their turns take the answers now."""
+        logger.info(
+            "run %s: %s answered while the run was driven; re-running %s",
+            self._link.run_id,
+            ", ".join(nodes),
+            ", ".join(nodes),
+        )
+        self._cursor = self._cursor.redispatched(nodes)
+        head = await self._commit(
+            Step(StepKind.RESUME, None, self._cursor.to_json(self._spec), {"redispatched": list(nodes)}),
+            (),
+            (),
+            None,
+        )
+        await self._dispatch(nodes, head, token)
 
     async def _fail(self, exc: Exception) -> None:
         self._link.fail(exc)
@@ -147,7 +175,7 @@ class DurableGraphFlowManager(GraphFlowManager):
                 StopMessage(content="The group chat has already terminated.", source=self._name)
             )
             return
-        self._link.halted = False
+        self._link.halted, self._link.halt_reason = False, None
         self._stops.parked.clear()
         task = list(message.messages or [])
         cursor = self._cursor
@@ -266,7 +294,7 @@ class DurableGraphFlowManager(GraphFlowManager):
                 wait=False,
             )
             if self._stops.parked:  # the others wait for a person: this was the last one running
-                await self._park_if_blocked()
+                await self._park_if_blocked(ctx.cancellation_token)
             return
 
         # The batch is complete: decide the stop, or select the next batch, in this same commit.
@@ -324,6 +352,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         # (an interrupt may halt the run while that renewal is under way).
         if self._link.halted or not await self._link.lease.valid() or self._link.halted:
             logger.info("run %s: halted, not dispatching %s", self._link.run_id, list(speakers))
+            if self._link.halt_reason is not None:  # nothing runs now: the round ends, saying why
+                await self._signal_termination(StopMessage(content=self._link.halt_reason, source=self._name))
             return
         await self._log_speaker_selection(list(speakers))
         for speaker in speakers:

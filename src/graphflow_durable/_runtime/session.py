@@ -44,7 +44,6 @@ from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreEr
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     ENDED_STATUSES,
-    FIRST_FENCING_TOKEN,
     AgentStateRecord,
     MessageRecord,
     RunRecord,
@@ -59,6 +58,13 @@ __all__ = ["RunSession"]
 
 #: The session acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
+
+
+def _last_error(error: BaseException) -> str:
+    """``error`` as a run's last error: its type and the first line of its message (GraphFlow's
+    error text goes on with the agent's traceback)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 class RunSession:
@@ -111,8 +117,9 @@ class RunSession:
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
         self.commits = Commits(self)  # the write path: commits handed over, their outcomes
-        self.turns = Turns(lambda: self.store)
+        self.turns = Turns(lambda: self.store, self.lease.may_start)
         self.halted = False
+        self.halt_reason: str | None = None  # why, when the round's stop reason should say it
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
         self.fatal: BaseException | None = None
         self.said_lost = False  # the one line about a lost lease was logged (once per attach)
@@ -187,7 +194,7 @@ class RunSession:
                 states = self.states.encode(await self.team.agent_states(), (), 1)
                 self.commits.create_with_first(step, states)
                 self.head, self.synced = 1, True
-                self.lease.created(FIRST_FENCING_TOKEN, started)
+                self.lease.created(None, started)  # its token is drawn when the creation is written
                 return None
             try:
                 run = await self.commits.create()
@@ -219,8 +226,9 @@ class RunSession:
         self.synced = True
         return store.get_run(self.run_id)
 
-    async def detach(self, clean: bool, failed: bool) -> None:
-        """Record how the run ended if the manager did not (interrupted or failed); free the lease.
+    async def detach(self, clean: bool, failed: bool, error: BaseException | None = None) -> None:
+        """Record how the run ended if the manager did not (interrupted or failed, with ``error`` as
+        the run's last error: what ``runs show`` shows); free the lease.
 
         Best effort, so that the error that ended the run is the one the caller sees: when the
         database cannot do a step (the fault that ended the run: an outage, a full disk), it logs
@@ -252,6 +260,8 @@ class RunSession:
                     step=Step(StepKind.INTERRUPT, None, scheduler or {}),
                     update=RunUpdate(status=self._end_status(failed), release_lease=True),
                 )
+                if failed and error is not None:
+                    await self._record_error(error)
                 return
         except StoreError as exc:
             self.synced = False
@@ -271,6 +281,13 @@ class RunSession:
                 exc,
                 self.lease_seconds,
             )
+
+    async def _record_error(self, error: BaseException) -> None:
+        """Keep ``error`` as the run's last error (best effort, as the rest of :meth:`detach`)."""
+        try:
+            await asyncio.to_thread(self.store.queue.record_error, self.run_id, error=_last_error(error))
+        except StoreError as exc:
+            logger.warning("run %s: recording its error failed too (%s)", self.run_id, exc)
 
     def lost(self, exc: StoreError) -> None:
         """The lease is gone (another driver took the run, or the run was removed): stop, with it.
@@ -306,20 +323,30 @@ class RunSession:
         self.cancelling = requested_at
         self.halted = True
 
+    async def answered(self, request_ids: Sequence[str]) -> list[str]:
+        """Which of the run's ``request_ids`` are answered (read in a thread)."""
+        return await asyncio.to_thread(self.store.requests.answered, self.run_id, request_ids)
+
     async def parked(self, request_ids: Sequence[str]) -> None:
-        """The round parked for human input (committed ``waiting``). An answer that came before the
-        park committed makes the run resumable again at once; the next attach restores the team
-        from the store (a waiting turn's agent may have changed its state before it asked)."""
+        """The round parked for human input (committed ``waiting``). Answers to all of its requests
+        that came while the park committed (after the manager's last look) make the run resumable
+        again at once; the next attach restores the team from the store (a waiting turn's agent may
+        have changed its state before it asked)."""
         self.forget()
-        if await asyncio.to_thread(self.store.requests.wake_if_answered, self.run_id, request_ids):
+        wake = self.store.requests.wake_if_answered
+        if await asyncio.to_thread(wake, self.run_id, request_ids, fencing_token=self.lease.token):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)
 
-    def halt(self) -> None:
-        """Stop dispatching new nodes (an interrupt); answers already running are still recorded."""
+    def halt(self, reason: str | None = None) -> None:
+        """Stop dispatching new nodes (an interrupt); answers already running are still recorded.
+        ``reason``: the round's stop reason (the first given wins; without one, GraphFlow's)."""
         self.halted = True
+        if reason is not None and self.halt_reason is None:
+            self.halt_reason = reason
 
     def fail(self, exc: BaseException) -> None:
-        """The manager hit an error it cannot record: the run ends with it."""
+        """The manager hit an error it cannot record, or a turn one GraphFlow passes on only as text
+        (a request's deadline passed): the run ends with it, and ``run()`` raises it."""
         if isinstance(exc, LeaseLostError):  # a commit refused by the fencing token
             self.lost(exc)
         self.fatal = exc

@@ -101,6 +101,13 @@ class RoundStops:
             )
             await self._condition.reset()
 
+    def unpark(self, request_ids: Sequence[str]) -> list[str]:
+        """The parked nodes whose request is one of ``request_ids``, no longer parked (in order)."""
+        nodes = [name for name, p in self.parked.items() if p.request_id in request_ids]
+        for name in nodes:
+            del self.parked[name]
+        return nodes
+
     def waiting(self, in_flight: Sequence[str]) -> tuple[str, list[str]] | None:
         """When every node in flight waits for a person: the stop reason naming them and their
         request ids; ``None`` while a node in flight is still running."""

@@ -4,7 +4,7 @@ The store runs each function inside one of its transactions. Nothing here writes
 live driver holds (an unexpired lease whose holder is not provably dead), except a cancel
 *request*: a column the driver reads when it renews its lease (:func:`~.leasing.renew`), after which
 the driver itself records the run ``cancelled``. A run nobody holds is changed directly, and its
-fencing token is moved on, so a driver whose lease ran out can no longer commit to it.
+fencing token is replaced by a new one, so a driver whose lease ran out can no longer commit to it.
 Deleting runs and retention are in :mod:`.retention`.
 """
 
@@ -17,8 +17,8 @@ import sqlalchemy as sa
 
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.lease import locked, takeover_reason
-from graphflow_durable._storage.schema import queue, runs, steps
+from graphflow_durable._storage.lease import NOBODY, locked, takeover_reason
+from graphflow_durable._storage.schema import input_requests, queue, runs, steps
 from graphflow_durable.errors import ConflictError, RunNotFoundError, RunStateError
 
 __all__ = [
@@ -35,8 +35,6 @@ __all__ = [
 ]
 
 _R = runs.c
-#: Never an owner's name: asks :func:`takeover_reason` whether the current holder keeps its lease.
-_NOBODY = "\x00graphflow-durable admin"
 
 _SELECT_RUN_STATE = S.SELECT_LEASE_NOW.add_columns(_R.status, _R.cancel_requested_at, _R.parent_run_id)
 
@@ -73,12 +71,16 @@ class Retry:
         status: its status now (a cancelled run becomes ``interrupted``, which workers claim).
         team: the team key it was submitted with: workers with that ``--team KEY`` claim it;
             ``None``: only a worker given a single team factory (any run) does.
+        asked_again: the requests for human input whose deadline had passed with no default
+            answer (the run failed on them): each has a new deadline, as long as its first, and its
+            node asks it again when the run is resumed.
     """
 
     run_id: str
     previous_status: str | None
     status: str | None
     team: str | None
+    asked_again: tuple[str, ...] = ()
 
 
 def not_found(run_id: str) -> RunNotFoundError:
@@ -99,17 +101,17 @@ def run_row(conn: sa.Connection, run_id: str, now: float, *, lock: bool = True) 
 
 def held(row: Any) -> bool:
     """Whether a live driver holds the run's lease (unexpired, its process not provably gone)."""
-    return row.lease_owner is not None and takeover_reason(row, _NOBODY, float(row.db_now)) is None
+    return row.lease_owner is not None and takeover_reason(row, NOBODY, float(row.db_now)) is None
 
 
 def _free(conn: sa.Connection, row: Any, now: float, **values: Any) -> None:
-    """Set ``values`` on a run nobody holds; clear its lease and move its fencing token on, so that
-    a driver whose lease ran out can no longer commit to it."""
+    """Set ``values`` on a run nobody holds; clear its lease and give it a new fencing token (the
+    store's next), so that a driver whose lease ran out can no longer commit to it."""
     changed = conn.execute(
         sa.update(runs)
         .where(_R.run_id == row.run_id, _R.fencing_token == row.fencing_token)
         .values(
-            fencing_token=_R.fencing_token + 1,
+            fencing_token=S.next_token(conn),
             lease_owner=None,
             lease_host=None,
             lease_pid=None,
@@ -182,7 +184,22 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         None if row is None else row.status,
         None if row is None else status,
         None if submitted is None else submitted.team,
+        () if row is None else _ask_again(conn, run_id, now),
     )
+
+
+def _ask_again(conn: sa.Connection, run_id: str, now: float) -> tuple[str, ...]:
+    """Give the run's pending requests whose deadline passed with no default answer a new deadline,
+    as far from now as the first was from the request; return their ids. Without it the retried run
+    would fail on them again at once."""
+    r = input_requests.c
+    overdue = sa.and_(r.run_id == run_id, r.status == "pending", r.deadline < now, r.default_answer.is_(None))
+    ids = tuple(conn.execute(sa.select(r.request_id).where(overdue).order_by(r.request_id)).scalars())
+    if ids:
+        conn.execute(
+            sa.update(input_requests).where(overdue).values(deadline=now + (r.deadline - r.created_at))
+        )
+    return ids
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from typing import Any
 
 from graphflow_durable._model.codec import dumps
 from graphflow_durable._model.records import (
-    FIRST_FENCING_TOKEN,
     RUN_STATUSES,
     AgentStateRow,
     MessageRecord,
@@ -75,8 +74,9 @@ def encode_creation(
     first_step: Step | None,
     agent_states: Sequence[AgentStateRow],
 ) -> CreateParams:
-    """Encode a new run before any SQL: running, leased to ``owner`` (this process by default) with
-    token 1, at head 0, or at head 1 with ``first_step`` and the agent states."""
+    """Encode a new run before any SQL: running, leased to ``owner`` (this process by default), at
+    head 0, or at head 1 with ``first_step`` and the agent states. Its fencing token is drawn from
+    the store's counter when its row is written (``items.GroupItems``)."""
     pid = os.getpid() if pid is None else pid
     run = {
         "run_id": run_id,
@@ -91,7 +91,7 @@ def encode_creation(
         "lease_host": socket.gethostname() if host is None else host,
         "lease_pid": pid,
         "lease_process": process_identity(pid),
-        "fencing_token": FIRST_FENCING_TOKEN,
+        "fencing_token": None,  # drawn in the transaction that writes the row
         "parent_run_id": parent_run_id,
         "created_at": now,
         "updated_at": now,
@@ -100,7 +100,8 @@ def encode_creation(
     }
     first = None
     if first_step is not None:
-        first = encode_commit(run_id, 0, FIRST_FENCING_TOKEN, now, first_step, (), agent_states, None)
+        # Its rows are inserted with the run's row, unguarded: the token it names is never checked.
+        first = encode_commit(run_id, 0, 0, now, first_step, (), agent_states, None)
         run["head_seq"] = 1
     return CreateParams(run, first)
 

@@ -93,6 +93,48 @@ class Engines:
         return error
 
 
+class _PoolFaults(logging.Filter):
+    """Puts SQLAlchemy's pool errors about a dropped connection on one WARNING line.
+
+    When the pool cannot roll back or close a connection the database dropped (a restart
+    terminates every backend: psycopg's ``AdminShutdown``; a crash or a cut network), it logs an
+    ERROR with the driver's traceback, discards the connection, and the next checkout connects
+    again: nothing failed that a caller sees. A database fault is one line in this package's logs
+    (the caller's own operation, if it failed, raises its :class:`StoreError`), so such a record
+    becomes a WARNING naming the error, without the traceback.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: tuple[type[BaseException], ...] = ()
+
+    def watch(self, logger: logging.Logger, error: type[BaseException]) -> None:
+        if error not in self.errors:
+            self.errors = (*self.errors, error)
+        if self not in logger.filters:
+            logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno >= logging.ERROR and isinstance(exc, self.errors):
+            record.msg = "%s (the pool discards the connection; the next use connects again): %s"
+            record.args = (record.getMessage(), describe(exc))
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_POOL_FAULTS = _PoolFaults()
+
+
+def _quiet_pool_faults(engine: Engine) -> None:
+    """Attach :class:`_PoolFaults` to the logger of ``engine``'s pool (the pool class's own logger:
+    a filter on a parent logger does not see the records it propagates)."""
+    logger = getattr(engine.pool.logger, "logger", engine.pool.logger)  # an echoing pool wraps it
+    if isinstance(logger, logging.Logger):
+        _POOL_FAULTS.watch(logger, engine.dialect.loaded_dbapi.Error)
+
+
 @contextmanager
 def guarded(engines: Engines, action: str, *, run_id: str | None = None) -> Iterator[None]:
     """Serialise (in-memory SQLite only) and turn database and driver errors into :class:`StoreError`.
@@ -295,6 +337,8 @@ def _postgresql(target: StoreUrl) -> Engines:
         "statement_timeout": math.ceil(target.statement_timeout * 1000),
         "lock_timeout": math.ceil(target.lock_timeout * 1000),
     }
+
+    _quiet_pool_faults(engine)
 
     @event.listens_for(engine, "do_connect")
     def _do_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:

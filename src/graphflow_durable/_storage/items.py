@@ -34,6 +34,7 @@ class Item:
     params: CommitParams | CreateParams
     loop: asyncio.AbstractEventLoop | None = None
     after: Item | None = None  # handed over together before this one, of the same run
+    created_token: int | None = None  # the token its run's creation drew, in this group (see follow)
     future: Future[Any] | None = None  # a thread's (a coroutine's item has a waiter instead)
     waiter: asyncio.Future[Any] | None = None
     result: Any = None
@@ -44,6 +45,14 @@ class Item:
         if isinstance(self.params, CreateParams):
             return str(self.params.run["run_id"])
         return str(self.params.run["p_run_id"])
+
+    def follow(self, before: Item) -> None:
+        """Write this item after ``before`` (of the same run, handed over together): a commit
+        after its run's creation is written under the fencing token that creation drew in this
+        same transaction, which its driver could not know when it handed the commit over (whatever
+        token it named: nobody else can hold a run created in the transaction that writes it)."""
+        if before.created_token is not None and isinstance(self.params, CommitParams):
+            self.params.run["p_token"] = self.created_token = before.created_token
 
     @property
     def action(self) -> str:
@@ -99,19 +108,24 @@ class GroupItems:
     def _create(
         self, dbapi: Any, cursor: Any, item: Item, params: CreateParams, savepoint: bool
     ) -> BaseException | None:
-        """A new run's row, and its first step and agent states; refused if the id is taken."""
-        insert = self._hot.insert_run
+        """A new run's row, under a fencing token drawn from the store's counter, and its first step
+        and agent states; refused if the id is taken."""
+        insert, draw = self._hot.insert_run, self._hot.draw_token
         try:
             if savepoint:
                 cursor.execute("SAVEPOINT graphflow_commit")
-            cursor.execute(insert.sql, insert.bind(params.run))
+            cursor.execute(draw.sql, draw.bind({}))
+            (token,) = cursor.fetchone()
+            run = {**params.run, "fencing_token": int(token)}
+            cursor.execute(insert.sql, insert.bind(run))
             (expires,) = cursor.fetchone()
             if params.first is not None:
                 self._insert_rows(cursor, params.first)
         except self._integrity_error:  # the primary key: the run exists
             self._undo(dbapi, cursor, savepoint)
             return run_exists(item.run_id, self._url)
-        item.result = run_record({**params.run, "lease_expires_at": float(expires)})
+        item.created_token = run["fencing_token"]
+        item.result = run_record({**run, "lease_expires_at": float(expires)})
         return None
 
     @staticmethod

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from graphflow_durable.errors import LeaseLostError, RunLockedError
 
 __all__ = [
+    "NOBODY",
     "LeaseRow",
     "iso",
     "lease_lost",
@@ -29,6 +30,11 @@ __all__ = [
     "process_identity",
     "takeover_reason",
 ]
+
+
+#: Never an owner's name: asks :func:`takeover_reason` whether anyone but the holder may take the
+#: lease (whether the holder keeps it), judging the holder's own lease as anyone else's.
+NOBODY = "\x00graphflow-durable nobody"
 
 
 class LeaseRow(Protocol):

@@ -21,7 +21,8 @@ __all__ = ["acquire", "release", "renew"]
 def acquire(
     conn: sa.Connection, run_id: str, owner: str, lease_seconds: float, host: str, pid: int
 ) -> tuple[int, str, str | None]:
-    """Take the lease for ``owner``: the new fencing token, why it was allowed, the previous owner.
+    """Take the lease for ``owner``: the new fencing token (the store's next), why it was allowed, the
+    previous owner.
 
     Raises RunNotFoundError or RunLockedError (nothing changed).
     """
@@ -32,7 +33,7 @@ def acquire(
     reason = takeover_reason(row, owner, float(row.db_now))
     if reason is None:
         raise locked(run_id, row)
-    token = int(row.fencing_token) + 1
+    token = S.next_token(conn)  # after the row's lock: a run's tokens only grow
     taken = conn.execute(
         S.UPDATE_LEASE,
         {

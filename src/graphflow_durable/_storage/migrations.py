@@ -8,7 +8,7 @@ Rules (a test keeps them):
 - Each migration runs in one transaction together with its version bump (row in
   ``graphflow_schema_version``); PostgreSQL and SQLite both have transactional DDL.
 - After the last migration a fresh database has exactly the tables and columns of
-  ``_schema.metadata``.
+  ``_schema.metadata`` that its dialect holds (``_schema.declared_tables``).
 
 Concurrent openers are serialised: SQLite by ``BEGIN IMMEDIATE`` (the write lock), PostgreSQL by
 a transaction-scoped advisory lock; each migration re-reads the version under that lock.
@@ -265,6 +265,31 @@ def _m0009_request_texts_as_json(conn: Connection) -> None:
         )
 
 
+def _m0010_fencing_tokens(conn: Connection) -> None:
+    """Version 10: fencing tokens from one store-wide counter (until now each run counted its own
+    from 1, so a run deleted and made again under its id repeated the tokens a stale driver may
+    still hold). PostgreSQL: the sequence ``graphflow_fencing_tokens``, and the token columns become
+    BIGINT (the counter runs over every lease of every run); SQLite (64-bit integers already): a
+    one-row table ``graphflow_fencing_tokens`` holding the last token issued. Either starts above
+    every token stored, run leases and submission claims alike."""
+    postgresql = conn.dialect.name == "postgresql"
+    if postgresql:  # first: ALTER locks both tables, so no token is issued while the top is read
+        conn.execute(sa.text("ALTER TABLE graphflow_runs ALTER COLUMN fencing_token TYPE BIGINT"))
+        conn.execute(sa.text("ALTER TABLE graphflow_queue ALTER COLUMN claim_token TYPE BIGINT"))
+    top = conn.execute(
+        sa.text(
+            "SELECT MAX(token) FROM (SELECT MAX(fencing_token) AS token FROM graphflow_runs "
+            "UNION ALL SELECT MAX(claim_token) AS token FROM graphflow_queue) AS issued"
+        )
+    ).scalar()
+    top = max(int(top or 0), 0)
+    if postgresql:
+        conn.execute(sa.text(f"CREATE SEQUENCE graphflow_fencing_tokens AS BIGINT START WITH {top + 1}"))
+    else:
+        conn.execute(sa.text("CREATE TABLE graphflow_fencing_tokens (last_token BIGINT NOT NULL)"))
+        conn.execute(sa.text("INSERT INTO graphflow_fencing_tokens (last_token) VALUES (:top)"), {"top": top})
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -281,6 +306,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "request prompts and answers stored as JSON strings (NUL alike on both backends)",
         _m0009_request_texts_as_json,
     ),
+    (10, "fencing tokens from one store-wide counter, never repeated for a run id", _m0010_fencing_tokens),
 )
 
 #: The schema version this package writes.

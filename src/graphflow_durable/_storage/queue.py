@@ -140,15 +140,28 @@ def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
     return sa.true() if teams is None else _Q.team.in_(list(teams))
 
 
-def _unfinished(now: float) -> sa.ColumnElement[bool]:
-    """A run left to drive: not ended nor cancelled, and not waiting for a person unless a request's deadline
-    passed (the driver then takes the configured default, or fails the run)."""
+def _late(now: float, *, without_default: bool = False) -> sa.Exists:
+    """The run has a pending request past its deadline (with no default answer, if asked)."""
     late = sa.exists().where(
         input_requests.c.run_id == _R.run_id,
         input_requests.c.status == "pending",
         input_requests.c.deadline < now,
     )
-    return sa.or_(_R.status.not_in((*_NOT_CLAIMED, "waiting")), sa.and_(_R.status == "waiting", late))
+    return late.where(input_requests.c.default_answer.is_(None)) if without_default else late
+
+
+def _unfinished(now: float) -> sa.ColumnElement[bool]:
+    """A run left to drive: not ended nor cancelled, and not waiting for a person unless a request's deadline
+    passed (the driver then takes the configured default, or fails the run). A run that failed on such a
+    deadline (no default) would fail the same way again: it waits for an answer or a retry, which asks
+    again with a new deadline (``admin.retry``)."""
+    return sa.or_(
+        sa.and_(
+            _R.status.not_in((*_NOT_CLAIMED, "waiting")),
+            sa.or_(_R.status != "failed", ~_late(now, without_default=True)),
+        ),
+        sa.and_(_R.status == "waiting", _late(now)),
+    )
 
 
 def _due(now: float) -> sa.ColumnElement[bool]:
@@ -156,9 +169,16 @@ def _due(now: float) -> sa.ColumnElement[bool]:
 
 
 def claimable_runs(
-    *, owner: str, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
+    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float, skip: Sequence[str] = ()
 ) -> sa.Select[Any]:
-    """The oldest-updated unfinished run whose lease ``owner`` may take (locked, skipping locked rows)."""
+    """The oldest-updated unfinished run whose lease may be taken (locked, skipping locked rows), but
+    none of ``skip``.
+
+    A lease is takeable when it is free, expired, or held by a dead process of this host, whoever
+    holds it: the claimant's own lease too (left behind when the database failed under its driver),
+    since the claim draws a new fencing token that fences that driver off. ``skip`` lists the runs
+    the claimant still drives.
+    """
     takeable = sa.or_(
         _R.lease_owner.is_(None),
         _R.lease_expires_at.is_(None),
@@ -184,7 +204,7 @@ def claimable_runs(
         .where(
             _unfinished(now),
             takeable,
-            sa.or_(_R.lease_owner.is_(None), _R.lease_owner != owner),
+            _R.run_id.not_in(list(skip)) if skip else sa.true(),
             _due(now),
             _team_filter(teams),
         )

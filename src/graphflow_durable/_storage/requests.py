@@ -18,9 +18,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
 from graphflow_durable._model.codec import dumps, loads, surrogate_problem
-from graphflow_durable._model.human import InputRequest
+from graphflow_durable._model.human import InputRequest, parked_on
+from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.engine import Engines, guarded
+from graphflow_durable._storage.lease import lease_lost
 from graphflow_durable._storage.schema import input_requests, runs
 from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError
 
@@ -86,6 +88,19 @@ def _find(conn: Connection, run_id: str, request_id: str) -> InputRequest | None
     return None if row is None else _request(row)
 
 
+def _fenced(conn: Connection, run_id: str, fencing_token: int | None) -> None:
+    """A driver's write (its input function's request or answer): refused, before anything is
+    written, unless ``fencing_token`` is still the run's (``None``: not a driver's write). The run's
+    row stays locked to the end of the transaction (SQLite: the write lock)."""
+    if fencing_token is None:
+        return
+    row = conn.execute(S.SELECT_LEASE.with_for_update(), {"p_run_id": run_id}).first()
+    if row is None:
+        raise not_found(run_id)
+    if row.fencing_token != fencing_token:
+        raise lease_lost(run_id, fencing_token, row)
+
+
 def _insert(conn: Connection, request: InputRequest) -> InputRequest:
     """Insert a request row (``IntegrityError`` when its id exists)."""
     values = {
@@ -127,16 +142,21 @@ def _answer(
     now: float,
 ) -> tuple[InputRequest, str]:
     """Answer one pending request of ``run_id``; a ``waiting`` run becomes ``interrupted`` (to be
-    resumed). Returns the answered request and the run's status after the answer.
+    resumed) once none of the requests it parked on is pending: while another person's request is,
+    it still waits (a resume would only park again). Returns the answered request and the run's
+    status after the answer.
 
     The run's row is locked first (PostgreSQL ``FOR UPDATE``; SQLite's write transaction is
     exclusive), and the request is updated only while it is pending: of two concurrent answers,
     exactly one changes it, the other gets :class:`NotWaitingError`. A person's answer (``by``
     ``respond``) to a cancelled run is refused: the run asks again once it is resumed.
     """
-    status = conn.execute(sa.select(runs.c.status).where(runs.c.run_id == run_id).with_for_update()).scalar()
-    if status is None:
+    row = conn.execute(
+        sa.select(runs.c.status, runs.c.result).where(runs.c.run_id == run_id).with_for_update()
+    ).first()
+    if row is None:
         raise not_found(run_id)
+    status = row.status
     open_ = _pending(conn, [run_id])
     ids = [r.request_id for r in open_]
     if status == "cancelled" and by == "respond":
@@ -187,21 +207,35 @@ def _answer(
             run_id=run_id,
             request_id=target.request_id,
         )
-    if status == "waiting":
+    parked = parked_on(None if row.result is None else loads(row.result))
+    still = [i for i in ids if i != target.request_id and (parked is None or i in parked)]
+    if status == "waiting" and not still:
         status = "interrupted"
         conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(status=status, updated_at=now))
     return replace(target, status="answered", answer=text, answered_by=by, answered_at=now), str(status)
 
 
-def _wake_if_answered(conn: Connection, run_id: str, request_ids: Sequence[str], now: float) -> bool:
-    """A run that just parked on ``request_ids``: if one was answered before the park was committed,
-    make the run ``interrupted`` again (to be resumed). Returns whether it did."""
-    answered = sa.exists().where(
+def _answered(conn: Connection, run_id: str, request_ids: Sequence[str]) -> list[str]:
+    """Which of ``request_ids`` are answered."""
+    query = sa.select(_I.request_id).where(
         _I.run_id == run_id, _I.request_id.in_(list(request_ids)), _I.status == "answered"
     )
+    return sorted(str(i) for i in conn.execute(query).scalars())
+
+
+def _wake_if_answered(
+    conn: Connection, run_id: str, request_ids: Sequence[str], now: float, fencing_token: int | None
+) -> bool:
+    """A run that just parked on ``request_ids``: if all were answered before the park was committed,
+    make the run ``interrupted`` again (to be resumed), unless its token is no longer
+    ``fencing_token`` (the one that parked it; ``None``: any). Returns whether it did."""
+    pending = sa.exists().where(
+        _I.run_id == run_id, _I.request_id.in_(list(request_ids)), _I.status == "pending"
+    )
+    fenced = sa.true() if fencing_token is None else runs.c.fencing_token == fencing_token
     changed = conn.execute(
         sa.update(runs)
-        .where(runs.c.run_id == run_id, runs.c.status == "waiting", answered)
+        .where(runs.c.run_id == run_id, runs.c.status == "waiting", ~pending, fenced)
         .values(status="interrupted", updated_at=now)
     ).rowcount
     return bool(changed)
@@ -243,9 +277,10 @@ class InputRequests:
         with self._guard("reading an input request", run_id), self._e.read.begin() as conn:
             return _find(conn, run_id, request_id)
 
-    def open(self, run_id: str, request: InputRequest) -> InputRequest:
+    def open(self, run_id: str, request: InputRequest, *, fencing_token: int | None = None) -> InputRequest:
         """Record ``request`` unless one with its id exists; return the stored one (an input
-        function's call; an ``answered`` request is recorded answered).
+        function's call; an ``answered`` request is recorded answered). With ``fencing_token`` (the
+        driver's), :class:`LeaseLostError` and nothing written unless it is still the run's.
 
         Raises:
             UsageError: one of its texts holds a lone surrogate (nothing is recorded).
@@ -264,6 +299,7 @@ class InputRequests:
         for _attempt in range(2):
             try:
                 with self._guard("recording an input request", run_id), self._e.write.begin() as conn:
+                    _fenced(conn, run_id, fencing_token)
                     found = _find(conn, run_id, request.request_id)
                     return found if found is not None else _insert(conn, request)
             except StoreError as exc:
@@ -275,24 +311,41 @@ class InputRequests:
         )
 
     def answer(
-        self, run_id: str, text: str, *, node: str | None = None, request_id: str | None = None, by: str
+        self,
+        run_id: str,
+        text: str,
+        *,
+        node: str | None = None,
+        request_id: str | None = None,
+        by: str,
+        fencing_token: int | None = None,
     ) -> InputRequest:
-        """:meth:`Store.respond`, recording who answered (``by``: ``respond``, ``inline``, ``default``)."""
+        """:meth:`Store.respond`, recording who answered (``by``: ``respond``, ``inline``, ``default``).
+        With ``fencing_token`` (a driver's answer), as :meth:`open`."""
         if not isinstance(text, str):
             raise UsageError(f"an answer is text, not {type(text).__name__}", run_id=run_id, option="answer")
         _refuse_surrogates(run_id, {"run_id": run_id, "answer": text, "node": node, "request_id": request_id})
         with self._guard("answering an input request", run_id), self._e.write.begin() as conn:
+            _fenced(conn, run_id, fencing_token)
             done, status = _answer(
                 conn, run_id, text, node=node, request_id=request_id, by=by, now=time.time()
             )
         _log.info("run %s: request %s answered (%s); the run is %s", run_id, done.request_id, by, status)
         return done
 
-    def wake_if_answered(self, run_id: str, request_ids: Sequence[str]) -> bool:
-        """After the run parked (``waiting``) on ``request_ids``: if one was answered before the park
-        committed, make the run ``interrupted`` (resumable) again; return whether it did."""
+    def answered(self, run_id: str, request_ids: Sequence[str]) -> list[str]:
+        """Which of the run's ``request_ids`` are answered (sorted)."""
+        with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
+            return _answered(conn, run_id, request_ids)
+
+    def wake_if_answered(
+        self, run_id: str, request_ids: Sequence[str], *, fencing_token: int | None = None
+    ) -> bool:
+        """After the run parked (``waiting``) on ``request_ids``: if all were answered before the park
+        committed, make the run ``interrupted`` (resumable) again; return whether it did. With
+        ``fencing_token`` (the driver that parked it), only while that is still the run's token."""
         with self._guard("checking the input requests", run_id), self._e.write.begin() as conn:
-            return _wake_if_answered(conn, run_id, request_ids, time.time())
+            return _wake_if_answered(conn, run_id, request_ids, time.time(), fencing_token)
 
     def cancel(self, run_id: str) -> int:
         """Cancel the run's pending requests (its ``reset()``); return how many."""

@@ -13,7 +13,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 __all__ = [
+    "FENCING_SEQUENCE",
     "agent_states",
+    "declared_tables",
+    "fencing_tokens",
     "input_requests",
     "messages",
     "metadata",
@@ -50,7 +53,8 @@ runs = sa.Table(
     sa.Column("lease_host", sa.String, nullable=True),
     sa.Column("lease_pid", sa.Integer, nullable=True),
     sa.Column("lease_expires_at", sa.Double, nullable=True),
-    sa.Column("fencing_token", sa.Integer, nullable=False),
+    # drawn from the store-wide counter (version 10: BIGINT; see fencing_tokens)
+    sa.Column("fencing_token", sa.BigInteger, nullable=False),
     sa.Column("parent_run_id", sa.String, nullable=True),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
@@ -140,7 +144,7 @@ queue = sa.Table(
     sa.Column("claim_host", sa.String, nullable=True),
     sa.Column("claim_pid", sa.Integer, nullable=True),
     sa.Column("claim_expires_at", sa.Double, nullable=True),
-    sa.Column("claim_token", sa.Integer, nullable=False),
+    sa.Column("claim_token", sa.BigInteger, nullable=False),  # from the counter too (version 10)
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
     sa.Index("graphflow_queue_status", "status", "created_at"),
@@ -173,3 +177,24 @@ input_requests = sa.Table(
     sa.Column("default_answer", sa.Text, nullable=True),
     sa.Index("graphflow_input_requests_status", "status", "deadline"),
 )
+
+#: Where fencing tokens come from (schema version 10): one store-wide counter, so that a token never
+#: repeats for a run id, not even after the run was deleted and a run of that id made again (created,
+#: imported, forked): a driver that still holds a token of the deleted run can never commit to the
+#: new one. SQLite (no sequences; one writer at a time anyway): the one row of this table, the last
+#: token issued. PostgreSQL: the sequence :data:`FENCING_SEQUENCE` instead, which concurrent
+#: transactions draw from without waiting for each other's commits.
+fencing_tokens = sa.Table(
+    "graphflow_fencing_tokens",
+    metadata,
+    sa.Column("last_token", sa.BigInteger, nullable=False),
+    info={"dialects": ("sqlite",)},
+)
+
+#: PostgreSQL's counter of fencing tokens (made by migration 9, not by this metadata).
+FENCING_SEQUENCE = sa.Sequence("graphflow_fencing_tokens")
+
+
+def declared_tables(dialect: str) -> list[sa.Table]:
+    """The tables a store on ``dialect`` (``"sqlite"``, ``"postgresql"``) has, in dependency order."""
+    return [table for table in metadata.sorted_tables if dialect in table.info.get("dialects", (dialect,))]

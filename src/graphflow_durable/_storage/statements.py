@@ -22,7 +22,14 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, FunctionElement
 
-from graphflow_durable._storage.schema import agent_states, messages, runs, steps
+from graphflow_durable._storage.schema import (
+    FENCING_SEQUENCE,
+    agent_states,
+    fencing_tokens,
+    messages,
+    runs,
+    steps,
+)
 
 __all__ = [
     "DB_NOW",
@@ -47,7 +54,9 @@ __all__ = [
     "SCAN_STATES",
     "SCAN_STEPS",
     "UPDATE_LEASE",
+    "draw_token",
     "lease_clock",
+    "next_token",
 ]
 
 _R = runs.c
@@ -93,10 +102,35 @@ def lease_clock(conn: sa.Connection, local: float) -> float:
     return float(conn.execute(_SELECT_NOW).scalar_one())
 
 
+_DRAW_FROM_SEQUENCE = sa.select(FENCING_SEQUENCE.next_value())
+_DRAW_FROM_ROW = (
+    sa.update(fencing_tokens)
+    .values(last_token=fencing_tokens.c.last_token + sa.literal_column("1"))
+    .returning(fencing_tokens.c.last_token)
+)
+
+
+def draw_token(dialect: str) -> sa.Select[Any] | sa.Update:
+    """The statement that issues the next fencing token and returns it (one row, one column).
+
+    Every token comes from one store-wide counter (``schema.fencing_tokens``), so none repeats for
+    a run id, not even across a delete and a new run of that id; the commit's guard stays
+    ``fencing_token = :p_token``. PostgreSQL: ``nextval`` of the sequence (never waits for another
+    transaction; a rolled back draw leaves a gap, which is harmless). SQLite: the counter row moved
+    on under the write lock the transaction holds.
+    """
+    return _DRAW_FROM_SEQUENCE if dialect == "postgresql" else _DRAW_FROM_ROW
+
+
+def next_token(conn: sa.Connection) -> int:
+    """Issue the next fencing token in ``conn``'s transaction (a write transaction on SQLite)."""
+    return int(conn.execute(draw_token(conn.dialect.name)).scalar_one())
+
+
 _head_guard = (
     _R.run_id == _run_id,
     _R.head_seq == sa.bindparam("p_expected", type_=sa.Integer),
-    _R.fencing_token == sa.bindparam("p_token", type_=sa.Integer),
+    _R.fencing_token == sa.bindparam("p_token", type_=sa.BigInteger),
 )
 _move_values = {
     "head_seq": sa.bindparam("p_new_head", type_=sa.Integer),
@@ -267,7 +301,7 @@ UPDATE_LEASE = (
     sa.update(runs)
     .where(
         _R.run_id == _run_id,
-        _R.fencing_token == sa.bindparam("p_old_token", type_=sa.Integer),
+        _R.fencing_token == sa.bindparam("p_old_token", type_=sa.BigInteger),
         sa.or_(
             sa.bindparam("p_early", type_=sa.Boolean),
             _R.lease_owner.is_(None),
@@ -276,7 +310,7 @@ UPDATE_LEASE = (
             _R.lease_expires_at < DB_NOW,
         ),
     )
-    .values(**_lease_values, fencing_token=sa.bindparam("p_token", type_=sa.Integer))
+    .values(**_lease_values, fencing_token=sa.bindparam("p_token", type_=sa.BigInteger))
     .returning(_R.lease_expires_at)
 )
 #: Extend a lease its holder (token and owner) still has, to the lease clock's now + ``p_seconds``.
@@ -284,7 +318,7 @@ RENEW_LEASE = (
     sa.update(runs)
     .where(
         _R.run_id == _run_id,
-        _R.fencing_token == sa.bindparam("p_token", type_=sa.Integer),
+        _R.fencing_token == sa.bindparam("p_token", type_=sa.BigInteger),
         _R.lease_owner == sa.bindparam("p_owner", type_=sa.String),
     )
     .values(lease_expires_at=_expires)
@@ -294,7 +328,7 @@ RELEASE_LEASE = (
     sa.update(runs)
     .where(
         _R.run_id == _run_id,
-        _R.fencing_token == sa.bindparam("p_token", type_=sa.Integer),
+        _R.fencing_token == sa.bindparam("p_token", type_=sa.BigInteger),
         _R.lease_owner.is_not(None),
     )
     .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None, lease_process=None)
@@ -340,6 +374,7 @@ class HotPath:
     select_lease: Prepared
     insert_run: Prepared
     select_run: Prepared
+    draw_token: Prepared  # a new run's token, drawn just before its row is written
 
     @classmethod
     def for_dialect(cls, dialect: Dialect) -> HotPath:
@@ -365,6 +400,7 @@ class HotPath:
             select_lease=Prepared.compile(SELECT_LEASE, dialect),
             insert_run=Prepared.compile(INSERT_NEW_RUN, dialect),
             select_run=Prepared.compile(SELECT_RUN, dialect),
+            draw_token=Prepared.compile(draw_token(dialect.name), dialect),
         )
 
 

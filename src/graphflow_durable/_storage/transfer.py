@@ -20,7 +20,6 @@ import sqlalchemy as sa
 
 from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import (
-    FIRST_FENCING_TOKEN,
     RunLog,
     RunRecord,
     StepKind,
@@ -125,8 +124,9 @@ def read_rows(conn: sa.Connection, run_id: str, url: str, at: int | None = None)
 
 def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: str) -> RunLog:
     """Write ``rows`` as the run whose row is ``run`` (its stored values, JSON as text), with fresh
-    checksums, no lease holder; then read it back as a resume would (the caller's transaction is
-    rolled back if that fails). Returns the log read back.
+    checksums, no lease holder and a new fencing token from the store's counter (a driver of a run
+    deleted under this id can never commit to it); then read it back as a resume would (the
+    caller's transaction is rolled back if that fails). Returns the log read back.
 
     Raises ConflictError when a run with this id exists already.
     """
@@ -138,7 +138,7 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
         "lease_pid": None,
         "lease_expires_at": None,
         "lease_process": None,
-        "fencing_token": FIRST_FENCING_TOKEN,
+        "fencing_token": S.next_token(conn),
     }
     try:
         with conn.begin_nested():  # a refused row leaves the transaction usable, to ask why

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,7 @@ from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import owner_gone, pid_alive, process_identity, takeover_reason
+from graphflow_durable._storage.lease import NOBODY, owner_gone, pid_alive, process_identity, takeover_reason
 from graphflow_durable._storage.queue import (
     Claim,
     Submission,
@@ -77,6 +77,8 @@ class WorkQueue:
             try:
                 with self._guard(f"submitting run {run_id}", run_id), self._e.write.begin() as conn:
                     row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
+                    if row is not None and row["task"] is None:
+                        row = None  # no submission: a run's failure bookkeeping (record_error/failure)
                     if row is not None:
                         if row["task"] == text and row["team"] == team:
                             return submission(row)
@@ -139,6 +141,7 @@ class WorkQueue:
         teams: Sequence[str] | None = None,
         host: str | None = None,
         pid: int | None = None,
+        skip: Collection[str] = (),
     ) -> Claim | None:
         """Atomically take ONE claimable item for ``owner``, or return ``None`` when there is none.
 
@@ -147,7 +150,10 @@ class WorkQueue:
         back-off has passed -- its lease is taken with a new fencing token; then a submission whose
         run does not exist yet and whose claim is free, expired or dead. Finished runs never are.
         ``teams`` limits both to queue rows with those team keys (``None``: any, including runs
-        that were never submitted). Runs already leased by ``owner`` are skipped.
+        that were never submitted). A run whose expired lease ``owner`` holds itself is claimable
+        too (its driver's commits, renewal and release failed, e.g. in a database outage): the new
+        token fences that driver off. ``skip`` names the runs ``owner`` still drives, which are
+        not claimed whatever their lease says.
 
         PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED``: concurrent claimers never
         block each other and never get the same item. SQLite serialises them (``BEGIN IMMEDIATE``).
@@ -161,7 +167,7 @@ class WorkQueue:
                 local = conn.execute(local_lease_pids(here), {"p_now": now}).all()
             dead = _dead_pids(here, local)
             with self._e.write.begin() as conn:
-                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now)
+                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip))
                 found = self._claim_run(conn, want) or self._claim_submission(conn, want)
         if found is not None and found.reason not in ("free", "submitted"):
             _log.info(
@@ -172,14 +178,15 @@ class WorkQueue:
     def _claim_run(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
         owner, lease_seconds, host, pid, now = want.owner, want.lease_seconds, want.host, want.pid, want.now
         here = socket.gethostname()
-        query = claimable_runs(owner=owner, teams=want.teams, host=here, dead_pids=want.dead, now=now)
+        query = claimable_runs(teams=want.teams, host=here, dead_pids=want.dead, now=now, skip=want.skip)
         row = conn.execute(query, {"p_now": now}).first()
         if row is None:
             return None
-        reason = takeover_reason(row, owner, float(row.db_now))
+        # As anyone's: the claimant's own lease too is taken only once expired, or its process gone.
+        reason = takeover_reason(row, NOBODY, float(row.db_now))
         if reason is None:  # a pid another holder (another PID namespace) still uses: not this one
             return None
-        token = int(row.fencing_token) + 1
+        token = S.next_token(conn)  # after the row's lock (SQLite: the write lock)
         params = {"p_run_id": row.run_id, "p_old_token": row.fencing_token, "p_token": token, "p_now": now}
         lease = {
             "p_owner": owner,
@@ -214,7 +221,7 @@ class WorkQueue:
         row = conn.execute(query, {"p_now": now}).mappings().first()
         if row is None:
             return None
-        token = int(row["claim_token"]) + 1
+        token = S.next_token(conn)  # claim tokens from the same counter: never repeated for a run id
         expires = float(row["db_now"]) + lease_seconds  # by the lease clock, as run leases
         changed = conn.execute(
             sa.update(queue)
@@ -259,30 +266,45 @@ class WorkQueue:
     def record_failure(self, run_id: str, *, error: str, retry_at: float) -> int:
         """Count a failed attempt at ``run_id`` and keep workers off it until ``retry_at``; return the
         number of failed attempts so far. Works for runs that were never submitted, too."""
-        now = time.time()
-        values = {"not_before": retry_at, "last_error": error[:4000], "updated_at": now}
+        values = {"not_before": retry_at, "last_error": error[:4000]}
         with self._guard(f"recording a failure of run {run_id}", run_id), self._e.write.begin() as conn:
-            changed = conn.execute(
-                sa.update(queue)
-                .where(queue.c.run_id == run_id)
-                .values(attempts=queue.c.attempts + 1, **values)
-                .returning(queue.c.attempts)
-            ).scalar()
-            if changed is not None:
-                return int(changed)
-            conn.execute(
-                sa.insert(queue).values(
-                    run_id=run_id,
-                    team=None,
-                    task=None,
-                    status="claimed",
-                    attempts=1,
-                    claim_token=0,
-                    created_at=now,
-                    **values,
-                )
-            )
-        return 1
+            return _note(conn, run_id, values, count=True)
+
+    def record_error(self, run_id: str, *, error: str) -> None:
+        """Keep ``error`` as the run's last error (``runs show``), counting no attempt and leaving its
+        back-off alone: a run that failed outside a worker pool. Works for runs that were never
+        submitted, too."""
+        with self._guard(f"recording the error of run {run_id}", run_id), self._e.write.begin() as conn:
+            _note(conn, run_id, {"last_error": error[:4000]}, count=False)
+
+
+def _note(conn: sa.Connection, run_id: str, values: dict[str, Any], *, count: bool) -> int:
+    """Set ``values`` on the run's queue row (one more attempt if ``count``), made if it has none;
+    return its attempts."""
+    now = time.time()
+    attempts = queue.c.attempts + 1 if count else queue.c.attempts
+    changed = conn.execute(
+        sa.update(queue)
+        .where(queue.c.run_id == run_id)
+        .values(attempts=attempts, updated_at=now, **values)
+        .returning(queue.c.attempts)
+    ).scalar()
+    if changed is not None:
+        return int(changed)
+    conn.execute(
+        sa.insert(queue).values(
+            run_id=run_id,
+            team=None,
+            task=None,
+            status="claimed",
+            attempts=int(count),
+            claim_token=0,
+            created_at=now,
+            updated_at=now,
+            **values,
+        )
+    )
+    return int(count)
 
 
 def _dead_pids(host: str, held: Sequence[Any]) -> list[int]:
@@ -323,6 +345,7 @@ class _Wanted:
     pid: int
     dead: Sequence[int]
     now: float
+    skip: Sequence[str] = ()
 
     def claimed(self, expires: float) -> dict[str, Any]:
         """The queue row's columns once this call holds its claim."""

@@ -262,6 +262,8 @@ class CommitWriter:
                 if after is not None and after.error is not None:
                     item.error = after.error  # it followed from that one: not written
                 else:
+                    if after is not None:
+                        item.follow(after)  # after its run's creation: under the token it drew
                     item.error = self._items.apply(dbapi, cursor, item, savepoint=not alone)
             dbapi.commit()
             committed = True

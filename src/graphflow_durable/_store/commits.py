@@ -82,6 +82,9 @@ class CommitMethods(StoreBase):
         (SQLite), one ``COMMIT`` (PostgreSQL). Each is still written or refused on its own, except
         that one after a failed one of the same run is not written and fails with that error: a run
         created together with its first commit never gets that commit on a run it did not create.
+        The commits of a run handed over after its creation in the block are written under the
+        fencing token the creation draws (whatever token they name, which cannot be known yet:
+        the creation's record gives it, for the commits after the block).
 
         Nothing is handed over before the block ends: awaiting one of its futures inside it would
         wait forever, and the blocking :meth:`commit` and :meth:`create_run` raise

@@ -68,7 +68,8 @@ class HistoryMethods(RunMethods):
 
         The new run (id ``new_run_id``, default ``"<run_id>-fork-<8 hex digits>"``) holds a copy of
         the source's steps, messages and agent states up to ``at`` (the source is only read), its
-        ``parent_run_id`` is ``run_id``, nobody holds its lease, and its status is the step's:
+        ``parent_run_id`` is ``run_id``, nobody holds its lease (its fencing token is a new one, as
+        every run's), and its status is the step's:
         ``interrupted`` mid-round (``run()`` with no task, on a team built with
         ``run_id=new_run_id``, resumes it: the nodes in flight at that step run again, then what
         follows), ``stopped`` or ``finished`` when the step ended its round. One transaction.
@@ -107,9 +108,10 @@ class HistoryMethods(RunMethods):
 
     def import_run(self, document: Mapping[str, Any], *, run_id: str | None = None) -> RunRecord:
         """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
-        return its row. Nobody holds its lease; a run exported while ``running`` (or ``waiting``
-        for a person: its requests are not exported, the node asks again) is imported as
-        ``interrupted``, so ``run()`` resumes it here.
+        return its row. Nobody holds its lease, and its fencing token is a new one (a driver the
+        exported run still had can never commit to it); a run exported while ``running`` (or
+        ``waiting`` for a person: its requests are not exported, the node asks again) is imported
+        as ``interrupted``, so ``run()`` resumes it here.
 
         The whole document is checked before anything is written (see ``_storage/document.py``):
         field types, times, numbering, references between steps and messages, every message body

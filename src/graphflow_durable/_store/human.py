@@ -26,9 +26,11 @@ class HumanInputMethods(StoreBase):
         self, run_id: str, answer: str, *, node: str | None = None, request_id: str | None = None
     ) -> InputRequest:
         """Answer a pending request for human input of ``run_id``, as if the person had typed
-        ``answer``; return the answered request. A ``waiting`` run becomes ``interrupted``: the next
+        ``answer``; return the answered request. A ``waiting`` run becomes ``interrupted`` once none
+        of the requests it waits on is pending (until then it still reads ``waiting``): the next
         ``run()`` (or a worker of a pool) resumes it, and the asking node's turn runs again and gets
-        this answer. ``node`` or ``request_id`` names the request when several are pending.
+        this answer. A run still being driven takes the answer when the node's batch would park.
+        ``node`` or ``request_id`` names the request when several are pending.
 
         Raises:
             RunNotFoundError: no such run.

@@ -16,7 +16,8 @@ _log = logging.getLogger("graphflow_durable.store")  # the store's logger, where
 
 
 class LeaseMethods(StoreBase):
-    """Leases: one worker drives a run at a time; a fencing token fences out the previous holder."""
+    """Leases: one worker drives a run at a time; a fencing token fences out the previous holder
+    (every token is drawn from one store-wide counter: none is issued twice)."""
 
     def acquire_lease(
         self,
@@ -27,7 +28,9 @@ class LeaseMethods(StoreBase):
         host: str | None = None,
         pid: int | None = None,
     ) -> int:
-        """Take the run's lease for ``owner``; return the new fencing token (old token + 1).
+        """Take the run's lease for ``owner``; return the new fencing token: the store's next (one
+        counter for every run), so a token never repeats for a run id, not even for a run deleted
+        and made again under its id, and any token issued earlier is refused by its commits.
 
         Allowed when the run has no owner, when ``owner`` already holds it, when the lease has
         expired, or when the holder is provably dead: a process on this host, of this boot and PID

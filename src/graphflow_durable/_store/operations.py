@@ -39,7 +39,10 @@ class OperationMethods(StoreBase):
     def retry_run(self, run_id: str) -> Retry:
         """Queue a failed, cancelled or interrupted run again for the worker pool: a cancelled run
         becomes ``interrupted`` (claimable), and the retry back-off of its queue row is cleared (the
-        failure count is kept). Works on a submission whose run was never created, too.
+        failure count is kept). A request for human input whose deadline passed with no default
+        answer (``InputDeadlineError``: the pool leaves such a failed run alone) gets a new deadline,
+        as long as its first, and is asked again (``Retry.asked_again``). Works on a submission
+        whose run was never created, too.
 
         Raises:
             RunNotFoundError: no such run or submission.

@@ -40,7 +40,9 @@ class RunMethods(StoreBase):
         first_step: Step | None = None,
         agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
     ) -> RunRecord:
-        """Create a run (status ``running``, head 0, no steps), leased to ``owner`` with token 1.
+        """Create a run (status ``running``, head 0, no steps), leased to ``owner`` with a new fencing
+        token (the record's ``fencing_token``, drawn from the store's counter in the transaction
+        that writes the run: a driver of a run deleted under this id can never commit to it).
 
         With ``first_step``, the run starts at head 1: that step and ``agent_states`` are written in
         the same transaction (a new run's first snapshot costs no commit of its own).

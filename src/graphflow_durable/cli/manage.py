@@ -190,8 +190,7 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
                 "waits for" if parked else "asked",
                 f"{r.request_id}: {r.node} asks {r.prompt!r}"
                 + ("" if r.deadline is None else f" (deadline {iso(r.deadline)})")
-                # An answer is refused until the resumed run asks again (and waits).
-                + ("" if parked else " (open; answer it once the run is resumed and waits again)"),
+                + _open_request_hint(run.status),
             )
             for r in asked
         ),
@@ -200,6 +199,16 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     ]
     for key, value in lines:
         out(f"{key:<11} {value}")
+
+
+def _open_request_hint(status: str) -> str:
+    """What to do with a request a run that does not wait asked."""
+    if status == "waiting":
+        return ""
+    if status == "failed":  # on its deadline: an answer makes it resumable, a retry asks again
+        return " (open; answer it with 'runs respond', or ask again with a new deadline: 'runs retry')"
+    # A cancelled run refuses an answer until the resumed run asks again (and waits).
+    return " (open; answer it once the run is resumed and waits again)"
 
 
 def _cancel(store: Store, args: SimpleNamespace, out: Out) -> None:
@@ -225,7 +234,8 @@ def _retry(store: Store, args: SimpleNamespace, out: Out) -> None:
     who = f"--team {done.team}=module:factory" if done.team is not None else "--team module:factory"
     was = "submitted, not started" if done.previous_status is None else done.previous_status
     now = done.status or "submitted"
-    out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it")
+    again = f"; asks again with a new deadline: {', '.join(done.asked_again)}" if done.asked_again else ""
+    out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it{again}")
 
 
 def _rows(removal: Removal) -> str:

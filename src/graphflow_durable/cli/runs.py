@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -394,7 +395,14 @@ def _worker(args: SimpleNamespace, url: str) -> int:
         else:
             await worker.run_forever()
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    finally:
+        # The worker has stopped and the process only exits now. The interpreter resets Python
+        # signal handlers to the default action (killed: exit 143) early in its finalization, which
+        # can take a while after that; a signal that arrives then has nothing left to stop.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
     return EXIT_OK
 
 

@@ -1,8 +1,11 @@
-"""What the command-line shells share: the ``MODULE:ATTR`` importer and the error -> exit-code path.
+"""What the command-line shells share: the Click pieces, the ``MODULE:ATTR`` importer and the
+error -> exit-code path.
 
-Every command's ``main(argv)`` runs its body through :func:`run_command`, which turns whatever
-goes wrong into one line on stderr and the command's documented exit code: no traceback ever
-reaches the user. A stdout its reader closed (``graphflow-durable runs verify | head -1``) takes no
+Every command's ``main(argv)`` runs its Click command through :func:`run_command`, which turns
+whatever goes wrong into one line on stderr and the command's documented exit code: no traceback
+ever reaches the user, and a usage error is one line (``prog: message (see prog --help)``, exit 2),
+in the words the commands used before they moved to Click. :func:`store_option` and
+:func:`json_option` declare ``--store`` and ``--json`` once for every command. A stdout its reader closed (``graphflow-durable runs verify | head -1``) takes no
 more output, and the command still ends with its own exit code (4 for damage found, not 0).
 :func:`prepare_streams` (each console script's first call) makes stdout and stderr write what the
 terminal's encoding cannot show as backslash escapes. :func:`load_json` reads the JSON files the
@@ -11,7 +14,6 @@ commands are given, refusing nesting deeper than :data:`MAX_JSON_DEPTH`.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
@@ -21,7 +23,9 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, TypeVar
+
+import click
 
 from graphflow_durable._model.codec import too_deep
 
@@ -29,15 +33,26 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_PIPE",
     "MAX_JSON_DEPTH",
+    "FLOAT",
+    "INT",
+    "STORE",
+    "Choice",
     "CliError",
-    "OneLineParser",
+    "Command",
+    "ExitCodes",
+    "Group",
+    "exclusive",
     "import_attribute",
+    "json_option",
     "load_json",
     "prepare_streams",
     "require_value",
     "run_command",
+    "store_option",
     "write_atomically",
 ]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _log = logging.getLogger(__name__)
 
@@ -61,14 +76,153 @@ class CliError(Exception):
         self.code = code
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line (``prog: message (see --help)``), exit 2.
+#: Where :func:`store_option` keeps the ``--store`` value given (the root context's ``meta``).
+STORE = "graphflow_durable.store"
+#: Where the running command's name (``runs fork``) is kept for the exit-code map.
+_COMMAND = "graphflow_durable.command"
 
-    Its sub-command parsers are of the same class, so they report the same way.
-    """
+#: How a command's errors end it: the exit code for an exception raised by the command named (its
+#: path below the program: ``submit``, ``runs fork``), or ``None`` for an unforeseen one (exit 1).
+ExitCodes = Callable[[BaseException, str], "int | None"]
 
-    def error(self, message: str) -> NoReturn:
-        raise CliError(f"{message} (see {self.prog} --help)", 2)
+
+class Command(click.Command):
+    """A Click command whose epilog (the exit codes) is printed as written, not re-wrapped, and
+    whose line in its group's list is its help's first paragraph, whole (Click cuts it at 45
+    characters)."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return self.short_help or (self.help or "").partition("\n\n")[0]
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.epilog:
+            formatter.write("\n" + self.epilog)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Extra arguments are refused here, in argparse's words, not in Click's.
+        allowed, ctx.allow_extra_args = ctx.allow_extra_args, True
+        rest = _parse(super().parse_args, ctx, args)
+        ctx.allow_extra_args = allowed
+        if rest and not allowed:
+            raise click.UsageError(f"unrecognized arguments: {' '.join(rest)}", ctx)
+        return rest
+
+    def invoke(self, ctx: click.Context) -> Any:
+        ctx.find_root().meta[_COMMAND] = ctx.command_path.partition(" ")[2]
+        return super().invoke(ctx)
+
+
+def _parse(
+    parse: Callable[[click.Context, list[str]], list[str]], ctx: click.Context, args: list[str]
+) -> list[str]:
+    """``parse(ctx, args)``; a usage error of Click's parser (an option without its value) learns
+    the command it was given to, so that its line says which ``--help`` to see."""
+    try:
+        return parse(ctx, args)
+    except click.UsageError as exc:
+        exc.ctx = exc.ctx or ctx
+        raise
+
+
+class Group(click.Group):
+    """A Click group whose unknown or missing sub-command is a one-line usage error; its commands
+    and sub-groups are of the classes above."""
+
+    command_class = Command
+    group_class = type
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["invoke_without_command"] = True
+        kwargs.setdefault("subcommand_metavar", "COMMAND [ARGS]...")  # required, unlike Click's guess
+        super().__init__(*args, **kwargs)
+        callback = self.callback
+
+        # Click calls the group's own callback without a sub-command too (invoke_without_command),
+        # so that a missing one is refused here, in argparse's words, not with the usage block.
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            ctx = click.get_current_context()
+            if ctx.invoked_subcommand is None:
+                raise click.UsageError("the following arguments are required: command", ctx)
+            return None if callback is None else callback(*args, **kwargs)
+
+        self.callback = checked
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        Command.format_epilog(self, ctx, formatter)  # type: ignore[arg-type]
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse(super().parse_args, ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # in the order they were added, as the epilog lists them
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            choices = ", ".join(repr(name) for name in self.commands)
+            raise click.UsageError(
+                f"argument command: invalid choice: {args[0]!r} (choose from {choices})", ctx
+            )
+        return super().resolve_command(ctx, args)
+
+
+# Not subscripted: Click's types are generic only since 8.2 (Choice) and 8.3 (ParamType).
+class Choice(click.Choice):  # type: ignore[type-arg]
+    """One of ``choices``; anything else is refused in argparse's words (``invalid choice: 'x'``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value not in self.choices:
+            choices = ", ".join(repr(choice) for choice in self.choices)
+            self.fail(f"invalid choice: {value!r} (choose from {choices})", param, ctx)
+        return value
+
+
+class _Number(click.ParamType):  # type: ignore[type-arg]
+    def __init__(self, kind: type[int] | type[float]) -> None:
+        self.kind = kind
+        self.name = kind.__name__
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self.kind(value)
+        except ValueError:
+            self.fail(f"invalid {self.name} value: {value!r}", param, ctx)
+
+
+#: Numbers, refused in argparse's words (``invalid int value: 'x'``); ``FLOAT`` takes ``nan`` and
+#: ``inf`` as Python does (the library's own checks refuse them where they make no sense).
+INT, FLOAT = _Number(int), _Number(float)
+
+
+def _keep_store(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:  # a sub-command's --store wins over the one before the sub-command
+        ctx.find_root().meta[STORE] = value
+
+
+def store_option(command: _F) -> _F:
+    """``--store URL``: on the program and on each sub-command; the value is read with
+    ``ctx.find_root().meta.get(STORE)`` (``None``: not given)."""
+    return click.option(
+        "--store",
+        metavar="URL",
+        expose_value=False,
+        callback=_keep_store,
+        help="database URL (sqlite:///runs.db, postgresql://...)",
+    )(command)
+
+
+def json_option(help: str) -> Callable[[_F], _F]:
+    """``--json``: the command prints JSON (its parameter is ``json``); ``help`` says its shape."""
+    return click.option("--json", "json", is_flag=True, help=help)
+
+
+def exclusive(ctx: click.Context, *given: tuple[str, object]) -> None:
+    """Refuse two of the mutually exclusive options ``given`` (``(flag, value)``, unset: ``None``
+    or ``False``) in argparse's words: ``argument --team: not allowed with argument --graph``."""
+    named = [flag for flag, value in given if value is not None and value is not False]
+    if len(named) > 1:
+        raise click.UsageError(f"argument {named[1]}: not allowed with argument {named[0]}", ctx)
 
 
 def require_value(flag: str, value: str | None, what: str) -> str | None:
@@ -80,17 +234,18 @@ def require_value(flag: str, value: str | None, what: str) -> str | None:
 
 def run_command(
     prog: str,
-    command: Callable[[], int],
+    command: click.Command,
+    argv: Sequence[str] | None,
     *,
-    codes: Sequence[tuple[type[BaseException], int]] = (),
+    codes: ExitCodes = lambda _exc, _command: None,
     usage_code: int = 2,
 ) -> int:
-    """Run ``command`` and return its exit code; every failure becomes ``prog: message`` on stderr.
+    """Parse ``argv`` (default: ``sys.argv[1:]``) for ``command`` and run it; its exit code. Every
+    failure becomes ``prog: message`` on stderr:
 
-    - argparse's exit (``--help``: 0, a usage error: ``usage_code``) is returned as it is;
+    - ``--help``: 0; a usage error (Click's): one line, ``usage_code``;
     - :class:`CliError`: its message and code;
-    - an exception matching ``codes`` (the first ``(class, code)`` pair that matches, so list
-      subclasses first): its message and that code;
+    - an exception ``codes`` gives a code for: its message and that code;
     - a stdout closed by its reader: the rest of the output is dropped, the command runs to its
       end and its own exit code is returned (``runs verify | head -1`` still exits 4 when it found
       damage; a reader that had what it wanted is no failure, a command's finding is no success);
@@ -101,8 +256,9 @@ def run_command(
     stdout = sys.stdout
     guard = _ReaderMayClose(stdout)
     sys.stdout = guard
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = _run(prog, command, codes, usage_code)
+        code = _run(prog, command, args, codes, usage_code)
         guard.flush()  # what is still buffered is delivered (or found unwanted) here, not at exit
         return code
     finally:
@@ -110,13 +266,19 @@ def run_command(
             sys.stdout = stdout
 
 
-def _run(
-    prog: str, command: Callable[[], int], codes: Sequence[tuple[type[BaseException], int]], usage_code: int
-) -> int:
+def _run(prog: str, command: click.Command, args: list[str], codes: ExitCodes, usage_code: int) -> int:
+    meta: dict[str, Any] = {}
     try:
-        return command()
-    except SystemExit as exc:  # argparse exits on --help (0) and on usage errors (2)
-        return exc.code if isinstance(exc.code, int) else usage_code
+        # Not command.main(): it would turn Ctrl-C into Click's "Aborted!" and print usage blocks.
+        with command.make_context(prog, args) as ctx:
+            meta = ctx.meta
+            code = command.invoke(ctx)
+            return code if isinstance(code, int) else 0
+    except click.exceptions.Exit as exc:  # --help
+        return exc.exit_code
+    except click.ClickException as exc:
+        _say(prog, _usage_message(exc))
+        return usage_code
     except CliError as exc:
         _say(prog, str(exc))
         return exc.code
@@ -127,13 +289,35 @@ def _run(
         _say(prog, "interrupted")
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 -- the one place where any error becomes an exit code
-        for kind, code in codes:
-            if isinstance(exc, kind):
-                _say(prog, str(exc))
-                return code
+        code = codes(exc, meta.get(_COMMAND, ""))
+        if code is not None:
+            _say(prog, str(exc))
+            return code
         _log.debug("%s failed", prog, exc_info=True)
         _say(prog, f"unexpected error: {type(exc).__name__}: {exc}")
         return _EXIT_UNEXPECTED
+
+
+def _usage_message(exc: click.ClickException) -> str:
+    """A usage error on one line, in the words argparse used: ``argument --n: invalid int value:
+    'x' (see graphflow-durable worker --help)``."""
+    message = " ".join(exc.format_message().split())
+    if isinstance(exc, click.NoSuchOption):
+        message = f"unrecognized arguments: {exc.option_name}"
+    elif isinstance(exc, click.BadOptionUsage) and "requires" in exc.message:
+        message = f"argument {exc.option_name}: expected one argument"
+    elif isinstance(exc, click.MissingParameter) and exc.param is not None:
+        message = f"the following arguments are required: {_name(exc.param)}"
+    elif isinstance(exc, click.BadParameter) and exc.param is not None:
+        message = f"argument {_name(exc.param)}: {' '.join(exc.message.split())}"
+    ctx = getattr(exc, "ctx", None)
+    return message if ctx is None else f"{message} (see {ctx.command_path} --help)"
+
+
+def _name(param: click.Parameter) -> str:
+    if isinstance(param, click.Option):
+        return "/".join(param.opts)
+    return param.human_readable_name
 
 
 def prepare_streams() -> None:

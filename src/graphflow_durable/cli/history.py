@@ -9,18 +9,26 @@ with the exit codes of :mod:`.runs`: 2 for an unknown run, a step out of range o
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.document import MAX_DEPTH
 from graphflow_durable._storage.lease import iso
-from graphflow_durable.cli._common import CliError, load_json, write_atomically
-from graphflow_durable.errors import ConflictError, RunLockedError
+from graphflow_durable.cli._common import (
+    INT,
+    CliError,
+    json_option,
+    load_json,
+    store_option,
+    write_atomically,
+)
 from graphflow_durable.store import Store
 
 __all__ = ["COMMANDS", "EPILOG", "EXIT_CONFLICT", "add_commands", "check", "run"]
@@ -28,7 +36,8 @@ __all__ = ["COMMANDS", "EPILOG", "EXIT_CONFLICT", "add_commands", "check", "run"
 #: The ``runs`` sub-commands this module answers.
 COMMANDS = ("history", "transcript", "export", "import", "fork")
 
-#: Exit code: the new run's id is taken, or the run is driven by a live process (``runs fork``).
+#: Exit code: the new run's id is taken, or the run is driven by a live process (``runs fork``); the
+#: exit-code map of :mod:`.runs` gives it for ``ConflictError`` and ``RunLockedError`` here.
 EXIT_CONFLICT = 3
 
 EPILOG = """\
@@ -46,35 +55,49 @@ EPILOG = """\
 """
 
 
-def add_commands(commands: Any) -> None:
-    """Add the sub-commands to the ``runs`` sub-parsers (``commands``: argparse's sub-parsers)."""
+def add_commands(runs: click.Group, dispatch: Callable[[str, dict[str, Any]], int]) -> None:
+    """Add the sub-commands to the ``runs`` group; each runs through ``dispatch``."""
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
-        parser.add_argument("--store", dest="store_sub", help="database URL")
-        parser.add_argument("--json", action="store_true", help="JSON output (one object per line)")
-        return parser
+    def command(name: str, help: str, *params: Callable[[Any], Any]) -> None:
+        def body(**given: Any) -> int:
+            return dispatch(name, given)
+
+        for param in reversed(params):
+            body = param(body)
+        runs.command(name, help=help)(store_option(json_option("JSON output (one object per line)")(body)))
 
     for name, help in (("history", "list a run's steps"), ("transcript", "print a run's messages")):
-        parser = command(name, help)
-        parser.add_argument("run_id", metavar="RUN")
-        parser.add_argument("--round", type=int, default=None, help="only this round (1, 2, ...)")
-        parser.add_argument("--node", default=None, help="only this node's steps / answers")
-    export = command("export", "write a run as one JSON document")
-    export.add_argument("run_id", metavar="RUN")
-    export.add_argument("--output", "-o", default=None, metavar="FILE", help="write it to FILE, not stdout")
-    importing = command("import", "read a run exported by 'runs export' into --store")
-    importing.add_argument("file", metavar="FILE", help="the exported document ('-': stdin)")
-    importing.add_argument(
-        "--run-id", dest="new_run_id", default=None, metavar="NEW", help="import it under this run id"
+        command(
+            name,
+            help,
+            click.argument("run_id", metavar="RUN"),
+            click.option("--round", type=INT, default=None, help="only this round (1, 2, ...)"),
+            click.option("--node", default=None, help="only this node's steps / answers"),
+        )
+    command(
+        "export",
+        "write a run as one JSON document",
+        click.argument("run_id", metavar="RUN"),
+        click.option("--output", "-o", default=None, metavar="FILE", help="write it to FILE, not stdout"),
     )
-    fork = command("fork", "start a new run from a run's state at a past step")
-    fork.add_argument("run_id", metavar="RUN")
-    fork.add_argument("--at", type=int, required=True, metavar="STEP", help="the step (see 'runs history')")
-    fork.add_argument("--run-id", dest="new_run_id", default=None, metavar="NEW", help="the new run's id")
+    command(
+        "import",
+        "read a run exported by 'runs export' into --store\n\nFILE: the exported document ('-': stdin)",
+        click.argument("file", metavar="FILE"),
+        click.option(
+            "--run-id", "new_run_id", default=None, metavar="NEW", help="import it under this run id"
+        ),
+    )
+    command(
+        "fork",
+        "start a new run from a run's state at a past step",
+        click.argument("run_id", metavar="RUN"),
+        click.option("--at", type=INT, required=True, metavar="STEP", help="the step (see 'runs history')"),
+        click.option("--run-id", "new_run_id", default=None, metavar="NEW", help="the new run's id"),
+    )
 
 
-def check(args: argparse.Namespace) -> None:
+def check(args: SimpleNamespace) -> None:
     """Refuse bad run ids before the store is opened (exit 2)."""
     if getattr(args, "run_id", None) is not None:
         check_run_id(args.run_id, option="RUN")
@@ -82,15 +105,12 @@ def check(args: argparse.Namespace) -> None:
         check_run_id(args.new_run_id, option="--run-id")
 
 
-def run(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def run(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     """Run one of :data:`COMMANDS`; returns the exit code."""
-    try:
-        return _COMMANDS[args.runs_command](store, args, out)
-    except (ConflictError, RunLockedError) as exc:
-        raise CliError(str(exc), EXIT_CONFLICT) from None
+    return _COMMANDS[args.runs_command](store, args, out)
 
 
-def _history(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def _history(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     steps = store.history(args.run_id, round=args.round, node=args.node)
     if args.json:
         for step in steps:
@@ -107,7 +127,7 @@ def _history(store: Store, args: argparse.Namespace, out: Callable[[str], None])
     return 0
 
 
-def _transcript(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def _transcript(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     for m in store.transcript(args.run_id, round=args.round, node=args.node):
         if args.json:
             out(json.dumps({"seq": m.seq, "step": m.step_seq, "published": m.published, "message": m.body}))
@@ -118,7 +138,7 @@ def _transcript(store: Store, args: argparse.Namespace, out: Callable[[str], Non
     return 0
 
 
-def _export(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def _export(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     text = json.dumps(store.export_run(args.run_id), sort_keys=True)
     if args.output is None:
         out(text)
@@ -131,7 +151,7 @@ def _export(store: Store, args: argparse.Namespace, out: Callable[[str], None]) 
     return 0
 
 
-def _import(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def _import(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -150,7 +170,7 @@ def _import(store: Store, args: argparse.Namespace, out: Callable[[str], None]) 
     return 0
 
 
-def _fork(store: Store, args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def _fork(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     run = store.fork(args.run_id, args.at, new_run_id=args.new_run_id)
     _said(out, args.json, run, f"forked run {args.run_id} at step {args.at} as run {run.run_id}")
     return 0
@@ -174,7 +194,7 @@ def _said(out: Callable[[str], None], as_json: bool, run: Any, what: str) -> Non
         out(f"{what}: {run.status}, head {run.head_seq}, {run.message_count} messages")
 
 
-_COMMANDS: dict[str, Callable[[Store, argparse.Namespace, Callable[[str], None]], int]] = {
+_COMMANDS: dict[str, Callable[[Store, SimpleNamespace, Callable[[str], None]], int]] = {
     "history": _history,
     "transcript": _transcript,
     "export": _export,

@@ -2,25 +2,28 @@
 
 A thin shell over the store's management calls (:meth:`Store.cancel_run`, :meth:`Store.retry_run`,
 :meth:`Store.delete_run`, :meth:`Store.prune`, :meth:`Store.stats`), for :mod:`.runs`: it adds the
-sub-commands to the ``runs`` parser, checks their arguments before the store is opened, and prints
+sub-commands to the ``runs`` group, checks their arguments before the store is opened, and prints
 their results (a table or sentences; ``--json``: one JSON object).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.lease import iso
+from graphflow_durable.cli._common import Choice, json_option, store_option
 from graphflow_durable.cli._inspect import lease_state
 from graphflow_durable.store import RUN_STATUSES, Removal, Store
 
-__all__ = ["COMMANDS", "EXIT_REFUSED", "add_parsers", "check", "older_than", "run"]
+__all__ = ["COMMANDS", "EXIT_REFUSED", "add_commands", "check", "older_than", "run"]
 
 #: The run's state does not allow it: ``delete``/``prune`` of a running run without ``--force``,
 #: ``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run.
@@ -32,59 +35,82 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 
 Out = Callable[[str], None]
+#: What runs a ``runs`` sub-command once Click parsed it: ``(name, parameters) -> exit code``.
+Dispatch = Callable[[str, dict[str, Any]], int]
 
 
 def older_than(text: str) -> float:
-    """``--older-than`` as seconds: a number and a unit, ``s``/``m``/``h``/``d``/``w`` (``30d``)."""
+    """``--older-than`` as seconds: a number and a unit, ``s``/``m``/``h``/``d``/``w`` (``30d``).
+
+    Raises:
+        ValueError: ``text`` is no such age (the message says what to give).
+    """
     found = _AGE.match(text)
     if found is None:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an age; give a number and a unit: 90s, 45m, 12h, 30d or 2w"
-        )
+        raise ValueError(f"{text!r} is not an age; give a number and a unit: 90s, 45m, 12h, 30d or 2w")
     return float(found.group(1)) * _UNITS[found.group(2)]
 
 
-def add_parsers(commands: Any) -> None:
-    """Add the sub-commands to the ``runs`` sub-parsers ``commands``."""
+class _Age(click.ParamType):  # type: ignore[type-arg]
+    name = "age"
 
-    def add(name: str, help: str, *, run: bool = True) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = commands.add_parser(name, help=help)
-        parser.add_argument("--store", dest="store_sub", help="database URL")
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return older_than(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def add_commands(runs: click.Group, dispatch: Dispatch) -> None:
+    """Add the sub-commands to the ``runs`` group; each runs through ``dispatch``."""
+
+    def add(name: str, help: str, *options: Callable[[Any], Any], run: bool = True) -> None:
+        def command(**params: Any) -> int:
+            return dispatch(name, params)
+
+        for option in reversed(options):
+            command = option(command)
         if run:
-            parser.add_argument("run_id", metavar="RUN", help="the run")
-        parser.add_argument("--json", action="store_true", help="print one JSON object")
-        return parser
+            command = click.argument("run_id", metavar="RUN")(command)
+        runs.command(name, help=help)(store_option(json_option("print one JSON object")(command)))
 
     add("show", "a run's status, round, head, lease and last error")
     add("cancel", "stop a run (its driver stops within one lease period); run() resumes it")
     add("retry", "queue a failed, cancelled or interrupted run for the workers again")
-    delete = add("delete", "delete a run, its rows and its nested runs")
-    delete.add_argument("--force", action="store_true", help="delete it even if it is running")
-    delete.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
-    prune = add("prune", "delete old runs of some statuses (retention)", run=False)
-    prune.add_argument(
-        "--status",
-        action="append",
-        choices=RUN_STATUSES,
-        help="runs of this status (repeatable; default finished)",
+    add(
+        "delete",
+        "delete a run, its rows and its nested runs",
+        click.option("--force", is_flag=True, help="delete it even if it is running"),
+        click.option("--dry-run", is_flag=True, help="count what would go, delete nothing"),
     )
-    prune.add_argument(
-        "--older-than", type=older_than, required=True, metavar="AGE", help="last updated before: 30d, 12h..."
+    add(
+        "prune",
+        "delete old runs of some statuses (retention)",
+        click.option(
+            "--status",
+            multiple=True,
+            type=Choice(RUN_STATUSES),
+            help="runs of this status (repeatable; default finished)",
+        ),
+        click.option(
+            "--older-than", type=_Age(), required=True, metavar="AGE", help="last updated before: 30d, 12h..."
+        ),
+        click.option("--force", is_flag=True, help="prune running runs (and held ones) too"),
+        click.option("--dry-run", is_flag=True, help="list what would go, delete nothing"),
+        run=False,
     )
-    prune.add_argument("--force", action="store_true", help="prune running runs (and held ones) too")
-    prune.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
     add("stats", "runs per status, rows and bytes per table", run=False)
 
 
-def check(args: argparse.Namespace) -> None:
+def check(args: SimpleNamespace) -> None:
     """Refuse a bad RUN before the store is opened (a usage error)."""
     if getattr(args, "run_id", None) is not None:
         check_run_id(args.run_id, option="RUN")
 
 
-def run(store: Store, args: argparse.Namespace, out: Out) -> int:
+def run(store: Store, args: SimpleNamespace, out: Out) -> int:
     """Run the sub-command ``args.runs_command``; its exit code."""
-    command: Callable[[Store, argparse.Namespace, Out], None] = {
+    command: Callable[[Store, SimpleNamespace, Out], None] = {
         "show": _show,
         "cancel": _cancel,
         "retry": _retry,
@@ -96,7 +122,7 @@ def run(store: Store, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def _show(store: Store, args: argparse.Namespace, out: Out) -> None:
+def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     run = store.get_run(args.run_id)
     if run is None and (waiting := store.queue.get_submission(args.run_id)) is not None:
         pending: dict[str, Any] = {"run_id": waiting.run_id, "status": "submitted", "team": waiting.team}
@@ -185,7 +211,7 @@ def _open_request_hint(status: str) -> str:
     return " (open; answer it once the run is resumed and waits again)"
 
 
-def _cancel(store: Store, args: argparse.Namespace, out: Out) -> None:
+def _cancel(store: Store, args: SimpleNamespace, out: Out) -> None:
     done = store.cancel_run(args.run_id)
     if args.json:
         out(json.dumps({**done.__dict__}, sort_keys=True))
@@ -200,7 +226,7 @@ def _cancel(store: Store, args: argparse.Namespace, out: Out) -> None:
         out(f"run {done.run_id}: already cancelled")
 
 
-def _retry(store: Store, args: argparse.Namespace, out: Out) -> None:
+def _retry(store: Store, args: SimpleNamespace, out: Out) -> None:
     done = store.retry_run(args.run_id)
     if args.json:
         out(json.dumps({**done.__dict__}, sort_keys=True))
@@ -217,7 +243,7 @@ def _rows(removal: Removal) -> str:
     return ", ".join(f"{n} {name}" for name, n in counts.items())
 
 
-def _delete(store: Store, args: argparse.Namespace, out: Out) -> None:
+def _delete(store: Store, args: SimpleNamespace, out: Out) -> None:
     gone = store.delete_run(args.run_id, force=args.force, dry_run=args.dry_run)
     if args.json:
         out(json.dumps(gone.as_dict(), sort_keys=True))
@@ -227,8 +253,8 @@ def _delete(store: Store, args: argparse.Namespace, out: Out) -> None:
     out(f"run {args.run_id}{nested}: {verb} rows: {_rows(gone)}")
 
 
-def _prune(store: Store, args: argparse.Namespace, out: Out) -> None:
-    statuses = args.status or ["finished"]
+def _prune(store: Store, args: SimpleNamespace, out: Out) -> None:
+    statuses = list(args.status) or ["finished"]
     gone = store.prune(older_than=args.older_than, status=statuses, dry_run=args.dry_run, force=args.force)
     if args.json:
         out(json.dumps(gone.as_dict(), sort_keys=True))
@@ -250,7 +276,7 @@ def _age(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _stats(store: Store, args: argparse.Namespace, out: Out) -> None:
+def _stats(store: Store, args: SimpleNamespace, out: Out) -> None:
     stats = store.stats()
     if args.json:
         out(json.dumps(stats.as_dict(), sort_keys=True))

@@ -8,20 +8,23 @@ graphflow_durable.cli.repair --help``) for the usage and exit codes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TextIO
 
+import click
 from autogen_agentchat.teams import DiGraph
 from pydantic import ValidationError
 
 from graphflow_durable.cli._common import (
     CliError,
-    OneLineParser,
+    Command,
+    exclusive,
     import_attribute,
+    json_option,
     load_json,
     prepare_streams,
     require_value,
@@ -82,30 +85,32 @@ class _Fail(CliError):
         super().__init__(message, code)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="graphflow-repair",
-        description="Check a team state saved by GraphFlow or DurableGraphFlow, and repair it.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "state", metavar="STATE.json", help="the saved team state (team.save_state() as JSON)"
-    )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--graph", metavar="FILE", help="JSON: a DiGraph dump or a GraphFlow component dump")
-    source.add_argument("--team", metavar="MODULE:ATTR", help="an importable team, graph, or factory")
-    parser.add_argument("--json", action="store_true", help="print the report (and changes) as JSON")
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("-o", "--output", metavar="OUT.json", help="write the repaired state here")
-    target.add_argument("--in-place", action="store_true", help="replace STATE.json, keeping a .bak backup")
-    parser.add_argument("--dry-run", action="store_true", help="show what would change; write nothing")
-    return parser
+@click.command(
+    "graphflow-repair",
+    cls=Command,
+    help="Check a team state saved by GraphFlow or DurableGraphFlow, and repair it.\n\n"
+    "STATE.json: the saved team state (team.save_state() as JSON).",
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.argument("state", metavar="STATE.json")
+@click.option("--graph", metavar="FILE", help="JSON: a DiGraph dump or a GraphFlow component dump")
+@click.option("--team", metavar="MODULE:ATTR", help="an importable team, graph, or factory")
+@json_option("print the report (and changes) as JSON")
+@click.option("-o", "--output", metavar="OUT.json", help="write the repaired state here")
+@click.option("--in-place", is_flag=True, help="replace STATE.json, keeping a .bak backup")
+@click.option("--dry-run", is_flag=True, help="show what would change; write nothing")
+@click.pass_context
+def cli(ctx: click.Context, /, **params: Any) -> int:
+    """The ``graphflow-repair`` command (Click); :func:`main` runs it."""
+    exclusive(ctx, ("--graph", params["graph"]), ("--team", params["team"]))
+    exclusive(ctx, ("-o/--output", params["output"]), ("--in-place", params["in_place"]))
+    return _run(SimpleNamespace(**params))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (see the module's ``EXIT_*`` constants)."""
-    return run_command("graphflow-repair", lambda: _run(_parser().parse_args(argv)), usage_code=EXIT_USAGE)
+    return run_command("graphflow-repair", cli, argv, usage_code=EXIT_USAGE)
 
 
 def entry() -> None:
@@ -114,7 +119,7 @@ def entry() -> None:
     sys.exit(main())
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: SimpleNamespace) -> int:
     require_value("STATE", args.state, "the path of a saved team state (JSON)")
     require_value("--graph", args.graph, "a JSON file holding the graph")
     require_value("--team", args.team, "MODULE:ATTR naming a team, a graph, or a factory")
@@ -182,7 +187,7 @@ def _refuse_unreadable(path: Path, report: ValidationReport) -> None:
             raise _Fail(f"{path}: {finding.code}{where}: {finding.message}")
 
 
-def _load_graph(args: argparse.Namespace) -> DiGraph | None:
+def _load_graph(args: SimpleNamespace) -> DiGraph | None:
     if args.graph:
         return _graph_from_file(Path(args.graph))
     if args.team:
@@ -255,7 +260,7 @@ def _atomic_write(path: Path, text: str, *, exclusive: bool = False) -> None:
         raise _Fail(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
-def _write_result(state_path: Path, args: argparse.Namespace, result: RepairResult) -> str | None:
+def _write_result(state_path: Path, args: SimpleNamespace, result: RepairResult) -> str | None:
     text = _dumps(result.state)
     if args.output == "-":
         sys.stdout.write(text)
@@ -303,7 +308,7 @@ def _format_report(path: Path, report: ValidationReport) -> str:
 
 
 def _emit_repair(
-    path: Path, result: RepairResult, args: argparse.Namespace, written: str | None, out: TextIO
+    path: Path, result: RepairResult, args: SimpleNamespace, written: str | None, out: TextIO
 ) -> None:
     if args.json:
         payload = {

@@ -7,7 +7,6 @@ Data goes to stdout, diagnostics (logging) to stderr. Run ``graphflow-durable --
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -15,20 +14,31 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
+
+import click
 
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable.cli import _inspect, history, manage
 from graphflow_durable.cli._common import (
+    FLOAT,
+    INT,
+    STORE,
+    Choice,
     CliError,
-    OneLineParser,
+    Group,
+    exclusive,
     import_attribute,
+    json_option,
     prepare_streams,
     require_value,
     run_command,
+    store_option,
 )
 from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
 from graphflow_durable.errors import (
+    ConflictError,
     GraphflowDurableError,
     NotWaitingError,
     RunExistsError,
@@ -58,9 +68,9 @@ submitted (or already submitted with the same task), or the worker stopped clean
 EXIT_ERROR = 1
 """The store could not be opened or used, or a team factory could not be imported."""
 EXIT_USAGE = 2
-"""Usage error (argparse, a bad option value), a store URL that is malformed or carries an unknown
-or bad option, or no store at the URL for a command that needs one (all but ``worker``, ``submit``
-and ``runs import``, which create it)."""
+"""Usage error (an unknown option, a missing argument, a bad option value), a store URL that is
+malformed or carries an unknown or bad option, or no store at the URL for a command that needs one
+(all but ``worker``, ``submit`` and ``runs import``, which create it)."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
@@ -132,70 +142,114 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (UsageError, EXIT_USAGE),  # StoreConfigError (a bad store URL) included
     (GraphflowDurableError, EXIT_ERROR),
 )
+#: The same for ``runs history|transcript|export|import|fork``: there a taken id (``import``,
+#: ``fork --run-id``) or a live driver at the step asked for (``fork``) is a conflict.
+_HISTORY_CODES = ((ConflictError, EXIT_CONFLICT), (RunLockedError, EXIT_CONFLICT), *_CODES)
+
+#: Where the group keeps ``-v``'s count (the root context's ``meta``).
+_VERBOSE = "graphflow_durable.verbose"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="graphflow-durable",
-        description="Inspect and submit durable GraphFlow runs; run a worker of a worker pool.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--store", help="database URL (sqlite:///runs.db, postgresql://...)")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr")
-    commands = parser.add_subparsers(dest="command", required=True)
+def _exit_code(exc: BaseException, command: str) -> int | None:
+    """The exit code for the library's error ``exc`` raised by ``command`` (``runs fork``); the one
+    exception -> exit-code map of ``graphflow-durable`` (``None``: not foreseen, exit 1)."""
+    _, _, sub = command.partition("runs ")
+    codes = _HISTORY_CODES if sub in history.COMMANDS else _CODES
+    return next((code for kind, code in codes if isinstance(exc, kind)), None)
 
-    worker = commands.add_parser("worker", help="claim and drive runs until stopped")
-    worker.add_argument("--store", dest="store_sub", help="database URL")
-    worker.add_argument(
-        "--team", action="append", required=True, metavar="[KEY=]module:factory", help="team factory"
-    )
-    worker.add_argument("--concurrency", type=int, default=1, help="runs driven at once (default 1)")
-    worker.add_argument("--lease-seconds", type=float, default=30.0, help="lease length (default 30)")
-    worker.add_argument("--poll-interval", type=float, default=0.5, help="idle poll period (default 0.5)")
-    worker.add_argument(
-        "--grace-seconds", type=float, default=30.0, help="on SIGTERM, let runs finish this long (30)"
-    )
-    worker.add_argument("--until-idle", action="store_true", help="exit when nothing is left to claim")
 
-    runs = commands.add_parser("runs", help="inspect runs")
-    runs_commands = runs.add_subparsers(dest="runs_command", required=True)
-    listing = runs_commands.add_parser("list", help="list runs")
-    listing.add_argument("--store", dest="store_sub", help="database URL")
-    listing.add_argument("--status", action="append", choices=_STATUSES, help="only these (repeatable)")
-    listing.add_argument("--json", action="store_true", help="one JSON object per line")
-    checking = runs_commands.add_parser(
-        "verify", help="check every stored row against its checksum, and for gaps"
-    )
-    checking.add_argument("--store", dest="store_sub", help="database URL")
-    checking.add_argument("run_ids", nargs="*", metavar="RUN", help="the runs to check (default: all)")
-    checking.add_argument("--json", action="store_true", help="one JSON object per damaged row or gap")
-    history.add_commands(runs_commands)  # history, transcript, export, import, fork
-    manage.add_parsers(runs_commands)
-    answer = runs_commands.add_parser("respond", help="answer a waiting run's request for human input")
-    answer.add_argument("--store", dest="store_sub", help="database URL")
-    answer.add_argument("run_id", metavar="RUN")
-    answer.add_argument("answer", metavar="ANSWER")
-    which = answer.add_mutually_exclusive_group()
-    which.add_argument("--node", help="the node whose request this answers (when several wait)")
-    which.add_argument("--request", help="the request id this answers (runs list shows them)")
-    answer.add_argument("--json", action="store_true", help="the answered request as one JSON object")
+@click.group(
+    "graphflow-durable",
+    cls=Group,
+    help="Inspect and submit durable GraphFlow runs; run a worker of a worker pool.",
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@store_option
+@click.option("-v", "--verbose", count=True, help="more logging on stderr")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int) -> None:
+    """The ``graphflow-durable`` command (Click group); :func:`main` runs it."""
+    ctx.meta[_VERBOSE] = verbose
 
-    submit = commands.add_parser("submit", help="queue a run for the worker pool")
-    submit.add_argument("--store", dest="store_sub", help="database URL")
-    submit.add_argument("run_id")
-    submit.add_argument("task")
-    submit.add_argument("--team", default=None, help="the team key workers claim it by")
-    return parser
+
+@cli.command("worker", help="claim and drive runs until stopped")
+@store_option
+@click.option("--team", multiple=True, required=True, metavar="[KEY=]module:factory", help="team factory")
+@click.option("--concurrency", type=INT, default=1, help="runs driven at once (default 1)")
+@click.option("--lease-seconds", type=FLOAT, default=30.0, help="lease length (default 30)")
+@click.option("--poll-interval", type=FLOAT, default=0.5, help="idle poll period (default 0.5)")
+@click.option("--grace-seconds", type=FLOAT, default=30.0, help="on SIGTERM, let runs finish this long (30)")
+@click.option("--until-idle", is_flag=True, help="exit when nothing is left to claim")
+def _worker_command(**params: Any) -> int:
+    return _main("worker", None, params)
+
+
+@cli.group("runs", help="inspect runs")
+def _runs() -> None:
+    pass
+
+
+@_runs.command("list", help="list runs")
+@store_option
+@click.option("--status", multiple=True, type=Choice(_STATUSES), help="only these (repeatable)")
+@json_option("one JSON object per line")
+def _list_command(**params: Any) -> int:
+    return _main("runs", "list", params)
+
+
+@_runs.command(
+    "verify",
+    help="check every stored row against its checksum, and for gaps\n\nRUN: the runs to check (default: all)",
+)
+@store_option
+@click.argument("run_ids", nargs=-1, metavar="[RUN]...")
+@json_option("one JSON object per damaged row or gap")
+def _verify_command(**params: Any) -> int:
+    return _main("runs", "verify", params)
+
+
+def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
+    return _main("runs", runs_command, params)
+
+
+history.add_commands(_runs, _dispatch)  # history, transcript, export, import, fork
+manage.add_commands(_runs, _dispatch)
+
+
+@_runs.command("respond", help="answer a waiting run's request for human input")
+@store_option
+@click.argument("run_id", metavar="RUN")
+@click.argument("answer", metavar="ANSWER")
+@click.option("--node", help="the node whose request this answers (when several wait)")
+@click.option("--request", help="the request id this answers (runs list shows them)")
+@json_option("the answered request as one JSON object")
+@click.pass_context
+def _respond_command(ctx: click.Context, /, **params: Any) -> int:
+    exclusive(ctx, ("--node", params["node"]), ("--request", params["request"]))
+    return _main("runs", "respond", params)
+
+
+@cli.command("submit", help="queue a run for the worker pool")
+@store_option
+@click.argument("run_id", metavar="RUN_ID")
+@click.argument("task", metavar="TASK")
+@click.option("--team", default=None, help="the team key workers claim it by")
+def _submit_command(**params: Any) -> int:
+    return _main("submit", None, params)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (see the module's ``EXIT_*`` constants)."""
-    return run_command("graphflow-durable", lambda: _main(argv), codes=_CODES, usage_code=EXIT_USAGE)
+    return run_command("graphflow-durable", cli, argv, codes=_exit_code, usage_code=EXIT_USAGE)
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int:
+    """Run ``command`` (``runs_command``) with the ``params`` Click parsed; its exit code."""
+    meta = click.get_current_context().meta
+    args = SimpleNamespace(
+        command=command, runs_command=runs_command, verbose=meta.get(_VERBOSE, 0), **params
+    )
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2) if args.command != "worker" else logging.INFO,
         stream=sys.stderr,
@@ -204,8 +258,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.verbose < 2:  # AutoGen logs every message delivery at INFO
         for name in ("autogen_core", "autogen_agentchat"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    given = getattr(args, "store_sub", None)
-    given = require_value("--store", given if given is not None else args.store, "a database URL")
+    given = require_value("--store", meta.get(STORE), "a database URL")
     # Only the commands that write a new run may create the store; the others need one to exist.
     creating = args.command in ("worker", "submit") or args.runs_command == "import"
     url = given if given is not None else default_store_url(make_directory=creating)
@@ -265,7 +318,7 @@ def _out(line: str) -> None:
     sys.stdout.flush()
 
 
-def _submit(store: Store, args: argparse.Namespace) -> int:
+def _submit(store: Store, args: SimpleNamespace) -> int:
     for what, value in (("RUN_ID", args.run_id), ("TASK", args.task), ("--team", args.team)):
         _not_utf8(what, value)
     sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
@@ -285,7 +338,7 @@ def _not_utf8(what: str, value: str | None) -> None:
         )
 
 
-def _respond(store: Store, args: argparse.Namespace) -> int:
+def _respond(store: Store, args: SimpleNamespace) -> int:
     for what, value in (
         ("RUN", args.run_id),
         ("ANSWER", args.answer),
@@ -304,7 +357,7 @@ def _respond(store: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _list(store: Store, args: argparse.Namespace) -> int:
+def _list(store: Store, args: SimpleNamespace) -> int:
     print_rows(list_rows(store, set(args.status or _STATUSES)), args.json, _out)
     return EXIT_OK
 
@@ -318,9 +371,9 @@ def _load_factory(spec: str) -> TeamFactory:
     return factory  # type: ignore[no-any-return]
 
 
-def _worker(args: argparse.Namespace, url: str) -> int:
+def _worker(args: SimpleNamespace, url: str) -> int:
     check_options(**_worker_options(args))  # UsageError, exit 2: before any team module is imported
-    specs: list[str] = args.team
+    specs: list[str] = list(args.team)
     keyed = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs if "=" in spec}
     plain = [spec for spec in specs if "=" not in spec]
     if plain and (keyed or len(plain) > 1):
@@ -353,7 +406,7 @@ def _worker(args: argparse.Namespace, url: str) -> int:
     return EXIT_OK
 
 
-def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
+def _worker_options(args: SimpleNamespace) -> dict[str, Any]:
     return {
         "concurrency": args.concurrency,
         "lease_seconds": args.lease_seconds,

@@ -11,21 +11,34 @@ The value objects (:class:`Step`, :class:`MessageRecord`, :class:`RunLog`, ...) 
 worker-pool queue is an object the store holds, :attr:`Store.queue` (a :class:`WorkQueue`:
 ``store.queue.submit(...)``, ``store.queue.claim(...)``...), on the store's engines.
 
-This module opens and closes the store; its methods are written in ``_store``, one mixin per
-group (runs, commits, history, leases, operations, human input), and composed here.
+:class:`Store` is one class: it opens and closes the store and holds its helpers (the commit
+writer, the work queue, the input requests, over one set of engines); its methods, grouped as runs,
+commits, leases, history, operations and human input, are thin calls into ``_storage``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
-from graphflow_durable._model.history import StepInfo
+import sqlalchemy as sa
+
+from graphflow_durable._agentstate.writer import state_row
+from graphflow_durable._model.history import StepInfo, step_infos, transcript_of
 from graphflow_durable._model.human import InputRequest
 from graphflow_durable._model.records import (
     ENDED_STATUSES,
     FIRST_FENCING_TOKEN,
     RUN_STATUSES,
     AgentStateRecord,
+    AgentStateRow,
     MessageRecord,
     RunLog,
     RunRecord,
@@ -36,9 +49,15 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
+from graphflow_durable._storage import admin, retention
+from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Retry
 from graphflow_durable._storage.checksum import Damage
-from graphflow_durable._storage.engine import open_engines, peek_sqlite
+from graphflow_durable._storage.commit import encode_commit, encode_creation, not_found
+from graphflow_durable._storage.document import from_document, to_document
+from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
+from graphflow_durable._storage.history import fork_run, read_cut
+from graphflow_durable._storage.leasing import acquire, release, renew
 from graphflow_durable._storage.migrations import (
     Survey,
     current_version,
@@ -49,17 +68,14 @@ from graphflow_durable._storage.migrations import (
     survey,
 )
 from graphflow_durable._storage.queue import Claim, Submission
-from graphflow_durable._storage.reading import Verification
+from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.retention import Removal, StoreStats
+from graphflow_durable._storage.rows import run_record
+from graphflow_durable._storage.schema import runs
+from graphflow_durable._storage.transfer import read_rows, write_rows
 from graphflow_durable._storage.workqueue import WorkQueue
 from graphflow_durable._storage.writer import CommitWriter
-from graphflow_durable._store.commits import CommitMethods
-from graphflow_durable._store.history import HistoryMethods
-from graphflow_durable._store.human import HumanInputMethods
-from graphflow_durable._store.leases import LeaseMethods
-from graphflow_durable._store.operations import OperationMethods
-from graphflow_durable._store.runs import RunMethods
 
 __all__ = [
     "ENDED_STATUSES",
@@ -92,8 +108,16 @@ __all__ = [
     "WorkQueue",
 ]
 
+_log = logging.getLogger(__name__)
 
-class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMethods, HumanInputMethods):
+
+def _state_rows(agent_states: Sequence[AgentStateRecord | AgentStateRow]) -> list[AgentStateRow]:
+    """Agent states as rows: a record's body encoded to JSON, a row made by the flow's agent-state
+    writer as it is."""
+    return [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
+
+
+class Store:
     """Runs, steps, messages, agent states and leases over SQLAlchemy 2.x Core.
 
     Opening a store creates or migrates the schema (see ``_migrations``); a database written by a
@@ -192,10 +216,19 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
         if found is not None and not holds_store(found.tables):
             raise no_store(self._e.url, "the file holds no graphflow-durable store")
 
+    def _guard(self, action: str, run_id: str | None = None) -> AbstractContextManager[None]:
+        """Serialise (in-memory SQLite only) and turn database errors into :class:`StoreError`."""
+        return guarded(self._e, action, run_id=run_id)
+
     @property
     def queue(self) -> WorkQueue:
         """The worker-pool queue of this store: submit runs, claim work, release claims, record failures."""
         return self._queue
+
+    @property
+    def requests(self) -> InputRequests:
+        """The requests for human input of this store's runs (record, read, answer, cancel)."""
+        return self._requests
 
     @property
     def url(self) -> str:
@@ -247,3 +280,504 @@ class Store(HistoryMethods, RunMethods, CommitMethods, LeaseMethods, OperationMe
         """The database's schema version (the number of the last migration applied)."""
         with self._guard("reading the schema version"), self._e.read.connect() as conn:
             return current_version(conn) or 0
+
+    # Runs: create, read, list; a run's log read back and checked.
+
+    def create_run(
+        self,
+        run_id: str,
+        *,
+        graph_fingerprint: str,
+        graph: Mapping[str, Any],
+        owner: str,
+        lease_seconds: float,
+        parent_run_id: str | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+        first_step: Step | None = None,
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
+    ) -> RunRecord:
+        """Create a run (status ``running``, head 0, no steps), leased to ``owner`` with a new fencing
+        token (the record's ``fencing_token``, drawn from the store's counter in the transaction
+        that writes the run: a driver of a run deleted under this id can never commit to it).
+
+        With ``first_step``, the run starts at head 1: that step and ``agent_states`` are written in
+        the same transaction (a new run's first snapshot costs no commit of its own).
+
+        ``host``/``pid`` identify the owner's process (default: this process; a pid is one of this
+        PID namespace); with the boot id, PID namespace and start time recorded beside them, they
+        let a worker on the same host, boot and PID namespace take the run over at once if that
+        process dies.
+
+        Raises:
+            ConflictError: a run with this id exists already.
+            NotSerializableError: ``graph`` is not JSON.
+        """
+        args = (graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, time.time())
+        params = encode_creation(run_id, *args, first_step, _state_rows(agent_states))
+        record: RunRecord = self._writer.submit(params).result()
+        return record
+
+    def submit_create_run(
+        self,
+        run_id: str,
+        *,
+        graph_fingerprint: str,
+        graph: Mapping[str, Any],
+        owner: str,
+        lease_seconds: float,
+        parent_run_id: str | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+        first_step: Step | None = None,
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
+    ) -> asyncio.Future[RunRecord]:
+        """:meth:`create_run` for coroutines: hand the new run to the store's writer (with the
+        commits of other runs) and return at once; the future gives the run's record once it is
+        durable, or raises what :meth:`create_run` raises (a value that is not JSON raises here,
+        before anything is handed over). Call it from a running event loop."""
+        args = (graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, time.time())
+        params = encode_creation(run_id, *args, first_step, _state_rows(agent_states))
+        return self._writer.submit_async(params, asyncio.get_running_loop())
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """The run's row, or ``None`` when there is no such run."""
+        select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
+        with self._guard(f"reading run {run_id}", run_id):
+            row = read_row(self._e, select.sql, select.bind({"p_run_id": run_id}))
+        return None if row is None else run_record(row)
+
+    def list_runs(self, status: str | Sequence[str] | None = None) -> list[RunRecord]:
+        """Runs in creation order, optionally only those with the given status(es)."""
+        query = sa.select(runs).order_by(runs.c.created_at, runs.c.run_id)
+        if status is not None:
+            wanted = [status] if isinstance(status, str) else list(status)
+            query = query.where(runs.c.status.in_(wanted))
+        with self._guard("listing runs"), self._e.read.begin() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [run_record(row) for row in rows]
+
+    def lease_clock(self) -> float:
+        """The time leases are judged by, now (epoch seconds): the database server's clock on
+        PostgreSQL, this host's on SQLite. Compare a run's ``lease_expires_at`` with it."""
+        with self._guard("reading the lease clock"), self._e.read.begin() as conn:
+            return S.lease_clock(conn, time.time())
+
+    def load(self, run_id: str) -> RunLog:
+        """Everything needed to resume ``run_id``, read in one consistent transaction.
+
+        Every step, message and agent-state row read is checked against the checksum stored with
+        it (rows written before schema version 6 have none and are not checked).
+
+        Raises:
+            RunNotFoundError: no such run.
+            StoreCorruptError: a row does not match its checksum, a step or message row is
+                missing (or stored beyond the run's head or message count), or the agent-state rows
+                do not fold; the error names the run, table, step and message seq or node.
+        """
+        with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
+            return read_log(conn, run_id, self._e.url)
+
+    def head_scheduler(self, run_id: str) -> Mapping[str, Any] | None:
+        """The scheduler JSON of the run's head step (``None`` before the first step), read alone
+        and checked against the step's checksum (:class:`StoreCorruptError` if it does not match)."""
+        with self._guard(f"reading the head of run {run_id}", run_id), self._e.read.begin() as conn:
+            found: Mapping[str, Any] | None = head_scheduler(conn, run_id, self._e.url)
+        return found
+
+    def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
+        """Check every step, message and agent-state row of the runs (default: every run) against
+        its checksum, check that none of their steps and messages is missing, and report the damaged
+        rows and gaps instead of raising. Each run is read in its own transaction. Rows written
+        before schema version 6 have no checksum: counted, not checked.
+
+        Raises:
+            RunNotFoundError: one of ``run_ids`` does not exist (nothing is reported then).
+        """
+        ids = [run.run_id for run in self.list_runs()] if run_ids is None else list(dict.fromkeys(run_ids))
+        if missing := [run_id for run_id in ids if run_ids is not None and self.get_run(run_id) is None]:
+            raise not_found(missing[0])
+        scans = []
+        for run_id in ids:
+            with self._guard(f"verifying run {run_id}", run_id), self._e.read.begin() as conn:
+                scans.append(scan_run(conn, run_id))
+        return Verification.of(ids, scans)
+
+    # The hot path: one step appended atomically, blocking or for a coroutine, through the writer
+    # thread; several handed over together.
+
+    def commit(
+        self,
+        run_id: str,
+        *,
+        expected_head: int,
+        fencing_token: int,
+        step: Step,
+        messages: Sequence[MessageRecord] = (),
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
+        update: RunUpdate | None = None,
+    ) -> int:
+        """Append one step atomically; return the new head (``expected_head + 1``).
+
+        One transaction: moves the run's head from ``expected_head`` (guarded by the fencing token),
+        applies ``update``, and appends the step, its messages (whose ``seq`` must continue the
+        thread without gaps) and the agent states. On any error nothing is written. An agent state
+        is a record (its body a JSON value, encoded here) or a row made by the flow's agent-state
+        writer (its body already JSON text, written as it is).
+
+        The store's writer thread writes it, with whatever other commits (of any run) are waiting
+        at that moment, in one transaction; this call blocks until it is durable. From a coroutine
+        use :meth:`submit_commit`, which leaves the event loop free meanwhile.
+
+        Raises:
+            RunNotFoundError: no such run.
+            LeaseLostError: ``fencing_token`` is no longer the run's token (another worker took over).
+            ConflictError: the run's head is not ``expected_head``, or the messages do not start at
+                the run's message count / are not contiguous.
+            NotSerializableError: a value is not JSON (raised before touching the database).
+            StoreError: the database failed (nothing of this commit was written).
+        """
+        rows = _state_rows(agent_states)
+        params = encode_commit(
+            run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
+        )
+        head: int = self._writer.submit(params).result()
+        return head
+
+    def submit_commit(
+        self,
+        run_id: str,
+        *,
+        expected_head: int,
+        fencing_token: int,
+        step: Step,
+        messages: Sequence[MessageRecord] = (),
+        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
+        update: RunUpdate | None = None,
+    ) -> asyncio.Future[int]:
+        """:meth:`commit` for coroutines: hand the commit to the writer thread and return at once.
+
+        Call it from a running event loop. The returned future gives the new head once the commit
+        is durable, or raises what :meth:`commit` raises; a value that is not JSON raises
+        :class:`NotSerializableError` here, before anything is handed over. Cancelling the future
+        (or the task awaiting it) does not stop the commit: it lands or fails all the same (await
+        ``asyncio.shield(future)`` to learn which after a cancellation).
+        """
+        rows = _state_rows(agent_states)
+        params = encode_commit(
+            run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
+        )
+        return self._writer.submit_async(params, asyncio.get_running_loop())
+
+    def together(self) -> AbstractContextManager[None]:
+        """A block whose :meth:`submit_commit` and :meth:`submit_create_run` calls (from this thread)
+        are handed to the writer together when it ends, and written in one transaction: one fsync
+        (SQLite), one ``COMMIT`` (PostgreSQL). Each is still written or refused on its own, except
+        that one after a failed one of the same run is not written and fails with that error: a run
+        created together with its first commit never gets that commit on a run it did not create.
+        The commits of a run handed over after its creation in the block are written under the
+        fencing token the creation draws (whatever token they name, which cannot be known yet:
+        the creation's record gives it, for the commits after the block).
+
+        Nothing is handed over before the block ends: awaiting one of its futures inside it would
+        wait forever, and the blocking :meth:`commit` and :meth:`create_run` raise
+        :class:`UsageError` there.
+        """
+        return self._writer.together()
+
+    # Leases: one worker drives a run at a time; a fencing token fences out the previous holder
+    # (every token is drawn from one store-wide counter: none is issued twice).
+
+    def acquire_lease(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        lease_seconds: float,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> int:
+        """Take the run's lease for ``owner``; return the new fencing token: the store's next (one
+        counter for every run), so a token never repeats for a run id, not even for a run deleted
+        and made again under its id, and any token issued earlier is refused by its commits.
+
+        Allowed when the run has no owner, when ``owner`` already holds it, when the lease has
+        expired, or when the holder is provably dead: a process on this host, of this boot and PID
+        namespace, whose pid is gone or was reused (another start time). ``host`` and
+        ``pid`` describe the new owner's process (default: this process). Expiry is judged, and
+        stored, by the database server's clock on PostgreSQL (by this host's on SQLite), in the
+        statement that takes the lease.
+
+        Raises:
+            RunNotFoundError: no such run.
+            RunLockedError: another live worker holds an unexpired lease.
+        """
+        host = socket.gethostname() if host is None else host
+        pid = os.getpid() if pid is None else pid
+        with self._guard(f"acquiring the lease of run {run_id}", run_id), self._e.write.begin() as conn:
+            token, reason, previous = acquire(conn, run_id, owner, lease_seconds, host, pid)
+        if reason not in ("free", "same owner"):
+            _log.info(
+                "run %s: %s took the lease from %s (%s); token %d", run_id, owner, previous, reason, token
+            )
+        return token
+
+    def renew_lease(self, run_id: str, owner: str, fencing_token: int, *, lease_seconds: float) -> float:
+        """Extend a lease this worker holds; return the new expiry (epoch seconds, by the
+        database server's clock on PostgreSQL).
+
+        Raises:
+            RunNotFoundError: no such run.
+            LeaseLostError: the run's token or owner is no longer ``fencing_token`` / ``owner``.
+        """
+        return self.heartbeat(run_id, owner, fencing_token, lease_seconds=lease_seconds).expires_at
+
+    def heartbeat(self, run_id: str, owner: str, fencing_token: int, *, lease_seconds: float) -> Heartbeat:
+        """:meth:`renew_lease`, also saying whether a cancel of the run was requested (read in the
+        same statement): a driver that sees one stops dispatching and records the run ``cancelled``.
+
+        Raises what :meth:`renew_lease` raises.
+        """
+        with self._guard(f"renewing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
+            return Heartbeat(*renew(conn, run_id, owner, fencing_token, lease_seconds))
+
+    def release_lease(self, run_id: str, fencing_token: int) -> bool:
+        """Give up the lease if ``fencing_token`` still holds it; return whether it did.
+
+        Never raises because the lease was taken over (or the run is gone): there is nothing left
+        to release then.
+        """
+        with self._guard(f"releasing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
+            return release(conn, run_id, fencing_token)
+
+    # History, time travel, fork, export and import (built on load).
+
+    def history(self, run_id: str, *, round: int | None = None, node: str | None = None) -> list[StepInfo]:
+        """The run's steps in order (:class:`StepInfo`: seq, round, kind, node, attempt, time, the
+        messages each added), only those of round ``round`` and/or node ``node`` if given. Read
+        with every row checked, as :meth:`load` reads.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        infos = step_infos(self.load(run_id))
+        return [i for i in infos if (round is None or i.round == round) and (node is None or i.node == node)]
+
+    def transcript(
+        self, run_id: str, *, round: int | None = None, node: str | None = None
+    ) -> list[StoredMessage]:
+        """The run's thread (message dumps) in order, only round ``round`` (see :meth:`history`)
+        and/or the answers of node ``node`` if given. :meth:`DurableGraphFlow.transcript` gives them
+        as AutoGen message objects.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        return transcript_of(self.load(run_id), round, node)
+
+    def cut(self, run_id: str, at: int) -> RunLog:
+        """The run as it stood once step ``at`` was committed: its steps, messages and agent states
+        up to that step, the step's scheduler state, and the run's row as it was then (status from
+        the step; the stop reason only at the head). What ``save_state(at=...)`` renders and
+        :meth:`fork` starts from. Read in one transaction, every row checked.
+
+        Raises:
+            RunNotFoundError: no such run.
+            UsageError: ``at`` is not one of the run's steps (1 to its head).
+        """
+        with self._guard(f"reading run {run_id} at step {at}", run_id), self._e.read.begin() as conn:
+            return read_cut(conn, run_id, at, self._e.url)
+
+    def fork(
+        self,
+        run_id: str,
+        at: int,
+        *,
+        new_run_id: str | None = None,
+        replace: tuple[int, Mapping[str, Any]] | None = None,
+    ) -> RunRecord:
+        """Start a new run from the cut at step ``at`` of ``run_id``; return the new run's row.
+
+        The new run (id ``new_run_id``, default ``"<run_id>-fork-<8 hex digits>"``) holds a copy of
+        the source's steps, messages and agent states up to ``at`` (the source is only read), its
+        ``parent_run_id`` is ``run_id``, nobody holds its lease (its fencing token is a new one, as
+        every run's), and its status is the step's:
+        ``interrupted`` mid-round (``run()`` with no task, on a team built with
+        ``run_id=new_run_id``, resumes it: the nodes in flight at that step run again, then what
+        follows), ``stopped`` or ``finished`` when the step ended its round. One transaction.
+
+        ``replace=(seq, message)`` ("the node should have said this"): message ``seq`` of the cut,
+        a node's text answer, is replaced by ``message`` (a dump whose ``source`` is that node), and
+        the new run starts just after the step that recorded the answer: everything after it runs
+        again. That step's scheduler state is kept, so the answer must not have decided anything
+        there: refused when the node's edges have conditions or the step ended the round. In the
+        node's own state saved at that turn, the old answer's text is replaced by the new one. The
+        termination condition is not asked again about the batch the answer belonged to.
+
+        Raises:
+            RunNotFoundError: no such run.
+            UsageError: ``at`` is out of range, ``new_run_id`` is not a valid run id, or the
+                replacement is refused (see above).
+            RunLockedError: ``at`` is the head of a run a live process drives (its nodes in flight
+                are running there); fork at an earlier step, or once the run has ended.
+            ConflictError: a run ``new_run_id`` exists already.
+        """
+        with self._guard(f"forking run {run_id} at step {at}", run_id), self._e.write.begin() as conn:
+            return fork_run(conn, run_id, at, new_run_id, self._e.url, replace)
+
+    def export_run(self, run_id: str) -> dict[str, Any]:
+        """The run as one JSON document: its row (without the lease), steps, messages and agent-state
+        rows, read in one transaction with every row checked. :meth:`import_run` reads it back,
+        into this store or another (SQLite or PostgreSQL). The document (``"version": 2``) carries a
+        checksum on the run object and on every row, so an edited export is refused on import.
+
+        Raises:
+            RunNotFoundError: no such run.
+            StoreCorruptError: a row does not match its checksum.
+        """
+        with self._guard(f"exporting run {run_id}", run_id), self._e.read.begin() as conn:
+            return to_document(read_rows(conn, run_id, self._e.url), current_version(conn) or 0)
+
+    def import_run(self, document: Mapping[str, Any], *, run_id: str | None = None) -> RunRecord:
+        """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
+        return its row. Nobody holds its lease, and its fencing token is a new one (a driver the
+        exported run still had can never commit to it); a run exported while ``running`` (or
+        ``waiting`` for a person: its requests are not exported, the node asks again) is imported
+        as ``interrupted``, so ``run()`` resumes it here.
+
+        The whole document is checked before anything is written (see ``_storage/document.py``):
+        field types, times, numbering, references between steps and messages, every message body
+        through AutoGen's message factory, the head's scheduler state through the scheduler's
+        parser, agent-state rows folded, nesting depth (at most 500 levels) and, in a version 2
+        document, every checksum (a version 1 document has none). The run is also read back before
+        the transaction commits, as a resume reads it.
+
+        Raises:
+            UsageError: the document is not a run export or fails a check (the message names the
+                first bad field as a path: ``steps[3].node``); ``run_id`` is not a valid run id.
+            ConflictError: a run with its id exists already in this store.
+        """
+        rows = from_document(document, "the document", run_id)
+        new_id = rows.run["run_id"]
+        with self._guard(f"importing run {new_id}", new_id), self._e.write.begin() as conn:
+            return write_rows(conn, rows, rows.run, self._e.url).run
+
+    # Operations on runs from any process: cancel, retry, delete, prune, stats, progress.
+
+    def cancel_run(self, run_id: str) -> Cancellation:
+        """Cancel a run, from any process.
+
+        A run a live driver holds gets a cancel *request*: the driver learns of it when it next
+        renews its lease (every third of its lease period), stops dispatching, lets the agents
+        already running answer (recorded as usual), and records the run ``cancelled``, all within
+        one lease period. A pending request is honoured by whichever driver holds the run next (the
+        one asked may die first). A run nobody holds (interrupted, failed, or whose driver's lease
+        ran out) is ``cancelled`` at once, no step written, its fencing token moved on. ``run()``
+        with no task resumes a cancelled run; worker pools do not claim it until :meth:`retry_run`.
+
+        Raises:
+            RunNotFoundError: no such run.
+            RunStateError: the run's last round ended (``stopped``, ``finished``): nothing to cancel.
+        """
+        with self._guard(f"cancelling run {run_id}", run_id), self._e.write.begin() as conn:
+            return admin.cancel(conn, run_id, time.time())
+
+    def retry_run(self, run_id: str) -> Retry:
+        """Queue a failed, cancelled or interrupted run again for the worker pool: a cancelled run
+        becomes ``interrupted`` (claimable), and the retry back-off of its queue row is cleared (the
+        failure count is kept). A request for human input whose deadline passed with no default
+        answer (``InputDeadlineError``: the pool leaves such a failed run alone) gets a new deadline,
+        as long as its first, and is asked again (``Retry.asked_again``). Works on a submission
+        whose run was never created, too.
+
+        Raises:
+            RunNotFoundError: no such run or submission.
+            RunLockedError: a live driver holds the run (nothing to retry).
+            RunStateError: the run's last round ended (``stopped``, ``finished``).
+        """
+        with self._guard(f"retrying run {run_id}", run_id), self._e.write.begin() as conn:
+            return admin.retry(conn, run_id, time.time())
+
+    def delete_run(self, run_id: str, *, force: bool = False, dry_run: bool = False) -> Removal:
+        """Delete a run and everything of it, in one transaction: its steps, messages, agent states,
+        queue row, and its nested runs (``parent_run_id`` equal to it, and the runs nested durable
+        teams drove inside its turns: ``RUN/node/step/team``), recursively. A submission whose run
+        was not created yet is deleted too. ``dry_run``: count, remove nothing.
+
+        Raises:
+            RunNotFoundError: no such run or submission.
+            RunStateError: it (or a nested run) is ``running`` or held by a live driver, and
+                ``force`` is false. With ``force`` it is deleted anyway; its driver fails on its next
+                write (:class:`RunNotFoundError`) and writes nothing.
+        """
+        engine = self._e.read if dry_run else self._e.write
+        with self._guard(f"deleting run {run_id}", run_id), engine.begin() as conn:
+            return retention.delete(conn, run_id, time.time(), force=force, dry_run=dry_run)
+
+    def prune(
+        self,
+        *,
+        older_than: float,
+        status: str | Sequence[str] = "finished",
+        dry_run: bool = True,
+        force: bool = False,
+    ) -> Removal:
+        """Retention: delete the runs with ``status`` (default ``finished``) last updated more than
+        ``older_than`` seconds ago, each with its nested runs, as :meth:`delete_run` does.
+
+        A dry run by default: it returns what would be removed and removes nothing; pass
+        ``dry_run=False`` to delete. Runs ``running`` or held by a live driver are skipped (listed
+        in ``skipped``) unless ``force``; naming ``status="running"`` needs ``force``.
+
+        Raises:
+            UsageError: an unknown status, or ``older_than`` negative or not finite.
+            RunStateError: ``status`` includes ``running`` and ``force`` is false.
+        """
+        statuses = [status] if isinstance(status, str) else list(status)
+        retention.check_prune(statuses, older_than, force)
+        engine = self._e.read if dry_run else self._e.write
+        with self._guard("pruning runs"), engine.begin() as conn:
+            return retention.prune(conn, statuses, older_than, time.time(), force=force, dry_run=dry_run)
+
+    def stats(self) -> StoreStats:
+        """Runs per status, submissions waiting for a worker, and rows and bytes per table."""
+        with self._guard("reading the store's statistics"), self._e.read.begin() as conn:
+            return retention.stats(conn)
+
+    def progress(self, run_id: str) -> Progress:
+        """How many rounds the run began, and its head step's kind, node and time.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
+            row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
+            if row is None:
+                raise admin.not_found(run_id)
+            return admin.progress(conn, run_id, int(row.head_seq))
+
+    # Human input (the requests are the store's :attr:`requests`): a run's pending ones, answering them.
+
+    def pending_requests(self, run_id: str) -> list[InputRequest]:
+        """The run's pending requests for human input (node, prompt, idempotency key, time,
+        deadline), oldest first; empty when it waits for nobody."""
+        return self._requests.pending(run_id)
+
+    def respond(
+        self, run_id: str, answer: str, *, node: str | None = None, request_id: str | None = None
+    ) -> InputRequest:
+        """Answer a pending request for human input of ``run_id``, as if the person had typed
+        ``answer``; return the answered request. A ``waiting`` run becomes ``interrupted`` once none
+        of the requests it waits on is pending (until then it still reads ``waiting``): the next
+        ``run()`` (or a worker of a pool) resumes it, and the asking node's turn runs again and gets
+        this answer. A run still being driven takes the answer when the node's batch would park.
+        ``node`` or ``request_id`` names the request when several are pending.
+
+        Raises:
+            RunNotFoundError: no such run.
+            NotWaitingError: (a :class:`UsageError`) no pending request (the run is not waiting, or
+                the request was already answered, e.g. by a concurrent call: exactly one wins), or
+                several and none named, or the run is cancelled (resumed, it asks again). Nothing
+                was changed.
+        """
+        return self._requests.answer(run_id, answer, node=node, request_id=request_id, by="respond")

@@ -1,9 +1,9 @@
 """Leases on PostgreSQL are judged by the database's clock, not by the clock of each worker.
 
 A "process" with a skewed clock is simulated by replacing the ``time`` module the store's methods,
-its leases and the queue read (``graphflow_durable._store.runs.time``, ``..._store.commits.time``,
-``..._store.operations.time``, ``..._storage.leasing.time``, ``..._storage.workqueue.time``) with
-one whose ``time()`` is off by a fixed amount, only while that worker acts.
+its leases and the queue read (``graphflow_durable.store.time``, ``..._storage.leasing.time``,
+``..._storage.workqueue.time``) with one whose ``time()`` is off by a fixed amount, only while that
+worker acts.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from typing import Any
 import pytest
 
 import graphflow_durable._storage.leasing as leasing_module
+import graphflow_durable.store as store_module
 from graphflow_durable._storage import workqueue as workqueue_module
-from graphflow_durable._store import commits as commits_module
-from graphflow_durable._store import operations as operations_module
-from graphflow_durable._store import runs as runs_module
 from graphflow_durable.errors import RunLockedError
 from graphflow_durable.store import Store
 
@@ -45,9 +43,9 @@ def skewed_clock(monkeypatch: pytest.MonkeyPatch) -> Any:
     def skewed(seconds: float) -> Iterator[None]:
         with monkeypatch.context() as patch:
             fake = _SkewedTime(seconds)
-            for module in (runs_module, commits_module, operations_module, leasing_module, workqueue_module):
+            for module in (store_module, leasing_module, workqueue_module):
                 patch.setattr(module, "time", fake)
-            assert abs(runs_module.time.time() - _time.time() - seconds) < 1
+            assert abs(store_module.time.time() - _time.time() - seconds) < 1
             yield
 
     return skewed

@@ -27,7 +27,6 @@ from graphflow_durable._model.records import (
     StoredMessage,
 )
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.checksum import (
     MESSAGES,
     STATES,
@@ -39,6 +38,7 @@ from graphflow_durable._storage.checksum import (
     step_sum,
 )
 from graphflow_durable._storage.reading import read_log
+from graphflow_durable._storage.rows import not_found
 from graphflow_durable._storage.schema import agent_states, messages, steps
 from graphflow_durable.errors import ConflictError, UsageError
 

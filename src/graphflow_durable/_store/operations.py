@@ -10,6 +10,7 @@ from graphflow_durable._storage import admin, retention
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Retry
 from graphflow_durable._storage.retention import Removal, StoreStats
+from graphflow_durable._storage.rows import not_found
 from graphflow_durable._store.base import StoreBase
 
 __all__ = ["OperationMethods"]
@@ -107,5 +108,5 @@ class OperationMethods(StoreBase):
         with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
             if row is None:
-                raise admin.not_found(run_id)
+                raise not_found(run_id)
             return admin.progress(conn, run_id, int(row.head_seq))

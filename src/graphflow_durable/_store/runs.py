@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from graphflow_durable._agentstate.writer import state_row
 from graphflow_durable._model.records import AgentStateRecord, AgentStateRow, RunLog, RunRecord, Step
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.commit import CreateParams, encode_creation, not_found
+from graphflow_durable._storage.commit import CreateParams, encode_creation
 from graphflow_durable._storage.engine import read_row
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
-from graphflow_durable._storage.rows import run_record
+from graphflow_durable._storage.rows import not_found, run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._store.base import StoreBase
 

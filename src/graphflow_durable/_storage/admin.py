@@ -104,11 +104,7 @@ def _free(conn: sa.Connection, row: Any, now: float, **values: Any) -> None:
         .where(_R.run_id == row.run_id, _R.fencing_token == row.fencing_token)
         .values(
             fencing_token=S.next_token(conn),
-            lease_owner=None,
-            lease_host=None,
-            lease_pid=None,
-            lease_expires_at=None,
-            lease_process=None,
+            **S.NO_HOLDER,
             cancel_requested_at=None,
             updated_at=now,
             **values,

@@ -133,11 +133,7 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
     run_id = run["run_id"]
     values = {
         **run,
-        "lease_owner": None,
-        "lease_host": None,
-        "lease_pid": None,
-        "lease_expires_at": None,
-        "lease_process": None,
+        **S.NO_HOLDER,
         "fencing_token": S.next_token(conn),
     }
     try:

@@ -53,7 +53,7 @@ from graphflow_durable._storage import admin, retention
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Retry
 from graphflow_durable._storage.checksum import Damage
-from graphflow_durable._storage.commit import encode_commit, encode_creation, not_found
+from graphflow_durable._storage.commit import encode_commit, encode_creation
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
 from graphflow_durable._storage.history import fork_run, read_cut
@@ -71,7 +71,7 @@ from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.retention import Removal, StoreStats
-from graphflow_durable._storage.rows import run_record
+from graphflow_durable._storage.rows import not_found, run_record
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.transfer import read_rows, write_rows
 from graphflow_durable._storage.workqueue import WorkQueue
@@ -753,7 +753,7 @@ class Store:
         with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
             if row is None:
-                raise admin.not_found(run_id)
+                raise not_found(run_id)
             return admin.progress(conn, run_id, int(row.head_seq))
 
     # Human input (the requests are the store's :attr:`requests`): a run's pending ones, answering them.

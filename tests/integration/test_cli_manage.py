@@ -99,7 +99,9 @@ def test_show_of_a_submission_not_started_yet_says_submitted(
     }
 
 
-@pytest.mark.parametrize("command", ["show", "cancel", "retry", "delete"])
+@pytest.mark.parametrize(
+    "command", ["show", "cancel", "retry", "delete", "verify", "history", "transcript", "export"]
+)
 def test_a_command_on_an_unknown_run_fails_on_one_line_with_exit_2(
     store_url: str, store: Store, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:

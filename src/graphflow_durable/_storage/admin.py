@@ -18,8 +18,9 @@ import sqlalchemy as sa
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.lease import NOBODY, locked, takeover_reason
+from graphflow_durable._storage.rows import not_found
 from graphflow_durable._storage.schema import input_requests, queue, runs, steps
-from graphflow_durable.errors import ConflictError, RunNotFoundError, RunStateError
+from graphflow_durable.errors import ConflictError, RunStateError
 
 __all__ = [
     "Cancellation",
@@ -28,10 +29,9 @@ __all__ = [
     "Retry",
     "cancel",
     "held",
-    "not_found",
     "progress",
     "retry",
-    "run_row",
+    "run_state",
 ]
 
 _R = runs.c
@@ -83,15 +83,7 @@ class Retry:
     asked_again: tuple[str, ...] = ()
 
 
-def not_found(run_id: str) -> RunNotFoundError:
-    """The error for a run id the store does not have (nothing was changed)."""
-    return RunNotFoundError(
-        f"run {run_id} does not exist, nothing was changed; 'graphflow-durable runs list' lists the runs",
-        run_id=run_id,
-    )
-
-
-def run_row(conn: sa.Connection, run_id: str, now: float, *, lock: bool = True) -> Any:
+def run_state(conn: sa.Connection, run_id: str, now: float, *, lock: bool = True) -> Any:
     """The run's status and lease (``lock``: locked for this transaction), or ``None``."""
     query = _SELECT_RUN_STATE
     if lock and conn.dialect.name == "postgresql":
@@ -112,11 +104,7 @@ def _free(conn: sa.Connection, row: Any, now: float, **values: Any) -> None:
         .where(_R.run_id == row.run_id, _R.fencing_token == row.fencing_token)
         .values(
             fencing_token=S.next_token(conn),
-            lease_owner=None,
-            lease_host=None,
-            lease_pid=None,
-            lease_expires_at=None,
-            lease_process=None,
+            **S.NO_HOLDER,
             cancel_requested_at=None,
             updated_at=now,
             **values,
@@ -131,7 +119,7 @@ def cancel(conn: sa.Connection, run_id: str, now: float) -> Cancellation:
 
     Raises RunNotFoundError, or RunStateError when its last round ended (stopped, finished).
     """
-    row = run_row(conn, run_id, now)
+    row = run_state(conn, run_id, now)
     if row is None:
         raise not_found(run_id)
     if row.status == "cancelled":
@@ -161,7 +149,7 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
     Raises RunNotFoundError; RunLockedError when a live driver holds it; RunStateError when its
     last round ended (stopped, finished).
     """
-    row = run_row(conn, run_id, now)
+    row = run_state(conn, run_id, now)
     submitted = conn.execute(sa.select(queue.c.team).where(queue.c.run_id == run_id)).first()
     if row is None and submitted is None:
         raise not_found(run_id)

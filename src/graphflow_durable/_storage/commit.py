@@ -23,7 +23,8 @@ from graphflow_durable._model.records import (
 )
 from graphflow_durable._storage.checksum import add_sums
 from graphflow_durable._storage.lease import lease_lost, process_identity
-from graphflow_durable.errors import ConflictError, RunNotFoundError, StoreError, UsageError
+from graphflow_durable._storage.rows import not_found
+from graphflow_durable.errors import ConflictError, StoreError, UsageError
 
 __all__ = [
     "VALID_STATUS",
@@ -32,7 +33,6 @@ __all__ = [
     "encode_commit",
     "encode_creation",
     "run_exists",
-    "not_found",
     "refusal",
 ]
 
@@ -242,13 +242,6 @@ def refusal(
         "messages; message seqs must continue the thread without gaps; nothing was written; reload the run",
         run_id=run_id,
         option="messages",
-    )
-
-
-def not_found(run_id: str) -> RunNotFoundError:
-    """The error for a run id the store does not have."""
-    return RunNotFoundError(
-        f"run {run_id} does not exist; create it with Store.create_run() first", run_id=run_id
     )
 
 

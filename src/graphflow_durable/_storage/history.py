@@ -18,24 +18,15 @@ from graphflow_durable._model.history import check_step, cut_record, cut_status
 from graphflow_durable._model.records import RunLog, RunRecord, StepKind
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.lease import owner_gone
 from graphflow_durable._storage.reading import read_log
-from graphflow_durable._storage.rows import run_record
+from graphflow_durable._storage.rows import run_row
 from graphflow_durable._storage.transfer import RunRows, read_rows, write_rows
 from graphflow_durable.errors import RunLockedError, UsageError
 
-__all__ = ["fork_run", "read_cut", "run_row"]
+__all__ = ["fork_run", "read_cut"]
 
 _log = logging.getLogger(__name__)
-
-
-def run_row(conn: sa.Connection, run_id: str) -> RunRecord:
-    """The run's row; :class:`RunNotFoundError` when there is none."""
-    row = conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).mappings().first()
-    if row is None:
-        raise not_found(run_id)
-    return run_record(row)
 
 
 def read_cut(conn: sa.Connection, run_id: str, at: int, url: str) -> RunLog:

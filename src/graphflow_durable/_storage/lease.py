@@ -15,13 +15,14 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from graphflow_durable.errors import LeaseLostError, RunLockedError
 
 __all__ = [
     "NOBODY",
     "LeaseRow",
+    "holder_gone",
     "iso",
     "lease_lost",
     "locked",
@@ -38,20 +39,21 @@ NOBODY = "\x00graphflow-durable nobody"
 
 
 class LeaseRow(Protocol):
-    """The lease columns of a run's row (a SQLAlchemy ``Row`` satisfies it)."""
+    """The lease columns of a run's row (``statements.LEASE_COLUMNS``), the one type the lease
+    rules read: a SQLAlchemy ``Row`` selecting them satisfies it, and so does a ``RunRecord``."""
 
     @property
-    def fencing_token(self) -> Any: ...
+    def fencing_token(self) -> int: ...
     @property
-    def lease_owner(self) -> Any: ...
+    def lease_owner(self) -> str | None: ...
     @property
-    def lease_host(self) -> Any: ...
+    def lease_host(self) -> str | None: ...
     @property
-    def lease_pid(self) -> Any: ...
+    def lease_pid(self) -> int | None: ...
     @property
-    def lease_expires_at(self) -> Any: ...
+    def lease_expires_at(self) -> float | None: ...
     @property
-    def lease_process(self) -> Any: ...
+    def lease_process(self) -> str | None: ...
 
 
 def pid_alive(pid: int) -> bool:
@@ -127,21 +129,27 @@ def _identity(pid: int) -> str:
 
 
 def owner_gone(row: LeaseRow) -> bool:
-    """Whether the lease holder is provably dead: a process on this host, of this boot and this PID
-    namespace, whose pid no longer exists or now belongs to a process started at another time.
-    An unknown identity (a lease written before schema version 5), another boot or another PID
-    namespace (another container with the same host name) proves nothing: wait for expiry."""
-    if row.lease_host != socket.gethostname() or row.lease_pid is None or not row.lease_process:
+    """Whether the lease holder is provably dead (see :func:`holder_gone`)."""
+    return holder_gone(row.lease_host, row.lease_pid, row.lease_process)
+
+
+def holder_gone(host: str | None, pid: int | None, process: str | None) -> bool:
+    """Whether the holder ``pid`` on ``host`` with identity ``process`` is provably dead: a process
+    on this host, of this boot and this PID namespace, whose pid no longer exists or now belongs to
+    a process started at another time. An unknown identity (a lease written before schema version
+    5), another boot or another PID namespace (another container with the same host name) proves
+    nothing: wait for expiry."""
+    if host != socket.gethostname() or pid is None or not process:
         return False
     try:
-        recorded = json.loads(row.lease_process)
+        recorded = json.loads(process)
     except ValueError:
         return False
     if not isinstance(recorded, dict):
         return False
     if recorded.get("boot") != _boot_id() or recorded.get("pidns") != _pid_namespace():
         return False
-    pid = int(row.lease_pid)
+    pid = int(pid)
     if not pid_alive(pid):
         return True
     started, now_started = recorded.get("start"), _start_time(pid)

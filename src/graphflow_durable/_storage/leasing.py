@@ -12,8 +12,8 @@ import time
 import sqlalchemy as sa
 
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.commit import not_found
 from graphflow_durable._storage.lease import lease_lost, locked, process_identity, takeover_reason
+from graphflow_durable._storage.rows import not_found
 
 __all__ = ["acquire", "release", "renew"]
 

@@ -31,7 +31,7 @@ from sqlalchemy.engine import RowMapping
 from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage.schema import input_requests, queue, runs
-from graphflow_durable._storage.statements import DB_NOW
+from graphflow_durable._storage.statements import DB_NOW, LEASE_COLUMNS
 
 __all__ = [
     "Claim",
@@ -190,12 +190,7 @@ def claimable_runs(
             DB_NOW.label("db_now"),
             _R.run_id,
             _R.status,
-            _R.fencing_token,
-            _R.lease_owner,
-            _R.lease_host,
-            _R.lease_pid,
-            _R.lease_expires_at,
-            _R.lease_process,
+            *LEASE_COLUMNS,
             _Q.team,
             _Q.task,
             sa.func.coalesce(_Q.attempts, 0).label("attempts"),

@@ -30,8 +30,7 @@ from graphflow_durable._storage.checksum import (
     step_matches,
     step_sum,
 )
-from graphflow_durable._storage.commit import not_found
-from graphflow_durable._storage.rows import run_record
+from graphflow_durable._storage.rows import not_found, run_row
 
 __all__ = ["Verification", "head_scheduler", "message_gaps", "read_log", "scan_run", "step_gaps"]
 
@@ -93,10 +92,7 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
     ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read).
     """
     p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
-    row = conn.execute(S.SELECT_RUN, p).mappings().first()
-    if row is None:
-        raise not_found(run_id)
-    run = run_record(row)
+    run = run_row(conn, run_id)
     steps = []
     for s in conn.execute(S.SELECT_STEPS if at is None else S.SELECT_STEPS_TO, p):
         if s.checksum is not None and not step_matches(s.checksum, run_id, s.seq, s.kind, s.node, s.data):

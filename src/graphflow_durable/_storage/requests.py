@@ -20,9 +20,9 @@ from sqlalchemy.engine import Connection, RowMapping
 from graphflow_durable._model.codec import dumps, loads, surrogate_problem
 from graphflow_durable._model.human import InputRequest, parked_on
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import lease_lost
+from graphflow_durable._storage.rows import not_found
 from graphflow_durable._storage.schema import input_requests, runs
 from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError
 

@@ -18,8 +18,9 @@ import sqlalchemy as sa
 
 from graphflow_durable._model.records import RUN_STATUSES
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import held, not_found, run_row
+from graphflow_durable._storage.admin import held, run_state
 from graphflow_durable._storage.lease import iso
+from graphflow_durable._storage.rows import not_found
 from graphflow_durable._storage.schema import agent_states, input_requests, messages, queue, runs, steps
 from graphflow_durable.errors import RunStateError, UsageError
 
@@ -121,7 +122,7 @@ def _active(conn: sa.Connection, run_ids: Sequence[str], now: float, lock: bool)
     transaction ends, so that none is taken while it deletes them)."""
     found = []
     for run_id in run_ids:
-        row = run_row(conn, run_id, now, lock=lock)
+        row = run_state(conn, run_id, now, lock=lock)
         if row is not None and (row.status == _ACTIVE or held(row)):
             found.append(run_id)
     return found
@@ -151,7 +152,7 @@ def delete(conn: sa.Connection, run_id: str, now: float, *, force: bool, dry_run
         raise not_found(run_id)
     family = _family(conn, [run_id]) if exists else [run_id]
     if not force and (busy := _active(conn, family, now, not dry_run)):
-        row = run_row(conn, busy[0], now, lock=False)
+        row = run_state(conn, busy[0], now, lock=False)
         holder = (
             f"held by {row.lease_owner} until {iso(row.lease_expires_at)}"
             if row.lease_owner is not None

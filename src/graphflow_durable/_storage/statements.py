@@ -39,6 +39,9 @@ __all__ = [
     "INSERT_RUN",
     "INSERT_STATE",
     "INSERT_STEP",
+    "LEASE_COLUMNS",
+    "LEASE_HOLDER",
+    "NO_HOLDER",
     "RELEASE_LEASE",
     "RENEW_LEASE",
     "SELECT_LATEST_STATES",
@@ -61,6 +64,14 @@ __all__ = [
 
 _R = runs.c
 _run_id = sa.bindparam("p_run_id", type_=sa.String)
+
+#: The lease columns of a run's row, named once (the table declares their types): who holds the
+#: lease (name, host, pid, process identity) and until when; a released lease has all of them NULL.
+LEASE_HOLDER = (_R.lease_owner, _R.lease_host, _R.lease_pid, _R.lease_expires_at, _R.lease_process)
+#: The holder columns and the fencing token: what the lease rules (``lease.LeaseRow``) read.
+LEASE_COLUMNS = (_R.fencing_token, *LEASE_HOLDER)
+#: The values of the holder columns of a lease nobody holds.
+NO_HOLDER: dict[str, None] = {column.name: None for column in LEASE_HOLDER}
 
 
 def _keep_unless_given(name: str, column: sa.Column[str]) -> sa.ColumnElement[str]:
@@ -157,7 +168,7 @@ _lifecycle_values: dict[str, Any] = {
     # RunUpdate.release_lease: the lease columns as RELEASE_LEASE leaves them
     **{
         column.name: sa.case((sa.bindparam("p_release", type_=sa.Boolean), sa.null()), else_=column)
-        for column in (_R.lease_owner, _R.lease_host, _R.lease_pid, _R.lease_expires_at, _R.lease_process)
+        for column in LEASE_HOLDER
     },
 }
 
@@ -188,17 +199,7 @@ INSERT_MESSAGE = sa.insert(messages)
 INSERT_STATE = sa.insert(agent_states)
 
 SELECT_RUN = sa.select(runs).where(_R.run_id == _run_id)
-SELECT_LEASE = sa.select(
-    _R.run_id,
-    _R.head_seq,
-    _R.message_count,
-    _R.fencing_token,
-    _R.lease_owner,
-    _R.lease_host,
-    _R.lease_pid,
-    _R.lease_expires_at,
-    _R.lease_process,
-).where(_R.run_id == _run_id)
+SELECT_LEASE = sa.select(_R.run_id, _R.head_seq, _R.message_count, *LEASE_COLUMNS).where(_R.run_id == _run_id)
 
 #: The lease columns with the lease clock's time (column ``db_now``), for the takeover decision.
 SELECT_LEASE_NOW = SELECT_LEASE.add_columns(DB_NOW.label("db_now"))
@@ -288,11 +289,11 @@ INSERT_NEW_RUN = (
     .returning(_R.lease_expires_at)
 )
 _lease_values = {
-    "lease_owner": sa.bindparam("p_owner", type_=sa.String),
-    "lease_host": sa.bindparam("p_host", type_=sa.String),
-    "lease_pid": sa.bindparam("p_pid", type_=sa.Integer),
+    "lease_owner": sa.bindparam("p_owner", type_=_R.lease_owner.type),
+    "lease_host": sa.bindparam("p_host", type_=_R.lease_host.type),
+    "lease_pid": sa.bindparam("p_pid", type_=_R.lease_pid.type),
     "lease_expires_at": _expires,
-    "lease_process": sa.bindparam("p_process", type_=sa.Text),
+    "lease_process": sa.bindparam("p_process", type_=_R.lease_process.type),
 }
 #: Hand the lease to a new owner, guarded by the token read under the write lock and by the lease
 #: rule judged in the statement, by the lease clock: free, the same owner, expired, or
@@ -305,7 +306,7 @@ UPDATE_LEASE = (
         sa.or_(
             sa.bindparam("p_early", type_=sa.Boolean),
             _R.lease_owner.is_(None),
-            _R.lease_owner == sa.bindparam("p_owner", type_=sa.String),
+            _R.lease_owner == sa.bindparam("p_owner", type_=_R.lease_owner.type),
             _R.lease_expires_at.is_(None),
             _R.lease_expires_at < DB_NOW,
         ),
@@ -319,7 +320,7 @@ RENEW_LEASE = (
     .where(
         _R.run_id == _run_id,
         _R.fencing_token == sa.bindparam("p_token", type_=sa.BigInteger),
-        _R.lease_owner == sa.bindparam("p_owner", type_=sa.String),
+        _R.lease_owner == sa.bindparam("p_owner", type_=_R.lease_owner.type),
     )
     .values(lease_expires_at=_expires)
     .returning(_R.lease_expires_at, _R.cancel_requested_at)
@@ -331,7 +332,7 @@ RELEASE_LEASE = (
         _R.fencing_token == sa.bindparam("p_token", type_=sa.BigInteger),
         _R.lease_owner.is_not(None),
     )
-    .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None, lease_process=None)
+    .values(NO_HOLDER)
 )
 
 

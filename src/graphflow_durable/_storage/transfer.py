@@ -27,7 +27,6 @@ from graphflow_durable._model.records import (
     StoredMessage,
 )
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import not_found
 from graphflow_durable._storage.checksum import (
     MESSAGES,
     STATES,
@@ -39,6 +38,7 @@ from graphflow_durable._storage.checksum import (
     step_sum,
 )
 from graphflow_durable._storage.reading import read_log
+from graphflow_durable._storage.rows import not_found
 from graphflow_durable._storage.schema import agent_states, messages, steps
 from graphflow_durable.errors import ConflictError, UsageError
 
@@ -133,11 +133,7 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
     run_id = run["run_id"]
     values = {
         **run,
-        "lease_owner": None,
-        "lease_host": None,
-        "lease_pid": None,
-        "lease_expires_at": None,
-        "lease_process": None,
+        **S.NO_HOLDER,
         "fencing_token": S.next_token(conn),
     }
     try:

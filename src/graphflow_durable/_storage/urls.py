@@ -3,8 +3,9 @@
 A store URL is a SQLAlchemy URL. Its query may hold two kinds of options:
 
 - the package's own (SQLite ``synchronous`` and ``timeout``, PostgreSQL ``pool_pre_ping``,
-  ``statement_timeout`` and ``lock_timeout``, both ``shared``): read here and removed from the URL
-  before the engine is made;
+  ``statement_timeout`` and ``lock_timeout``, both ``shared``): read into a pydantic model per
+  backend (``_SqliteOptions``, ``_PgOptions``: one field per option, validated in field order) and
+  removed from the URL before the engine is made;
 - the driver's: SQLite ``cached_statements`` (the one pysqlite option SQLAlchemy reads from the
   query that does not fight the engine set-up in ``_engine``), PostgreSQL any libpq connection
   parameter (``connect_timeout``, ``sslmode``, ``application_name``, ``options``, ``host``...), which
@@ -21,15 +22,16 @@ with the package options that differ from their defaults and without any passwor
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Annotated, Any, ClassVar, NamedTuple, TypeVar, cast
 
 import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, ValidationInfo
+from pydantic import model_validator as _model_validator
 from sqlalchemy.engine import URL
 
 from graphflow_durable.errors import StoreConfigError
@@ -73,8 +75,6 @@ SECRET_KEYS = frozenset(
     {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
 )
 
-_SQLITE_OWN = ("synchronous", "timeout", "shared")
-_SQLITE_DRIVER = ("cached_statements",)
 #: pysqlite options SQLAlchemy would read from the query, refused because they break the engine set-up.
 _SQLITE_REFUSED = {
     "uri": "SQLite URI filenames are not supported; give a plain path (sqlite:///path/to/runs.db)",
@@ -82,12 +82,141 @@ _SQLITE_REFUSED = {
     "check_same_thread": "the store sets it to false itself (a store is shared between threads)",
     "detect_types": "it would change the values the store reads back",
 }
-_PG_OWN = ("pool_pre_ping", "shared", "statement_timeout", "lock_timeout")
 #: Server settings the store sets itself, refused inside libpq ``options`` (one place to give them).
 _PG_SETTINGS = re.compile(r"(statement|lock)[_-]timeout", re.IGNORECASE)
 _T = TypeVar("_T")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
+#: The package options' defaults (an option also given as a keyword argument is merged with it).
+_DEFAULTS: dict[str, Any] = {
+    "synchronous": DEFAULT_SYNCHRONOUS,
+    "timeout": DEFAULT_TIMEOUT,
+    "shared": DEFAULT_SHARED,
+    "pool_pre_ping": DEFAULT_POOL_PRE_PING,
+    "statement_timeout": DEFAULT_STATEMENT_TIMEOUT,
+    "lock_timeout": DEFAULT_LOCK_TIMEOUT,
+}
+
+
+class _Context(NamedTuple):
+    """What the options' validators are given besides the query's text."""
+
+    url: str  # the store URL, password hidden: named in every message
+    arguments: Mapping[str, Any]  # parse_store_url's keyword arguments (None: not given)
+
+
+def _context(info: ValidationInfo) -> _Context:
+    return cast(_Context, info.context)  # _Options.read is the only way in
+
+
+def _option(parse: Callable[[str, str, str], _T]) -> PlainValidator:
+    """Validate an option's text with ``parse(value, name, url)``, merged with the keyword argument
+    of the same name, else its default (see :data:`_DEFAULTS`)."""
+
+    def validate(value: str | None, info: ValidationInfo) -> _T:
+        context = _context(info)
+        name = str(info.field_name)
+        from_url = None if value is None else parse(value, name, context.url)
+        merged: _T = _merge(name, context.arguments.get(name), from_url, _DEFAULTS[name], context.url)
+        return merged
+
+    return PlainValidator(validate)
+
+
+def _checked(parse: Callable[[str, str, str], object]) -> PlainValidator:
+    """Validate a driver option's text with ``parse(value, name, url)``; the text is kept."""
+
+    def validate(value: str, info: ValidationInfo) -> str:
+        parse(value, str(info.field_name), _context(info).url)
+        return value
+
+    return PlainValidator(validate)
+
+
+class _Options(BaseModel):
+    """The options of a store URL's query, read (:meth:`read`) into the values in effect.
+
+    A field is the package's own option (removed from the URL before the engine is made, written
+    into the config URL when not its default) unless :attr:`DRIVER` names it: a driver's option
+    checked here and left in the URL. Fields are validated in their order; the first refusal is
+    raised, as a :class:`StoreConfigError` naming the option and the URL.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    DRIVER: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The options read here: the package's own, then the driver's."""
+        fields = tuple(cls.model_fields)
+        return tuple(name for name in fields if name not in cls.DRIVER) + cls.DRIVER
+
+    @classmethod
+    def own(cls) -> tuple[str, ...]:
+        """The package's own options."""
+        return tuple(name for name in cls.model_fields if name not in cls.DRIVER)
+
+    @classmethod
+    def read(cls: type[_O], query: Mapping[str, str | tuple[str, ...]], url: str, **arguments: Any) -> _O:
+        """The options of ``query`` (the URL's, ``url`` its text without password), merged with
+        ``arguments``."""
+        given = {name: query[name] for name in cls.names() if name in query}
+        try:
+            return cls.model_validate(given, context=_Context(url, arguments))
+        except ValidationError as exc:  # a validator's StoreConfigError (a ValueError), wrapped
+            raise exc.errors()[0]["ctx"]["error"] from None
+
+    @_model_validator(mode="before")
+    @classmethod
+    def _given_once(cls, values: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        for name in cls.names():
+            value = values.get(name)
+            if isinstance(value, tuple):
+                raise StoreConfigError(
+                    f"option {name!r} is given {len(value)} times in the store URL {_context(info).url}; "
+                    "give it once",
+                    url=_context(info).url,
+                    option=name,
+                )
+        return values
+
+    def config_query(self) -> dict[str, str]:
+        """The package options that differ from their defaults, as URL query text."""
+        return {
+            name: _text(value) for name in self.own() if (value := getattr(self, name)) != _DEFAULTS[name]
+        }
+
+
+_O = TypeVar("_O", bound=_Options)
+
+
+class _SqliteOptions(_Options):
+    """SQLite's: ``synchronous``, ``timeout`` (busy timeout, seconds), ``shared``; the driver's
+    ``cached_statements``."""
+
+    DRIVER: ClassVar[tuple[str, ...]] = ("cached_statements",)
+    synchronous: Annotated[str, _option(lambda value, _, url: _synchronous(value, url, url=url))] = Field(
+        None, validate_default=True
+    )
+    cached_statements: Annotated[
+        str | None, _checked(lambda value, name, url: _number(value, name, url, integer=True))
+    ] = None
+    timeout: Annotated[float, _option(_number)] = Field(None, validate_default=True)
+    shared: Annotated[bool, _option(_boolean)] = Field(None, validate_default=True)
+
+
+class _PgOptions(_Options):
+    """PostgreSQL's: ``pool_pre_ping``, ``shared``, ``statement_timeout`` and ``lock_timeout``
+    (seconds, 0: none)."""
+
+    pool_pre_ping: Annotated[bool, _option(_boolean)] = Field(None, validate_default=True)
+    shared: Annotated[bool, _option(_boolean)] = Field(None, validate_default=True)
+    statement_timeout: Annotated[float, _option(_number)] = Field(None, validate_default=True)
+    lock_timeout: Annotated[float, _option(_number)] = Field(None, validate_default=True)
+
+
+_SQLITE_OWN = _SqliteOptions.own()
+_PG_OWN = _PgOptions.own()
 
 
 @dataclass(frozen=True)
@@ -166,48 +295,17 @@ def parse_store_url(
     if synchronous is not None:
         synchronous = _synchronous(synchronous, "", url=given)
     if backend == "sqlite" and driver in ("pysqlite", ""):
-        _check_keys(parsed.query, _SQLITE_OWN + _SQLITE_DRIVER, "SQLite", given)
-        own = _own_values(parsed.query, _SQLITE_OWN + _SQLITE_DRIVER, given)
-        from_url = _synchronous(own["synchronous"], given, url=given) if "synchronous" in own else None
-        if "cached_statements" in own:
-            _number(own["cached_statements"], "cached_statements", given, integer=True)
-        sync = _merge("synchronous", synchronous, from_url, DEFAULT_SYNCHRONOUS, given)
-        timeout = _number(own["timeout"], "timeout", given) if "timeout" in own else DEFAULT_TIMEOUT
-        share = _shared(own, shared, given)
-        extras = {"synchronous": sync} if sync != DEFAULT_SYNCHRONOUS else {}
-        if timeout != DEFAULT_TIMEOUT:
-            extras["timeout"] = str(int(timeout)) if timeout.is_integer() else repr(timeout)
-        if share:
-            extras["shared"] = "true"
-        return _result(
-            parsed, parsed, "sqlite", _SQLITE_OWN, extras, sync, timeout, DEFAULT_POOL_PRE_PING, share
-        )
+        _check_keys(parsed.query, _SqliteOptions.names(), "SQLite", given)
+        lite = _SqliteOptions.read(parsed.query, given, synchronous=synchronous, shared=shared)
+        return _result(parsed, parsed, "sqlite", lite)
     if backend in ("postgresql", "postgres") and (
         parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
     ):
         libpq = libpq_keywords()
         _check_keys(parsed.query, _PG_OWN + libpq if libpq else None, "PostgreSQL", given)
-        own = _own_values(parsed.query, _PG_OWN, given)
-        ping_url = _boolean(own["pool_pre_ping"], "pool_pre_ping", given) if "pool_pre_ping" in own else None
-        ping = _merge("pool_pre_ping", pool_pre_ping, ping_url, DEFAULT_POOL_PRE_PING, given)
-        share = _shared(own, shared, given)
-        extras = {} if ping else {"pool_pre_ping": "false"}
-        if share:
-            extras["shared"] = "true"
-        timeouts = _pg_timeouts(parsed.query, own, extras, given)
-        engine_url = parsed.set(drivername="postgresql+psycopg")
-        result = _result(
-            parsed,
-            engine_url,
-            "postgresql",
-            _PG_OWN,
-            extras,
-            DEFAULT_SYNCHRONOUS,
-            DEFAULT_TIMEOUT,
-            ping,
-            share,
-        )
-        return dataclasses.replace(result, statement_timeout=timeouts[0], lock_timeout=timeouts[1])
+        _check_libpq_options(parsed.query, given)
+        pg = _PgOptions.read(parsed.query, given, pool_pre_ping=pool_pre_ping, shared=shared)
+        return _result(parsed, parsed.set(drivername="postgresql+psycopg"), "postgresql", pg)
     raise StoreConfigError(
         f"unsupported database URL {given!r} (backend {backend!r}, driver {driver!r}); "
         "graphflow-durable supports sqlite:///path (the standard sqlite3 module) and "
@@ -216,30 +314,22 @@ def parse_store_url(
     )
 
 
-def _result(
-    parsed: URL,
-    engine_url: URL,
-    dialect: str,
-    own: tuple[str, ...],
-    extras: dict[str, str],
-    synchronous: str,
-    timeout: float,
-    pool_pre_ping: bool,
-    shared: bool,
-) -> StoreUrl:
+def _result(parsed: URL, engine_url: URL, dialect: str, options: _Options) -> StoreUrl:
+    """The parsed URL: ``options`` in effect (the other backend's at their defaults), the engine URL
+    and the config URL without the package options at their defaults and without secrets."""
+    own = options.own()
     secrets = [key for key in parsed.query if key in SECRET_KEYS]
     config = (
-        parsed._replace(password=None).difference_update_query([*own, *secrets]).update_query_dict(extras)
+        parsed._replace(password=None)
+        .difference_update_query([*own, *secrets])
+        .update_query_dict(options.config_query())
     )
     return StoreUrl(
         engine_url=engine_url.difference_update_query(own),
         dialect=dialect,
-        synchronous=synchronous,
-        timeout=timeout,
-        pool_pre_ping=pool_pre_ping,
-        shared=shared,
         config_url=config.render_as_string(hide_password=False),
         has_password=bool(parsed.password) or bool(secrets),
+        **{**_DEFAULTS, **{name: getattr(options, name) for name in own}},
     )
 
 
@@ -253,10 +343,8 @@ def libpq_keywords() -> tuple[str, ...]:
     return tuple(sorted(option.keyword.decode() for option in pq.Conninfo.get_defaults()))
 
 
-def _pg_timeouts(
-    query: Mapping[str, str | tuple[str, ...]], own: Mapping[str, str], extras: dict[str, str], given: str
-) -> tuple[float, float]:
-    """``statement_timeout`` and ``lock_timeout`` (seconds) from the URL; non-defaults go to ``extras``."""
+def _check_libpq_options(query: Mapping[str, str | tuple[str, ...]], given: str) -> None:
+    """Refuse ``statement_timeout`` or ``lock_timeout`` inside libpq ``options``: the store sets them."""
     options = query.get("options", ())
     for value in (options,) if isinstance(options, str) else options:
         found = _PG_SETTINGS.search(value)
@@ -268,16 +356,6 @@ def _pg_timeouts(
                 url=given,
                 option=name,
             )
-    values: list[float] = []
-    for name, default in (
-        ("statement_timeout", DEFAULT_STATEMENT_TIMEOUT),
-        ("lock_timeout", DEFAULT_LOCK_TIMEOUT),
-    ):
-        seconds = _number(own[name], name, given) if name in own else default
-        if seconds != default:
-            extras[name] = str(int(seconds)) if seconds.is_integer() else repr(seconds)
-        values.append(seconds)
-    return values[0], values[1]
 
 
 def _check_keys(query: Mapping[str, object], valid: tuple[str, ...] | None, backend: str, given: str) -> None:
@@ -302,23 +380,6 @@ def _check_keys(query: Mapping[str, object], valid: tuple[str, ...] | None, back
         )
 
 
-def _own_values(
-    query: Mapping[str, str | tuple[str, ...]], names: tuple[str, ...], given: str
-) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for name in names:
-        value = query.get(name)
-        if isinstance(value, tuple):
-            raise StoreConfigError(
-                f"option {name!r} is given {len(value)} times in the store URL {given}; give it once",
-                url=given,
-                option=name,
-            )
-        if value is not None:
-            values[name] = value
-    return values
-
-
 def _where(given: str) -> str:
     return f" (in the store URL {given})" if given else ""
 
@@ -334,11 +395,6 @@ def _synchronous(value: str, given: str, *, url: str) -> str:
             option="synchronous",
         )
     return mode
-
-
-def _shared(own: Mapping[str, str], argument: bool | None, given: str) -> bool:
-    from_url = _boolean(own["shared"], "shared", given) if "shared" in own else None
-    return _merge("shared", argument, from_url, DEFAULT_SHARED, given)
 
 
 def _boolean(value: str, name: str, given: str) -> bool:
@@ -362,6 +418,15 @@ def _number(value: str, name: str, given: str, *, integer: bool = False) -> floa
     if not math.isfinite(number) or number < 0:
         raise StoreConfigError(f"{name}={value!r} is not {kind} >= 0{_where(given)}", url=given, option=name)
     return number
+
+
+def _text(value: object) -> str:
+    """An option's value as URL query text (a whole number of seconds without ``.0``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value)
 
 
 def _merge(name: str, argument: _T | None, from_url: _T | None, default: _T, given: str) -> _T:

@@ -24,7 +24,7 @@ from graphflow_durable._model.codec import dumps, loads
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import NOBODY, owner_gone, pid_alive, process_identity, takeover_reason
+from graphflow_durable._storage.lease import NOBODY, holder_gone, pid_alive, process_identity, takeover_reason
 from graphflow_durable._storage.queue import (
     Claim,
     Submission,
@@ -310,28 +310,13 @@ def _note(conn: sa.Connection, run_id: str, values: dict[str, Any], *, count: bo
 def _dead_pids(host: str, held: Sequence[Any]) -> list[int]:
     """Of this host's pids holding unexpired leases/claims (rows ``pid, process``: a run lease with
     its holder's identity, a submission claim with ``None``), those whose every holder is dead: a
-    run lease's holder only when :func:`owner_gone` proves it (same boot and PID namespace)."""
+    run lease's holder only when :func:`holder_gone` proves it (same boot and PID namespace)."""
     verdict: dict[int, bool] = {}
     for pid, process in held:
-        if process is None:  # a submission claim: host and pid only
-            gone = not pid_alive(int(pid))
-        else:
-            lease = _Holder(host, int(pid), process)
-            gone = owner_gone(lease)
+        # a submission claim (no process identity): judged by host and pid only
+        gone = not pid_alive(int(pid)) if process is None else holder_gone(host, int(pid), process)
         verdict[int(pid)] = verdict.get(int(pid), True) and gone
     return [pid for pid, gone in verdict.items() if gone]
-
-
-@dataclass(frozen=True)
-class _Holder:
-    """A lease's holder columns, as :func:`owner_gone` reads them."""
-
-    lease_host: str
-    lease_pid: int
-    lease_process: str
-    fencing_token: Any = None
-    lease_owner: Any = None
-    lease_expires_at: Any = None
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def _team(url: str, run_id: str, log: Path, **durable: Any) -> Any:
 async def _victim(url: str, cycles: int, log: Path, check: bool) -> None:
     """Drive runs c0, c1...; after the lease check before B's dispatch, say ``checked`` and wait
     (the parent freezes this process now); after each run, say ``done``."""
-    from graphflow_durable._runtime.lease import RunLease
+    from graphflow_durable._runtime.runlease import RunLease
 
     if not check:
 

@@ -56,7 +56,7 @@ def main() -> None:
         "DurableGraphFlowManager._on_response": ("_runtime/manager.py", "_on_response"),
         "Cursor.to_json": ("_model/cursor.py", "to_json"),
         "encode_commit": ("_storage/commit.py", "encode_commit"),
-        "StateLog.encode (agent-state splices)": ("_agentstate/writer.py", "encode"),
+        "StateLog.encode (agent-state splices)": ("_agentstate/encoder.py", "encode"),
         "state_text": ("_model/codec.py", "state_text"),
         "codec dumps": ("_model/codec.py", "dumps"),
         "agent save_state (container)": ("_runtime/container.py", "save_state"),

@@ -40,7 +40,7 @@ from graphflow_durable._runtime.config import (
     refuse_callables,
 )
 from graphflow_durable._runtime.container import DurableChatAgentContainer
-from graphflow_durable._runtime.human import HumanGate, on_waiting_run
+from graphflow_durable._runtime.gate import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView

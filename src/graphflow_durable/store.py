@@ -30,7 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._agentstate.writer import state_row
+from graphflow_durable._agentstate.encoder import state_row
 from graphflow_durable._model.history import StepInfo, step_infos, transcript_of
 from graphflow_durable._model.human import InputRequest
 from graphflow_durable._model.records import (
@@ -56,7 +56,6 @@ from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.commit import encode_commit, encode_creation
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
-from graphflow_durable._storage.history import fork_run, read_cut
 from graphflow_durable._storage.leasing import acquire, release, renew
 from graphflow_durable._storage.migrations import (
     Survey,
@@ -73,6 +72,7 @@ from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.retention import Removal, StoreStats
 from graphflow_durable._storage.rows import not_found, run_record
 from graphflow_durable._storage.schema import runs
+from graphflow_durable._storage.timetravel import fork_run, read_cut
 from graphflow_durable._storage.transfer import read_rows, write_rows
 from graphflow_durable._storage.workqueue import WorkQueue
 from graphflow_durable._storage.writer import CommitWriter

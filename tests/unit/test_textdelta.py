@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphflow_durable._agentstate import jsondelta as _jsondelta
-from graphflow_durable._agentstate.reader import fold_states
+from graphflow_durable._agentstate.decoder import fold_states
 from graphflow_durable._agentstate.textdelta import MIN_REFERENCE, Rope, common_ends, splice, with_references
 from graphflow_durable._model.codec import dumps, state_text
 from graphflow_durable.errors import NotSerializableError, StoreError

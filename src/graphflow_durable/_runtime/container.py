@@ -18,7 +18,7 @@ from autogen_agentchat.teams._group_chat._events import (
 )
 from autogen_core import DefaultTopicId, MessageContext, event, rpc
 
-from graphflow_durable._runtime.human import GroupChatInputPending, InputPending
+from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
 from graphflow_durable._runtime.link import Turns
 
 __all__ = ["DurableChatAgentContainer", "answer_delta"]

@@ -37,7 +37,7 @@ from graphflow_durable import context as _context
 from graphflow_durable._model.cursor import Cursor, without_one
 from graphflow_durable._model.task import task_key
 from graphflow_durable._runtime.container import answer_delta
-from graphflow_durable._runtime.human import GroupChatInputPending
+from graphflow_durable._runtime.gate import GroupChatInputPending
 from graphflow_durable._runtime.stops import RoundStops
 from graphflow_durable.errors import StateFormatError
 from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select

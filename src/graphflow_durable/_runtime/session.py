@@ -9,7 +9,7 @@ one completion flows down manager -> session -> agent-state writer -> store, nev
 
 Its parts: the write path (:class:`~graphflow_durable._runtime.commits.Commits`, the commits
 handed to the store's writer and their outcomes), the lease
-(:class:`~graphflow_durable._runtime.lease.RunLease`), and the team made from the stored run and
+(:class:`~graphflow_durable._runtime.runlease.RunLease`), and the team made from the stored run and
 back (:mod:`~graphflow_durable._runtime.stored`). What the session does to the team itself
 (restore it from the log, read its participants' states) goes through
 :class:`~graphflow_durable._runtime.team.TeamView`.
@@ -26,15 +26,15 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graphflow_durable._agentstate.writer import StateLog
+from graphflow_durable._agentstate.encoder import StateLog
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._runtime import logs
 from graphflow_durable._runtime.commits import Commits
 from graphflow_durable._runtime.config import default_store_url, shared_store
-from graphflow_durable._runtime.lease import RunLease
 from graphflow_durable._runtime.link import Turns, outer_run_store
+from graphflow_durable._runtime.runlease import RunLease
 from graphflow_durable._runtime.stored import import_state, restore
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._storage.lease import iso

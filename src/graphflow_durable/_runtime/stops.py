@@ -17,7 +17,7 @@ from autogen_agentchat.base import TerminationCondition
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMessage
 from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import _DIGRAPH_STOP_MESSAGE
 
-from graphflow_durable._runtime.human import GroupChatInputPending
+from graphflow_durable._runtime.gate import GroupChatInputPending
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, finish
 
 __all__ = ["RoundStops"]

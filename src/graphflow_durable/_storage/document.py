@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphflow_durable._agentstate.reader import fold_states, references
+from graphflow_durable._agentstate.decoder import fold_states, references
 from graphflow_durable._model.codec import dumps, loads, too_deep
 from graphflow_durable._model.records import RUN_STATUSES, StepKind, StoredMessage
 from graphflow_durable._model.runid import check_run_id

@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._agentstate.reader import fold_states, references
+from graphflow_durable._agentstate.decoder import fold_states, references
 from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import RunLog, StepKind, StepRecord, StoredMessage
 from graphflow_durable._storage import statements as S

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli import _inspect, history, manage
+from graphflow_durable.cli import _inspect, manage, timeline
 from graphflow_durable.cli._common import (
     FLOAT,
     INT,
@@ -91,7 +91,7 @@ commands:
   runs verify [RUN ...] [--json]     check every step, message and agent-state row of the runs
                                      (default: all) against its checksum, and that none is missing;
                                      one line per damaged row or gap
-{history.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error
+{timeline.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error
   runs cancel RUN [--json]           stop a run: its driver stops within one lease period and
                                      leaves it cancelled (run() with no task resumes it)
   runs retry RUN [--json]            queue a failed, cancelled or interrupted run for workers again
@@ -154,7 +154,7 @@ def _exit_code(exc: BaseException, command: str) -> int | None:
     """The exit code for the library's error ``exc`` raised by ``command`` (``runs fork``); the one
     exception -> exit-code map of ``graphflow-durable`` (``None``: not foreseen, exit 1)."""
     _, _, sub = command.partition("runs ")
-    codes = _HISTORY_CODES if sub in history.COMMANDS else _CODES
+    codes = _HISTORY_CODES if sub in timeline.COMMANDS else _CODES
     return next((code for kind, code in codes if isinstance(exc, kind)), None)
 
 
@@ -213,7 +213,7 @@ def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
     return _main("runs", runs_command, params)
 
 
-history.add_commands(_runs, _dispatch)  # history, transcript, export, import, fork
+timeline.add_commands(_runs, _dispatch)  # history, transcript, export, import, fork
 manage.add_commands(_runs, _dispatch)
 
 
@@ -269,8 +269,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
     if args.command == "runs" and args.runs_command == "verify":
         for run_id in args.run_ids:
             check_run_id(run_id, option="RUN")
-    if args.command == "runs" and args.runs_command in history.COMMANDS:
-        history.check(args)
+    if args.command == "runs" and args.runs_command in timeline.COMMANDS:
+        timeline.check(args)
     managing = args.command == "runs" and args.runs_command in manage.COMMANDS
     if managing:
         manage.check(args)  # before the store is opened
@@ -279,8 +279,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
     with _open_store(url, create=creating, given=given is not None) as store:
         if args.command == "submit":
             return _submit(store, args)
-        if args.runs_command in history.COMMANDS:
-            return history.run(store, args, _out)
+        if args.runs_command in timeline.COMMANDS:
+            return timeline.run(store, args, _out)
         if args.runs_command == "verify":
             return verify(store, args.run_ids, args.json, _out)
         if managing:

@@ -1,6 +1,6 @@
 """Agent-state rows read back: each node's current state folded from its latest rows.
 
-The other half of :mod:`graphflow_durable._agentstate.writer`; the row format is described in
+The other half of :mod:`graphflow_durable._agentstate.encoder`; the row format is described in
 docs/state-format.md ("In the database"). Pure: the store reads the rows and the run's messages
 and hands them here; a log that does not fold is reported as :class:`StoreCorruptError`.
 """

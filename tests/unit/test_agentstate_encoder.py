@@ -1,4 +1,4 @@
-"""The agent-state writer (``_agentstate/writer.py``, :class:`StateLog`) and its reader.
+"""The agent-state writer (``_agentstate/encoder.py``, :class:`StateLog`) and its reader.
 
 Rows as docs/state-format.md ("In the database") describes them: ``base_step`` 0 is a whole state
 (a splice of the empty text), ``base_step`` k a splice against the node's row at step k, whose
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphflow_durable._agentstate.writer import MAX_DELTAS, StateLog
+from graphflow_durable._agentstate.encoder import MAX_DELTAS, StateLog
 from graphflow_durable._model.codec import dumps
 from graphflow_durable._model.records import AgentStateRecord, MessageRecord
 
 try:  # the reader moves next to the writer
-    from graphflow_durable._agentstate.reader import fold_states
+    from graphflow_durable._agentstate.decoder import fold_states
 except ImportError:  # pragma: no cover - before the move
     from graphflow_durable._storage.commit import fold_states  # type: ignore[no-redef]
 

@@ -17,7 +17,7 @@ than the canonical encoder on large states), so a splice is only ever written ag
 writer wrote itself: after a (re)load the log forgets every node, and each node's next state is a
 whole snapshot. The flow also clears the log after a failed commit.
 
-This module and :mod:`~graphflow_durable._agentstate.reader` are the one home of the row format
+This module and :mod:`~graphflow_durable._agentstate.decoder` are the one home of the row format
 (docs/state-format.md, "In the database"): each row's body is encoded here, once, as the JSON text
 the store writes verbatim, and folded back there.
 """

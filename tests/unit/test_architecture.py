@@ -48,17 +48,3 @@ def test_an_autogen_import_in_the_storage_layer_breaks_the_contracts(tmp_path: P
     assert "Storage never imports AutoGen BROKEN" in result.stdout
     # The import exists only in the copy: the copy, not the installed package, was checked.
     assert "graphflow_durable._storage.schema -> autogen_agentchat" in result.stdout
-
-
-# A module near this size holds two concepts; split by responsibility, not by count.
-LIMIT = 800
-
-
-def test_no_module_of_the_package_is_past_800_lines() -> None:
-    sizes = {
-        path.relative_to(PACKAGE).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
-        for path in PACKAGE.rglob("*.py")
-    }
-    assert len(sizes) > 50  # the package was found: the check is not vacuous
-    over = {name: lines for name, lines in sizes.items() if lines > LIMIT}
-    assert not over, over

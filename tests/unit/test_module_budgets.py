@@ -1,0 +1,282 @@
+"""The package's shape, as tests: one concept, one module. Every module has a line budget and
+a one-line responsibility; a module past its budget by more than 15 % (or past 800 lines) has
+grown a second job: split it by responsibility, or raise its budget here and say why in the
+commit. A new module is added to the table with its job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "graphflow_durable"
+
+#: The ceiling no module passes, whatever its budget.
+CEILING = 800
+#: How far past its budget a module may grow before this test asks for a decision.
+SLACK = 1.15
+
+#: module (relative to the package) -> (line budget, its one responsibility).
+BUDGETS: dict[str, tuple[int, str]] = {
+    "__init__.py": (100, "graphflow-durable: durable execution for AutoGen's GraphFlow."),
+    "_agentstate/decoder.py": (
+        150,
+        "Agent-state rows read back: each node's current state folded from its latest rows.",
+    ),
+    "_agentstate/encoder.py": (
+        200,
+        "Agent states written as splices of their JSON text, with whole snapshots often enough t...",
+    ),
+    "_agentstate/jsondelta.py": (100, "Deltas between JSON values, for agent states that grow every turn."),
+    "_agentstate/textdelta.py": (
+        200,
+        "Text splices with message references, for agent states that grow every turn.",
+    ),
+    "_integrity/checks.py": (
+        350,
+        "The checks that need the graph: the saved scheduler, buffers and bookkeeping against th...",
+    ),
+    "_integrity/codes.py": (
+        150,
+        "The finding codes of the integrity checks, and the :class:`Finding` value.",
+    ),
+    "_integrity/derive.py": (
+        200,
+        "What a saved state should hold, derived from its message thread and the graph.",
+    ),
+    "_integrity/read.py": (
+        300,
+        "Reading a saved team state for the integrity checks: shape, versions, messages.",
+    ),
+    "_model/buffers.py": (
+        100,
+        "The participant buffer rule: what each participant has heard since it last spoke.",
+    ),
+    "_model/codec.py": (250, "Canonical JSON in and out: the only place where stored bytes are made."),
+    "_model/cursor.py": (
+        250,
+        "The manager's position in a run: scheduler state plus what resuming needs beyond it.",
+    ),
+    "_model/exported.py": (
+        150,
+        "The checks of an exported run's content that need AutoGen, for ``Store.import_run``: ea...",
+    ),
+    "_model/graphid.py": (
+        150,
+        "Graph identity: a canonical description of a team's graph and its fingerprint.",
+    ),
+    "_model/history.py": (
+        200,
+        "A run's history read from its step log: the steps in words, the thread filtered, and th...",
+    ),
+    "_model/human.py": (
+        200,
+        "Human input in a durable run: how a node asks (:class:`HumanInput`) and what is stored...",
+    ),
+    "_model/records.py": (
+        250,
+        "The store's value objects: what a commit takes and what a load returns (JSON values, no...",
+    ),
+    "_model/restore.py": (150, "From a run's stored log to the team's state at the store's head."),
+    "_model/runid.py": (50, "What a run id may be: the one rule, shared by the flow and the work queue."),
+    "_model/task.py": (
+        50,
+        "What identifies a task, so that re-running a script with the same task is recognised.",
+    ),
+    "_runtime/commits.py": (
+        250,
+        "The write path of a run session: its transitions handed to the store's writer, and thei...",
+    ),
+    "_runtime/config.py": (
+        200,
+        "The declarative side of DurableGraphFlow: its component config and loading saved states.",
+    ),
+    "_runtime/container.py": (
+        150,
+        "The durable participant container: runs a node's turn inside its execution context and...",
+    ),
+    "_runtime/gate.py": (
+        250,
+        "Human input in a durable run: the input functions of ``UserProxyAgent`` participants, i...",
+    ),
+    "_runtime/link.py": (
+        100,
+        "What crosses between the durable manager and the participant containers during a turn.",
+    ),
+    "_runtime/logs.py": (
+        100,
+        "Expected control flow stays out of the ERROR log: what AutoGen and psycopg log about it.",
+    ),
+    "_runtime/manager.py": (450, "The durable GraphFlow manager."),
+    "_runtime/runlease.py": (
+        300,
+        "The run's lease as one driver holds it: its fencing token, when it was last confirmed,...",
+    ),
+    "_runtime/session.py": (450, "One team's hold on its stored run: the run session."),
+    "_runtime/stops.py": (
+        150,
+        "When a round ends: GraphFlow's termination checks and the park for human input.",
+    ),
+    "_runtime/stored.py": (
+        150,
+        "A session's team and its stored run, each made from the other: the team put at the stor...",
+    ),
+    "_runtime/team.py": (
+        100,
+        "The parts of a GraphFlow team the durable runtime reaches into, in one place.",
+    ),
+    "_storage/admin.py": (
+        250,
+        "Operations on a run from outside its driver: cancel, retry, and what ``runs show`` reads.",
+    ),
+    "_storage/checksum.py": (
+        200,
+        "Row checksums (schema version 6): what a commit stores beside each step, message and ag...",
+    ),
+    "_storage/commit.py": (
+        300,
+        "What a commit writes, encoded before any SQL runs, and why a refused commit was refused.",
+    ),
+    "_storage/document.py": (
+        550,
+        "A run's export document (``Store.export_run`` / ``Store.import_run``; ``runs export`` /...",
+    ),
+    "_storage/engine.py": (
+        400,
+        "Engine set-up per backend: SQLite pragmas and ``BEGIN IMMEDIATE``, PostgreSQL over psyc...",
+    ),
+    "_storage/items.py": (
+        200,
+        "One item of the commit writer's group, written on the group's connection: a commit's gu...",
+    ),
+    "_storage/lease.py": (
+        250,
+        "Lease rules, without I/O on the database: who may take a run over, and the errors that...",
+    ),
+    "_storage/leasing.py": (
+        100,
+        "A run's lease, taken, renewed and given back inside the store's transactions.",
+    ),
+    "_storage/migrations.py": (
+        550,
+        "Versioned schema migrations: an append-only tuple of ``(version, description, function)``.",
+    ),
+    "_storage/pgconnect.py": (100, "PostgreSQL connections that give up on a server that does not answer."),
+    "_storage/queue.py": (
+        250,
+        "The worker-pool queue: value objects and the statements ``store.queue.claim()`` runs.",
+    ),
+    "_storage/reading.py": (
+        300,
+        "A run read back for a resume, every row checked against its checksum; and the store-wid...",
+    ),
+    "_storage/requests.py": (
+        400,
+        "Requests for human input (schema version 8): :class:`InputRequests`, held by a store as...",
+    ),
+    "_storage/retention.py": (300, "Deleting runs and retention, and the store's statistics."),
+    "_storage/rows.py": (
+        100,
+        "A run's row: read by id (an unknown id is :func:`not_found`), and rows as the database...",
+    ),
+    "_storage/schema.py": (
+        200,
+        "SQLAlchemy Core tables: the single source of the schema the store reads and writes.",
+    ),
+    "_storage/statements.py": (450, "The store's SQL statements, built once at import."),
+    "_storage/timetravel.py": (
+        200,
+        "A run at a past step: the cut read back (``Store.cut``) and a new run started from it (...",
+    ),
+    "_storage/transfer.py": (
+        200,
+        "A run's rows copied as they are: to a new run (a fork), or to and from the JSON documen...",
+    ),
+    "_storage/urls.py": (
+        450,
+        "Store URLs: the package's options in the query, the driver's options, and the URL to wr...",
+    ),
+    "_storage/workqueue.py": (
+        350,
+        "The worker-pool queue (schema version 3): :class:`WorkQueue`, held by a store as ``stor...",
+    ),
+    "_storage/writer.py": (350, "The commit hot path: a writer thread per store that commits in groups."),
+    "_version.py": (
+        50,
+        "The package version: a module of its own, so every layer can read it without importing...",
+    ),
+    "cli/_common.py": (
+        450,
+        "What the command-line shells share: the Click pieces, the ``MODULE:ATTR`` importer and...",
+    ),
+    "cli/_inspect.py": (
+        150,
+        "``graphflow-durable runs list`` and ``runs verify``: what they print, for :mod:`.runs`.",
+    ),
+    "cli/manage.py": (
+        300,
+        "``graphflow-durable runs show|cancel|retry|delete|prune|stats``: looking at and managin...",
+    ),
+    "cli/repair.py": (350, "``graphflow-repair``: check a saved GraphFlow team state, and repair it."),
+    "cli/runs.py": (
+        450,
+        "``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker...",
+    ),
+    "cli/timeline.py": (
+        250,
+        "``graphflow-durable runs history | transcript | export | import | fork``, for :mod:`.ru...",
+    ),
+    "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),
+    "errors.py": (500, "The exception tree of graphflow-durable."),
+    "flow.py": (600, "DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes."),
+    "integrity.py": (300, "Validate and repair saved GraphFlow team states -- pure functions, no I/O."),
+    "scheduler.py": (450, "GraphFlow's scheduling rules as pure functions over a plain, serialisable state."),
+    "store.py": (800, "The run store: the only code that runs SQL. It knows nothing of AutoGen beyond JSON."),
+    "worker.py": (
+        650,
+        "A worker that claims runs from a store and drives them to completion; run several for a...",
+    ),
+}
+
+#: Public modules allowed a private folder of the same name: the folder holds pipeline stages.
+TWINS_ALLOWED = {"integrity"}
+
+
+def _modules() -> dict[str, int]:
+    return {
+        path.relative_to(PACKAGE).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" or path.parent == PACKAGE
+    }
+
+
+def test_every_module_has_a_budget_and_a_responsibility_and_no_budget_is_stale() -> None:
+    modules = _modules()
+    assert len(modules) > 40  # the package was found: the check is not vacuous
+    assert sorted(set(modules) - set(BUDGETS)) == [], "add these modules to BUDGETS with their job"
+    assert sorted(set(BUDGETS) - set(modules)) == [], "these modules are gone: drop them from BUDGETS"
+    assert all(job and budget <= CEILING for budget, job in BUDGETS.values())
+
+
+def test_no_module_is_past_its_budget_by_more_than_the_slack_nor_past_the_ceiling() -> None:
+    over = {
+        name: (lines, BUDGETS[name][0])
+        for name, lines in _modules().items()
+        if name in BUDGETS and (lines > BUDGETS[name][0] * SLACK or lines > CEILING)
+    }
+    assert over == {}, "module: (lines, budget)"
+
+
+def test_no_module_name_stands_in_two_subpackages() -> None:
+    seen: dict[str, list[str]] = {}
+    for name in _modules():
+        if name != "__init__.py":
+            seen.setdefault(Path(name).name, []).append(name)
+    assert {base: places for base, places in seen.items() if len(places) > 1} == {}
+
+
+def test_a_public_module_has_a_private_twin_folder_only_for_pipeline_stages() -> None:
+    twins = {
+        path.stem
+        for path in PACKAGE.glob("*.py")
+        if (PACKAGE / f"_{path.stem}").is_dir() and any((PACKAGE / f"_{path.stem}").glob("*.py"))
+    }
+    assert twins == TWINS_ALLOWED

@@ -49,14 +49,14 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import admin, retention
+from graphflow_durable._storage import admin
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Retry
+from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Removal, Retry, StoreStats
 from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.commit import encode_commit, encode_creation
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
-from graphflow_durable._storage.leasing import acquire, release, renew
+from graphflow_durable._storage.lease import acquire, release, renew
 from graphflow_durable._storage.migrations import (
     Survey,
     current_version,
@@ -66,15 +66,11 @@ from graphflow_durable._storage.migrations import (
     refuse_unowned,
     survey,
 )
-from graphflow_durable._storage.queue import Claim, Submission
 from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
-from graphflow_durable._storage.retention import Removal, StoreStats
-from graphflow_durable._storage.rows import not_found, run_record
 from graphflow_durable._storage.schema import runs
-from graphflow_durable._storage.timetravel import fork_run, read_cut
-from graphflow_durable._storage.transfer import read_rows, write_rows
-from graphflow_durable._storage.workqueue import WorkQueue
+from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
+from graphflow_durable._storage.workqueue import Claim, Submission, WorkQueue
 from graphflow_durable._storage.writer import CommitWriter
 
 __all__ = [
@@ -345,7 +341,7 @@ class Store:
         select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
         with self._guard(f"reading run {run_id}", run_id):
             row = read_row(self._e, select.sql, select.bind({"p_run_id": run_id}))
-        return None if row is None else run_record(row)
+        return None if row is None else S.run_record(row)
 
     def list_runs(self, status: str | Sequence[str] | None = None) -> list[RunRecord]:
         """Runs in creation order, optionally only those with the given status(es)."""
@@ -355,7 +351,7 @@ class Store:
             query = query.where(runs.c.status.in_(wanted))
         with self._guard("listing runs"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
-        return [run_record(row) for row in rows]
+        return [S.run_record(row) for row in rows]
 
     def lease_clock(self) -> float:
         """The time leases are judged by, now (epoch seconds): the database server's clock on
@@ -396,7 +392,7 @@ class Store:
         """
         ids = [run.run_id for run in self.list_runs()] if run_ids is None else list(dict.fromkeys(run_ids))
         if missing := [run_id for run_id in ids if run_ids is not None and self.get_run(run_id) is None]:
-            raise not_found(missing[0])
+            raise S.not_found(missing[0])
         scans = []
         for run_id in ids:
             with self._guard(f"verifying run {run_id}", run_id), self._e.read.begin() as conn:
@@ -712,7 +708,7 @@ class Store:
         """
         engine = self._e.read if dry_run else self._e.write
         with self._guard(f"deleting run {run_id}", run_id), engine.begin() as conn:
-            return retention.delete(conn, run_id, time.time(), force=force, dry_run=dry_run)
+            return admin.delete(conn, run_id, time.time(), force=force, dry_run=dry_run)
 
     def prune(
         self,
@@ -734,15 +730,15 @@ class Store:
             RunStateError: ``status`` includes ``running`` and ``force`` is false.
         """
         statuses = [status] if isinstance(status, str) else list(status)
-        retention.check_prune(statuses, older_than, force)
+        admin.check_prune(statuses, older_than, force)
         engine = self._e.read if dry_run else self._e.write
         with self._guard("pruning runs"), engine.begin() as conn:
-            return retention.prune(conn, statuses, older_than, time.time(), force=force, dry_run=dry_run)
+            return admin.prune(conn, statuses, older_than, time.time(), force=force, dry_run=dry_run)
 
     def stats(self) -> StoreStats:
         """Runs per status, submissions waiting for a worker, and rows and bytes per table."""
         with self._guard("reading the store's statistics"), self._e.read.begin() as conn:
-            return retention.stats(conn)
+            return admin.stats(conn)
 
     def progress(self, run_id: str) -> Progress:
         """How many rounds the run began, and its head step's kind, node and time.
@@ -753,7 +749,7 @@ class Store:
         with self._guard(f"reading run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
             if row is None:
-                raise not_found(run_id)
+                raise S.not_found(run_id)
             return admin.progress(conn, run_id, int(row.head_seq))
 
     # Human input (the requests are the store's :attr:`requests`): a run's pending ones, answering them.

@@ -1,7 +1,7 @@
 """Leases on PostgreSQL are judged by the database's clock, not by the clock of each worker.
 
 A "process" with a skewed clock is simulated by replacing the ``time`` module the store's methods,
-its leases and the queue read (``graphflow_durable.store.time``, ``..._storage.leasing.time``,
+its leases and the queue read (``graphflow_durable.store.time``, ``..._storage.lease.time``,
 ``..._storage.workqueue.time``) with one whose ``time()`` is off by a fixed amount, only while that
 worker acts.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import graphflow_durable._storage.leasing as leasing_module
+import graphflow_durable._storage.lease as lease_module
 import graphflow_durable.store as store_module
 from graphflow_durable._storage import workqueue as workqueue_module
 from graphflow_durable.errors import RunLockedError
@@ -43,7 +43,7 @@ def skewed_clock(monkeypatch: pytest.MonkeyPatch) -> Any:
     def skewed(seconds: float) -> Iterator[None]:
         with monkeypatch.context() as patch:
             fake = _SkewedTime(seconds)
-            for module in (store_module, leasing_module, workqueue_module):
+            for module in (store_module, lease_module, workqueue_module):
                 patch.setattr(module, "time", fake)
             assert abs(store_module.time.time() - _time.time() - seconds) < 1
             yield

@@ -124,8 +124,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The parts of a GraphFlow team the durable runtime reaches into, in one place.",
     ),
     "_storage/admin.py": (
-        250,
-        "Operations on a run from outside its driver: cancel, retry, and what ``runs show`` reads.",
+        550,
+        "Operations on runs from outside their driver: cancel, retry, delete, prune, stats, runs show.",
     ),
     "_storage/checksum.py": (
         200,
@@ -140,29 +140,20 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "A run's export document (``Store.export_run`` / ``Store.import_run``; ``runs export`` /...",
     ),
     "_storage/engine.py": (
-        400,
-        "Engine set-up per backend: SQLite pragmas and ``BEGIN IMMEDIATE``, PostgreSQL over psyc...",
+        500,
+        "Engine set-up per backend: SQLite pragmas, PostgreSQL connections that give up on a silent server.",
     ),
     "_storage/items.py": (
         200,
         "One item of the commit writer's group, written on the group's connection: a commit's gu...",
     ),
     "_storage/lease.py": (
-        250,
-        "Lease rules, without I/O on the database: who may take a run over, and the errors that...",
-    ),
-    "_storage/leasing.py": (
-        100,
-        "A run's lease, taken, renewed and given back inside the store's transactions.",
+        400,
+        "A run's lease: its rules, and the one takeover path the driver and the queue share; renew, release.",
     ),
     "_storage/migrations.py": (
         550,
         "Versioned schema migrations: an append-only tuple of ``(version, description, function)``.",
-    ),
-    "_storage/pgconnect.py": (100, "PostgreSQL connections that give up on a server that does not answer."),
-    "_storage/queue.py": (
-        250,
-        "The worker-pool queue: value objects and the statements ``store.queue.claim()`` runs.",
     ),
     "_storage/reading.py": (
         300,
@@ -172,31 +163,25 @@ BUDGETS: dict[str, tuple[int, str]] = {
         400,
         "Requests for human input (schema version 8): :class:`InputRequests`, held by a store as...",
     ),
-    "_storage/retention.py": (300, "Deleting runs and retention, and the store's statistics."),
-    "_storage/rows.py": (
-        100,
-        "A run's row: read by id (an unknown id is :func:`not_found`), and rows as the database...",
-    ),
     "_storage/schema.py": (
         200,
         "SQLAlchemy Core tables: the single source of the schema the store reads and writes.",
     ),
-    "_storage/statements.py": (450, "The store's SQL statements, built once at import."),
-    "_storage/timetravel.py": (
-        200,
-        "A run at a past step: the cut read back (``Store.cut``) and a new run started from it (...",
+    "_storage/statements.py": (
+        500,
+        "The store's SQL statements, built once at import; a run's row read by id (``not_found``, ``run_row``).",
     ),
     "_storage/transfer.py": (
-        200,
-        "A run's rows copied as they are: to a new run (a fork), or to and from the JSON documen...",
+        350,
+        "A run's rows copied as they are: a cut and its fork, and to and from an export document.",
     ),
     "_storage/urls.py": (
         450,
         "Store URLs: the package's options in the query, the driver's options, and the URL to wr...",
     ),
     "_storage/workqueue.py": (
-        350,
-        "The worker-pool queue (schema version 3): :class:`WorkQueue`, held by a store as ``stor...",
+        600,
+        "The worker-pool queue: ``store.queue``, its value objects and the statements of its claim.",
     ),
     "_storage/writer.py": (350, "The commit hot path: a writer thread per store that commits in groups."),
     "_version.py": (

@@ -23,7 +23,7 @@ from graphflow_durable._model.records import (
 )
 from graphflow_durable._storage.checksum import add_sums
 from graphflow_durable._storage.lease import lease_lost, process_identity
-from graphflow_durable._storage.rows import not_found
+from graphflow_durable._storage.statements import not_found
 from graphflow_durable.errors import ConflictError, StoreError, UsageError
 
 __all__ = [

@@ -10,11 +10,19 @@ limits (a migration may wait on the migration lock, or rewrite a big table, for 
 A PostgreSQL connection is bounded in time, so that a network partition is an error within seconds
 instead of a hang: ``connect_timeout``, TCP keepalives and ``tcp_user_timeout`` (libpq, defaults in
 ``urls``), ``statement_timeout`` and ``lock_timeout`` set on each new connection, and a client-side
-bound on each wait for the server's answer (``pgconnect``).
+bound on each wait for the server's answer (:func:`_bounded_connection`).
+
+That last bound is for a peer the TCP settings miss: one that still acknowledges the bytes but never
+answers (a pooler or proxy such as PgBouncer, HAProxy or a cloud SQL proxy cut off from the server,
+or a frozen server host whose kernel still runs). A connection waits at most ``statement_timeout``
+plus :data:`GRACE` seconds for the server (the server cancels a slow statement itself, and says so,
+before the client gives up), then closes and raises :class:`psycopg.OperationalError`; SQLAlchemy
+sees a closed connection, so the pool drops it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sqlite3
@@ -24,6 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from selectors import DefaultSelector
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -41,6 +50,7 @@ from graphflow_durable._storage.urls import (
 from graphflow_durable.errors import StoreError
 
 __all__ = [
+    "GRACE",
     "Engines",
     "describe",
     "guarded",
@@ -321,8 +331,7 @@ def _enter_wal(cursor: sqlite3.Cursor, timeout: float) -> Any:
 
 def _postgresql(target: StoreUrl) -> Engines:
     # psycopg is optional (SQLite needs none): imported only for a PostgreSQL store.
-    from graphflow_durable._storage.pgconnect import GRACE, BoundedConnection
-
+    bounded = _bounded_connection()
     url = target.engine_url
     # The URL's own libpq parameters win; the defaults go in connect_args, so messages show the URL.
     known = libpq_keywords()
@@ -342,7 +351,7 @@ def _postgresql(target: StoreUrl) -> Engines:
 
     @event.listens_for(engine, "do_connect")
     def _do_connect(_dialect: object, _record: object, cargs: Any, cparams: Any) -> Any:
-        return BoundedConnection.connect(*cargs, **cparams)
+        return bounded.connect(*cargs, **cparams)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: object) -> None:
@@ -374,3 +383,68 @@ def _postgresql(target: StoreUrl) -> Engines:
         serial=nullcontext(),
         target=target,
     )
+
+
+#: Seconds the client waits past ``statement_timeout`` before it gives a silent server up.
+GRACE = 5.0
+#: How often a bounded wait wakes up (lets a signal handler, e.g. Ctrl+C, run in the main thread).
+_INTERVAL = 0.1
+
+
+@functools.cache
+def _bounded_connection() -> Any:
+    """The psycopg connection class whose waits for the server end after ``answer_within`` seconds.
+
+    Made on first use: psycopg is an optional dependency, imported only for a PostgreSQL store.
+    ``answer_within`` is ``None`` for no bound (the psycopg wait); the engine sets it on connect
+    and lifts it for a migration (which may legitimately wait long on the migration lock).
+    """
+    import psycopg
+    from psycopg.abc import PQGen
+
+    class BoundedConnection(psycopg.Connection[Any]):
+        answer_within: float | None = None
+
+        def wait(self, gen: PQGen[_T], *args: Any, **kwargs: Any) -> _T:
+            """Consume ``gen`` like psycopg does, within :attr:`answer_within` seconds."""
+            bound = self.answer_within
+            if bound is None:
+                return super().wait(gen, *args, **kwargs)
+            try:
+                result: _T = _wait(gen, self.pgconn.socket, time.monotonic() + bound)
+                return result
+            except TimeoutError:
+                self.pgconn.finish()  # the protocol state is unknown: this connection is done
+                raise psycopg.OperationalError(
+                    f"no answer from the server within {bound:g} s (statement_timeout + {GRACE:g} s); "
+                    "the connection is given up as lost (a network partition, or a proxy or server "
+                    "that stopped answering)"
+                ) from None
+
+    return BoundedConnection
+
+
+def _wait(gen: Any, fileno: int, deadline: float) -> Any:
+    """psycopg's selector wait with a deadline (:class:`TimeoutError` when it passes).
+
+    ``gen`` yields the events it waits for (psycopg's ``Wait``: 1 read, 2 write, 3 both, the
+    selector's own flags) and is sent the events that are ready. (psycopg 3.2 has a ``timeout=``
+    of its own, but the package still supports psycopg 3.1.)
+    """
+    try:
+        waiting = next(gen)
+        with DefaultSelector() as selector:
+            selector.register(fileno, waiting)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                ready = selector.select(timeout=min(left, _INTERVAL))
+                if not ready:
+                    continue
+                now = gen.send(ready[0][1])  # the selector's events are psycopg's Ready flags
+                if now != waiting:
+                    waiting = now
+                    selector.modify(fileno, waiting)
+    except StopIteration as done:
+        return done.value

@@ -16,8 +16,7 @@ from typing import Any
 
 from graphflow_durable._storage.commit import CommitParams, CreateParams, refusal, run_exists
 from graphflow_durable._storage.engine import Engines
-from graphflow_durable._storage.rows import run_record
-from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared
+from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared, run_record
 
 __all__ = ["GroupItems", "Item"]
 

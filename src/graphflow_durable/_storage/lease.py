@@ -1,9 +1,13 @@
-"""Lease rules, without I/O on the database: who may take a run over, and the errors that say no.
+"""A run's lease: the rules (who may take a run over, the errors that say no) and the statements
+that apply them inside the store's transactions (taken, renewed, given back).
 
-The store reads the run's lease columns under its write lock, asks :func:`takeover_reason`, and
-writes the new owner and token in the same transaction. A holder counts as dead before its lease
-expires only when :func:`owner_gone` proves it from the identity stored with the lease
-(:func:`process_identity`: boot id, PID namespace, start time), never from host name and pid alone.
+The store reads the run's lease columns under its write lock and :func:`take_over` asks
+:func:`takeover_reason` and writes the new owner and fencing token in the same transaction: the one
+takeover path, for a driver's :func:`acquire` and for the work queue's claim. A holder counts as
+dead before its lease expires only when :func:`owner_gone` proves it from the identity stored with
+the lease (:func:`process_identity`: boot id, PID namespace, start time), never from host name and
+pid alone. Expiry is judged, and stored, by the database server's clock on PostgreSQL (``p_now``,
+this host's clock, is only SQLite's).
 """
 
 from __future__ import annotations
@@ -14,14 +18,22 @@ import json
 import os
 import socket
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import sqlalchemy as sa
+
+from graphflow_durable._storage import statements as S
 from graphflow_durable.errors import LeaseLostError, RunLockedError
 
 __all__ = [
     "NOBODY",
     "LeaseRow",
+    "LeaseRowNow",
+    "Takeover",
+    "acquire",
     "holder_gone",
     "iso",
     "lease_lost",
@@ -29,6 +41,9 @@ __all__ = [
     "owner_gone",
     "pid_alive",
     "process_identity",
+    "release",
+    "renew",
+    "take_over",
     "takeover_reason",
 ]
 
@@ -54,6 +69,16 @@ class LeaseRow(Protocol):
     def lease_expires_at(self) -> float | None: ...
     @property
     def lease_process(self) -> str | None: ...
+
+
+class LeaseRowNow(LeaseRow, Protocol):
+    """A run's lease columns read under its lock, with its id and the lease clock's time then
+    (``statements.SELECT_LEASE_NOW``; the queue's claimable runs): what :func:`take_over` reads."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def db_now(self) -> float: ...
 
 
 def pid_alive(pid: int) -> bool:
@@ -210,3 +235,105 @@ def lease_lost(run_id: str, fencing_token: int, row: LeaseRow, owner: str | None
         owner=row.lease_owner,
         expires_at=None if row.lease_owner is None else row.lease_expires_at,
     )
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A lease taken by :func:`take_over`: the new fencing token, why it was allowed, its expiry."""
+
+    token: int
+    reason: str
+    expires_at: float
+
+
+def take_over(
+    conn: sa.Connection,
+    row: LeaseRowNow,
+    *,
+    asking: str,
+    owner: str,
+    host: str,
+    pid: int,
+    lease_seconds: float,
+    now: float,
+) -> Takeover | None:
+    """Take the lease of the run ``row`` was read from (under its lock) for ``owner`` if
+    :func:`takeover_reason` lets ``asking`` (``owner`` itself, or :data:`NOBODY` to judge the
+    holder's own lease as anyone else's): the store's next fencing token, written with the new
+    holder in one statement that checks the rule again by the lease clock. ``None`` (nothing
+    changed) when the holder keeps it, or the row changed since it was read (SQLite cannot lock
+    it; or the database's clock went back between the two statements).
+    """
+    reason = takeover_reason(row, asking, float(row.db_now))
+    if reason is None:
+        return None
+    token = S.next_token(conn)  # after the row's lock (SQLite: the write lock): a run's tokens only grow
+    expires = conn.execute(
+        S.UPDATE_LEASE,
+        {
+            "p_run_id": row.run_id,
+            "p_now": now,
+            "p_old_token": row.fencing_token,
+            "p_token": token,
+            "p_owner": owner,
+            "p_host": host,
+            "p_pid": pid,
+            "p_process": process_identity(pid),
+            "p_seconds": lease_seconds,
+            # the holder is alive by the clock, but take_over proved its process dead
+            "p_early": reason.startswith("holder process"),
+        },
+    ).scalar()
+    return None if expires is None else Takeover(token, reason, float(expires))
+
+
+def acquire(
+    conn: sa.Connection, run_id: str, owner: str, lease_seconds: float, host: str, pid: int
+) -> tuple[int, str, str | None]:
+    """Take the lease for ``owner``: the new fencing token (the store's next), why it was allowed, the
+    previous owner.
+
+    Raises RunNotFoundError or RunLockedError (nothing changed).
+    """
+    now = time.time()
+    p = {"p_run_id": run_id, "p_now": now}
+    row = conn.execute(S.SELECT_LEASE_NOW.with_for_update(), p).first()
+    if row is None:
+        raise S.not_found(run_id)
+    taken = take_over(
+        conn, row, asking=owner, owner=owner, host=host, pid=pid, lease_seconds=lease_seconds, now=now
+    )
+    if taken is None:  # a live holder keeps it (or the database's clock went back meanwhile)
+        again = conn.execute(S.SELECT_LEASE, p).first()
+        raise locked(run_id, again) if again is not None else S.not_found(run_id)
+    return taken.token, taken.reason, row.lease_owner
+
+
+def renew(
+    conn: sa.Connection, run_id: str, owner: str, fencing_token: int, lease_seconds: float
+) -> tuple[float, float | None]:
+    """Extend the lease ``owner`` holds with ``fencing_token``; the new expiry, and when a cancel of
+    the run was requested (``None``: it was not), read in the same statement.
+
+    Raises RunNotFoundError or LeaseLostError.
+    """
+    params = {
+        "p_run_id": run_id,
+        "p_owner": owner,
+        "p_token": fencing_token,
+        "p_seconds": lease_seconds,
+        "p_now": time.time(),
+    }
+    renewed = conn.execute(S.RENEW_LEASE, params).first()
+    if renewed is None:
+        row = conn.execute(S.SELECT_LEASE, {"p_run_id": run_id}).first()
+        if row is None:
+            raise S.not_found(run_id)
+        raise lease_lost(run_id, fencing_token, row, owner)
+    cancel = renewed.cancel_requested_at
+    return float(renewed.lease_expires_at), None if cancel is None else float(cancel)
+
+
+def release(conn: sa.Connection, run_id: str, fencing_token: int) -> bool:
+    """Give the lease up if ``fencing_token`` still holds it; whether it did."""
+    return bool(conn.execute(S.RELEASE_LEASE, {"p_run_id": run_id, "p_token": fencing_token}).rowcount)

@@ -30,7 +30,6 @@ from graphflow_durable._storage.checksum import (
     step_matches,
     step_sum,
 )
-from graphflow_durable._storage.rows import not_found, run_row
 
 __all__ = ["Verification", "head_scheduler", "message_gaps", "read_log", "scan_run", "step_gaps"]
 
@@ -92,7 +91,7 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
     ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read).
     """
     p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
-    run = run_row(conn, run_id)
+    run = S.run_row(conn, run_id)
     steps = []
     for s in conn.execute(S.SELECT_STEPS if at is None else S.SELECT_STEPS_TO, p):
         if s.checksum is not None and not step_matches(s.checksum, run_id, s.seq, s.kind, s.node, s.data):
@@ -142,7 +141,7 @@ def head_scheduler(conn: sa.Connection, run_id: str, url: str) -> Any:
     """The decoded scheduler JSON of the run's head step (``None`` before the first step), checked."""
     run = conn.execute(S.SELECT_RUN, {"p_run_id": run_id}).mappings().first()
     if run is None:
-        raise not_found(run_id)
+        raise S.not_found(run_id)
     text = _scheduler(conn, run_id, run["head_seq"], url)
     return None if text is None else loads(text)
 

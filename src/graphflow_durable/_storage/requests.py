@@ -22,7 +22,6 @@ from graphflow_durable._model.human import InputRequest, parked_on
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import lease_lost
-from graphflow_durable._storage.rows import not_found
 from graphflow_durable._storage.schema import input_requests, runs
 from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError
 
@@ -96,7 +95,7 @@ def _fenced(conn: Connection, run_id: str, fencing_token: int | None) -> None:
         return
     row = conn.execute(S.SELECT_LEASE.with_for_update(), {"p_run_id": run_id}).first()
     if row is None:
-        raise not_found(run_id)
+        raise S.not_found(run_id)
     if row.fencing_token != fencing_token:
         raise lease_lost(run_id, fencing_token, row)
 
@@ -155,7 +154,7 @@ def _answer(
         sa.select(runs.c.status, runs.c.result).where(runs.c.run_id == run_id).with_for_update()
     ).first()
     if row is None:
-        raise not_found(run_id)
+        raise S.not_found(run_id)
     status = row.status
     open_ = _pending(conn, [run_id])
     ids = [r.request_id for r in open_]

@@ -1,4 +1,5 @@
-"""The store's SQL statements, built once at import.
+"""The store's SQL statements, built once at import; and a run's row read by id (an unknown id is
+:func:`not_found`) and turned into a :class:`RunRecord` (JSON decoded).
 
 Building a statement once lets SQLAlchemy's compiled cache serve every later execution, so the hot
 path (:meth:`Store.commit`) only binds parameters. Bind parameter names start with ``p_`` because
@@ -17,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Dialect, RowMapping
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, FunctionElement
 
+from graphflow_durable._model.codec import loads
+from graphflow_durable._model.records import RunRecord
 from graphflow_durable._storage.schema import (
     FENCING_SEQUENCE,
     agent_states,
@@ -30,6 +33,7 @@ from graphflow_durable._storage.schema import (
     runs,
     steps,
 )
+from graphflow_durable.errors import RunNotFoundError
 
 __all__ = [
     "DB_NOW",
@@ -60,6 +64,9 @@ __all__ = [
     "draw_token",
     "lease_clock",
     "next_token",
+    "not_found",
+    "run_record",
+    "run_row",
 ]
 
 _R = runs.c
@@ -406,3 +413,45 @@ class HotPath:
 
 
 _compiled: dict[tuple[Any, ...], HotPath] = {}
+
+
+def not_found(run_id: str) -> RunNotFoundError:
+    """The error for a run id the store does not have (nothing was changed). One wording for every
+    caller: the CLI prints it as it is, so it names the command that lists the runs."""
+    return RunNotFoundError(
+        f"run {run_id} does not exist, nothing was changed; 'graphflow-durable runs list' lists the runs",
+        run_id=run_id,
+    )
+
+
+def run_row(conn: sa.Connection, run_id: str) -> RunRecord:
+    """The run's row; :class:`RunNotFoundError` when there is none."""
+    row = conn.execute(SELECT_RUN, {"p_run_id": run_id}).mappings().first()
+    if row is None:
+        raise not_found(run_id)
+    return run_record(row)
+
+
+def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:
+    """A run's row (as stored: JSON text) as a :class:`RunRecord` (JSON decoded)."""
+    task, result = row["task"], row["result"]
+    return RunRecord(
+        run_id=row["run_id"],
+        graph_fingerprint=row["graph_fingerprint"],
+        graph=loads(row["graph"]),
+        status=row["status"],
+        head_seq=row["head_seq"],
+        message_count=row["message_count"],
+        task=None if task is None else loads(task),
+        result=None if result is None else loads(result),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        fencing_token=row["fencing_token"],
+        parent_run_id=row["parent_run_id"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        lease_host=row["lease_host"],
+        lease_pid=row["lease_pid"],
+        lease_process=row.get("lease_process"),
+        cancel_requested_at=row.get("cancel_requested_at"),
+    )

@@ -18,7 +18,7 @@ import click
 
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
-from graphflow_durable._storage.rows import not_found
+from graphflow_durable._storage.statements import not_found
 from graphflow_durable.cli._common import Choice, json_option, store_option
 from graphflow_durable.cli._inspect import lease_state
 from graphflow_durable.store import RUN_STATUSES, Removal, Store

@@ -696,8 +696,8 @@ class Store:
 
     def delete_run(self, run_id: str, *, force: bool = False, dry_run: bool = False) -> Removal:
         """Delete a run and everything of it, in one transaction: its steps, messages, agent states,
-        queue row, and its nested runs (``parent_run_id`` equal to it, and the runs nested durable
-        teams drove inside its turns: ``RUN/node/step/team``), recursively. A submission whose run
+        queue row, and its nested runs (those whose ``parent_run_id`` is it, at any depth: the runs
+        nested durable teams drove inside its turns, and its forks). A submission whose run
         was not created yet is deleted too. ``dry_run``: count, remove nothing.
 
         Raises:

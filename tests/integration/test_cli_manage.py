@@ -82,6 +82,21 @@ def test_show_of_a_held_run_names_its_driver_and_expiry(
     assert next(line for line in out if line.startswith("cancel")).split()[1] == "requested"
 
 
+def test_show_of_a_nested_run_prints_its_parent_and_of_a_top_level_run_no_parent_line(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Store(store_url) as store:
+        made(store, "outer", status="finished")
+        made(store, "outer/T/2/inner", status="finished", parent="outer")
+    code, out, _ = cli(capsys, store_url, "show", "outer/T/2/inner")
+    assert code == EXIT_OK and out[:2] == ["run         outer/T/2/inner", "parent      outer"]
+    code, out, _ = cli(capsys, store_url, "show", "outer")
+    assert code == EXIT_OK and out[1] == "status      finished"
+    assert not any(line.startswith("parent") for line in out)
+    code, out, _ = cli(capsys, store_url, "show", "outer/T/2/inner", "--json")
+    assert json.loads(out[0])["parent_run_id"] == "outer"
+
+
 def test_show_of_a_submission_not_started_yet_says_submitted(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,7 +169,7 @@ def test_delete_refuses_a_running_run_without_force_and_deletes_with_it(
     with Store(store_url) as store:
         store.create_run("live", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
         made(store, "done", status="finished")
-        made(store, "done/A/2/inner", status="finished")
+        made(store, "done/A/2/inner", status="finished", parent="done")
     code, out, err = cli(capsys, store_url, "delete", "live")
     assert (code, out) == (EXIT_REFUSED, [])
     one_line_error(err, "run live was not deleted: it is running", "--force")

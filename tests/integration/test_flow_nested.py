@@ -84,6 +84,19 @@ async def test_an_inner_team_with_no_configuration_stores_in_the_outer_store_und
     assert {r.run_id for r in outer.store.list_runs()} == {"outer", *(f"{k}/inner" for k in t.keys)}
 
 
+async def test_an_inner_teams_run_records_the_outer_run_as_its_parent_and_is_deleted_with_it(
+    store_url: str,
+) -> None:
+    calls: list[str] = []
+    outer, t = _outer(store_url, "outer", calls)
+    await outer.run(task="go")
+    inner_run = outer.store.get_run(t.inner.run_id)
+    assert inner_run is not None and inner_run.parent_run_id == "outer"
+    removed = outer.store.delete_run("outer")
+    assert removed.run_ids == ("outer", t.inner.run_id)
+    assert outer.store.get_run(t.inner.run_id) is None and outer.store.list_runs() == []
+
+
 async def test_an_interrupted_inner_team_resumes_inside_when_a_new_outer_team_reruns_the_turn(
     store_url: str,
 ) -> None:

@@ -230,3 +230,55 @@ def test_a_store_with_tokens_gets_a_token_counter_above_every_token_stored(
         assert tokens == [top + 1, top + 2, top + 3, top + 4], tokens
         high = store.get_run("high")
         assert high is not None and high.fencing_token == top + 4 > 2**31
+
+
+#: The last schema version before a nested run recorded its outer run in ``parent_run_id``.
+NESTED_BY_ID = 10
+
+
+def test_nested_runs_of_an_older_store_get_their_outer_run_as_parent_and_are_deleted_with_it(
+    store_url: str, raw: sa.Engine
+) -> None:
+    """A store made before schema version 11 knew a nested durable team's run by its id alone
+    (``OUTER/node/step/team``); the migration records the outer run as its parent, so deleting the
+    outer run deletes it; ids that only look alike, or whose outer run is gone, are left alone."""
+    engines = open_engines(store_url)
+    try:
+        older = tuple(m for m in _migrations.MIGRATIONS if m[0] <= NESTED_BY_ID)
+        _migrations.migrate(engines.write, url=engines.url, migrations=older)
+    finally:
+        engines.engine.dispose()
+    parents = {
+        "outer": None,
+        "outer/A/2/inner": None,  # a nested team's run
+        "outer/A/2/inner/B/3/deeper": None,  # nested in it
+        "fork": "outer",  # recorded already (a fork of outer): kept
+        "outer/notnested": None,
+        "outer/A/x/inner": None,  # no step number
+        "gone/A/2/inner": None,  # its outer run was deleted
+    }
+    with raw.begin() as conn:
+        for token, (run_id, parent) in enumerate(parents.items(), start=1):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO graphflow_runs (run_id, graph_fingerprint, graph, status, head_seq, "
+                    "message_count, fencing_token, parent_run_id, created_at, updated_at) "
+                    "VALUES (:r, 'f', '{}', 'finished', 0, 0, :t, :p, 0, 0)"
+                ),
+                {"r": run_id, "t": token, "p": parent},
+            )
+    with Store(store_url) as store:
+        assert store.schema_version() == _migrations.HEAD
+        found = {run.run_id: run.parent_run_id for run in store.list_runs()}
+        assert found == {
+            **parents,
+            "outer/A/2/inner": "outer",
+            "outer/A/2/inner/B/3/deeper": "outer/A/2/inner",
+        }
+        removed = store.delete_run("outer")
+        assert set(removed.run_ids) == {"outer", "outer/A/2/inner", "outer/A/2/inner/B/3/deeper", "fork"}
+        assert sorted(run.run_id for run in store.list_runs()) == [
+            "gone/A/2/inner",
+            "outer/A/x/inner",
+            "outer/notnested",
+        ]

@@ -175,12 +175,15 @@ def test_retry_refuses_a_held_run_an_ended_one_and_an_unknown_one(store: Store) 
 def test_delete_removes_every_row_of_the_run_and_its_nested_runs_and_nothing_else(
     store: Store, raw: sa.Engine
 ) -> None:
+    """Nested runs are the runs whose ``parent_run_id`` leads to the run, at any depth; a run whose
+    id only looks like a nested run's is not one."""
     store.queue.submit("run-1", task="go", team="t")
     made(store, "run-1", status="finished")
-    made(store, "run-1/a/3/inner", status="finished")  # a nested durable team's run
-    made(store, "run-1/a/3/inner/b/2/deeper", status="finished")  # nested in the nested one
+    made(store, "run-1/a/3/inner", status="finished", parent="run-1")  # a nested durable team's run
+    deeper = "run-1/a/3/inner/b/2/deeper"  # nested in the nested one
+    made(store, deeper, status="finished", parent="run-1/a/3/inner")
     made(store, "child", status="finished", parent="run-1")
-    keep = ["run-10", "run-1/notnested", "run-1_x", "other"]
+    keep = ["run-10", "run-1/notnested", "run-1_x", "other", "run-1/a/4/lookalike"]
     for run_id in keep:
         made(store, run_id, status="finished")
     before = {run_id: rows_of(raw, run_id) for run_id in keep}
@@ -207,7 +210,14 @@ def test_delete_refuses_a_running_run_unless_forced(store: Store, raw: sa.Engine
         store.delete_run("run-1")
     assert rows_of(raw, "run-1") == before
     made(store, "run-2", status="finished")
-    start(store, "run-2/a/1/inner")  # a nested run still being driven
+    store.create_run(  # a nested run still being driven
+        "run-2/a/1/inner",
+        graph_fingerprint="fp",
+        graph={},
+        owner="worker-1",
+        lease_seconds=LEASE,
+        parent_run_id="run-2",
+    )
     with pytest.raises(RunStateError, match="its nested run run-2/a/1/inner is running"):
         store.delete_run("run-2")
     assert store.delete_run("run-1", force=True).run_ids == ("run-1",)

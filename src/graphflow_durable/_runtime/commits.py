@@ -73,6 +73,7 @@ class Commits:
             graph=session.graph_description,
             owner=session.owner,
             lease_seconds=session.lease_seconds,
+            parent_run_id=session.parent_run_id,
             first_step=first_step,
             agent_states=agent_states,
         )

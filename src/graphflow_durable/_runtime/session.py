@@ -105,6 +105,7 @@ class RunSession:
         self.run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
         self.run_id_given = run_id is not None
         self.nested = False  # the run id was derived from an outer durable turn
+        self.parent_run_id: str | None = None  # that turn's run, recorded with a new nested run
         self.outer_attempt = 0  # the attempt of the outer turn the nested run was last bound in
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_seconds = lease_seconds
@@ -157,7 +158,7 @@ class RunSession:
         run_id = f"{outer.idempotency_key}/{team_name}"
         if run_id == self.run_id and outer.attempt == self.outer_attempt:
             return False
-        self.run_id, self.outer_attempt = run_id, outer.attempt
+        self.run_id, self.outer_attempt, self.parent_run_id = run_id, outer.attempt, outer.run_id
         self.forget()
         # A state loaded before the team knew this run (its agent's state restored to the outer
         # node's last committed turn, e.g. by SocietyOfMindAgent) predates this turn: the turn's run

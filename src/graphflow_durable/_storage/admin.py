@@ -8,10 +8,9 @@ the driver itself records the run ``cancelled``. A run nobody holds is changed d
 fencing token is replaced by a new one, so a driver whose lease ran out can no longer commit to it.
 
 Deleting a run removes its steps, messages, agent states, requests for human input and queue row,
-and its nested runs: the runs recorded with ``parent_run_id`` equal to it, and the runs a nested
-durable team drove inside its agents' turns (run id ``RUN/node/step/team``), recursively. A run
-that is ``running`` or held by a live driver is refused (``delete``) or skipped (``prune``) unless
-forced.
+and its nested runs: the runs whose ``parent_run_id`` is it (a nested durable team's run records
+its outer run there, a fork its source), at any depth. A run that is ``running`` or held by a live
+driver is refused (``delete``) or skipped (``prune``) unless forced.
 """
 
 from __future__ import annotations
@@ -313,29 +312,20 @@ class StoreStats:
         }
 
 
-def _nested(conn: sa.Connection, parents: Sequence[str]) -> list[str]:
-    """The runs nested in ``parents`` (one level): ``parent_run_id`` among them, or a run id
-    ``PARENT/node/step/team`` (the id a nested durable team derives from its outer turn)."""
-    found: list[str] = []
-    for chunk in _chunks(parents):
-        by_parent = sa.select(_R.run_id).where(_R.parent_run_id.in_(chunk))
-        found.extend(conn.execute(by_parent).scalars())
-        for parent in chunk:
-            pattern = _escape(parent) + "/%"
-            derived = sa.select(_R.run_id).where(_R.run_id.like(pattern, escape="\\"))
-            for child in conn.execute(derived).scalars():
-                node, step, team = ([*child[len(parent) + 1 :].split("/", 2), "", ""])[:3]
-                if node and step.isdigit() and team and "/" not in team:
-                    found.append(child)
-    return list(dict.fromkeys(found))
-
-
-def _family(conn: sa.Connection, run_ids: Iterable[str]) -> list[str]:
-    """``run_ids`` and every run nested in them, at any depth."""
+def _family(conn: sa.Connection, run_ids: Sequence[str]) -> list[str]:
+    """``run_ids`` and every run nested in them, at any depth (the runs whose ``parent_run_id``
+    leads to one of them): roots first, then each level in run id order. One recursive query;
+    ``UNION`` ends it on a cycle of parents (which imported runs can make)."""
+    pair = (_R.run_id, _R.parent_run_id)
+    tree = sa.select(*pair).where(_R.run_id.in_(list(run_ids))).cte("tree", recursive=True)
+    tree = tree.union(sa.select(*pair).join(tree, _R.parent_run_id == tree.c.run_id))
+    children: dict[str | None, list[str]] = {}
+    for run_id, parent in conn.execute(sa.select(tree.c.run_id, tree.c.parent_run_id)):
+        children.setdefault(parent, []).append(run_id)
     seen = dict.fromkeys(run_ids)
     level = list(seen)
     while level:
-        level = [child for child in _nested(conn, level) if child not in seen]
+        level = sorted({child for run_id in level for child in children.get(run_id, ()) if child not in seen})
         seen.update(dict.fromkeys(level))
     return list(seen)
 
@@ -473,8 +463,3 @@ def _bytes(conn: sa.Connection) -> dict[str, int | None]:
 def _chunks(items: Sequence[str]) -> Iterable[list[str]]:
     for start in range(0, len(items), _CHUNK):
         yield list(items[start : start + _CHUNK])
-
-
-def _escape(text: str) -> str:
-    """``text`` as a literal LIKE prefix (escape character ``\\``)."""
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

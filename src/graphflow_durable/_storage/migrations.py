@@ -290,6 +290,34 @@ def _m0010_fencing_tokens(conn: Connection) -> None:
         conn.execute(sa.text("INSERT INTO graphflow_fencing_tokens (last_token) VALUES (:top)"), {"top": top})
 
 
+def _m0011_nested_run_parents(conn: Connection) -> None:
+    """Version 11: a nested durable team's run records its outer run in ``parent_run_id``, so that
+    deleting a run finds its nested runs through that column alone. Until now only its id said so:
+    ``OUTER/node/step/team`` (the outer turn's idempotency key and the team's name). This is the one
+    place a run id is parsed: a run without a parent whose id has that shape, and whose ``OUTER``
+    is a run of the store, gets ``OUTER`` as its parent."""
+    shaped = conn.execute(
+        sa.text("SELECT run_id FROM graphflow_runs WHERE parent_run_id IS NULL AND run_id LIKE '%/%/%/%'")
+    ).scalars()
+    parents: dict[str, str] = {}
+    for run_id in shaped:
+        outer, node, step, team = ["", "", "", "", *str(run_id).rsplit("/", 3)][-4:]
+        if outer and node and step.isdigit() and team:
+            parents[str(run_id)] = outer
+    exists = sa.text("SELECT run_id FROM graphflow_runs WHERE run_id IN :ids").bindparams(
+        sa.bindparam("ids", expanding=True)
+    )
+    wanted = sorted(set(parents.values()))
+    found: set[str] = set()
+    for start in range(0, len(wanted), 500):
+        found.update(conn.execute(exists, {"ids": wanted[start : start + 500]}).scalars())
+    rows = [{"p_parent": outer, "p_run": run_id} for run_id, outer in parents.items() if outer in found]
+    if rows:
+        conn.execute(
+            sa.text("UPDATE graphflow_runs SET parent_run_id = :p_parent WHERE run_id = :p_run"), rows
+        )
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -307,6 +335,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         _m0009_request_texts_as_json,
     ),
     (10, "fencing tokens from one store-wide counter, never repeated for a run id", _m0010_fencing_tokens),
+    (11, "a nested team's run records its outer run (parent_run_id)", _m0011_nested_run_parents),
 )
 
 #: The schema version this package writes.

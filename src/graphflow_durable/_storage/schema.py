@@ -55,6 +55,8 @@ runs = sa.Table(
     sa.Column("lease_expires_at", sa.Double, nullable=True),
     # drawn from the store-wide counter (version 10: BIGINT; see fencing_tokens)
     sa.Column("fencing_token", sa.BigInteger, nullable=False),
+    # the run this one belongs to (a nested team's outer run, a fork's source; version 11: set
+    # for the nested runs made before); deleting a run deletes the runs that name it, at any depth
     sa.Column("parent_run_id", sa.String, nullable=True),
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),

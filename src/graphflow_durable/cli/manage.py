@@ -173,6 +173,7 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         lease = f"{run.lease_owner} ({where}; {shown['lease_state']}, until {iso(run.lease_expires_at)})"
     lines = [
         ("run", run.run_id),
+        *([] if run.parent_run_id is None else [("parent", run.parent_run_id)]),
         ("status", run.status),
         ("round", str(at.rounds)),
         ("head", f"{run.head_seq} ({step} at {iso(at.head_at)})" if at.head_at is not None else "0"),

@@ -202,6 +202,18 @@ def test_delete_removes_every_row_of_the_run_and_its_nested_runs_and_nothing_els
     assert {run_id: rows_of(raw, run_id) for run_id in keep} == before
 
 
+def test_delete_ends_on_a_cycle_of_parents_and_removes_the_cycle_once(store: Store) -> None:
+    """Imported runs may name each other as parents (or themselves): the tree query still ends."""
+    made(store, "self", status="finished", parent="self")
+    made(store, "a", status="finished", parent="b")
+    made(store, "b", status="finished", parent="a")
+    made(store, "c", status="finished", parent="b")
+    assert store.delete_run("self").run_ids == ("self",)
+    gone = store.delete_run("a")
+    assert gone.run_ids == ("a", "b", "c") and gone.rows["graphflow_runs"] == 3
+    assert store.list_runs() == []
+
+
 def test_delete_refuses_a_running_run_unless_forced(store: Store, raw: sa.Engine) -> None:
     token = start(store)
     commit_text(store, "run-1", 0, token, 0)

@@ -127,6 +127,16 @@ def _free(conn: sa.Connection, row: Any, now: float, **values: Any) -> None:
         raise ConflictError(f"run {row.run_id} changed while it was being updated; retry", run_id=row.run_id)
 
 
+def _ended(row: Any, what: str) -> RunStateError:
+    """The error for an operation on a run whose last round ended (stopped, finished): ``what`` (its
+    words after "ended") says why that leaves it nothing to do, and what to do instead."""
+    return RunStateError(
+        f"run {row.run_id} is {row.status}: its last round ended{what}",
+        run_id=row.run_id,
+        status=row.status,
+    )
+
+
 def cancel(conn: sa.Connection, run_id: str, now: float) -> Cancellation:
     """Cancel ``run_id``: ask its live driver to stop, or record it ``cancelled`` if nobody holds it.
 
@@ -138,11 +148,10 @@ def cancel(conn: sa.Connection, run_id: str, now: float) -> Cancellation:
     if row.status == "cancelled":
         return Cancellation(run_id, "already cancelled", "cancelled")
     if row.status in ENDED_STATUSES:
-        raise RunStateError(
-            f"run {run_id} is {row.status}: its last round ended and nothing runs, so there is nothing "
-            "to cancel; delete it (graphflow-durable runs delete) if it is no longer wanted",
-            run_id=run_id,
-            status=row.status,
+        raise _ended(
+            row,
+            " and nothing runs, so there is nothing to cancel; delete it (graphflow-durable runs delete) "
+            "if it is no longer wanted",
         )
     if held(row):
         conn.execute(
@@ -168,11 +177,8 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         raise S.not_found(run_id)
     if row is not None:
         if row.status in ENDED_STATUSES:
-            raise RunStateError(
-                f"run {run_id} is {row.status}: its last round ended, there is nothing to retry; give it "
-                "a new task (run(task=...)) to start another round",
-                run_id=run_id,
-                status=row.status,
+            raise _ended(
+                row, ", there is nothing to retry; give it a new task (run(task=...)) to start another round"
             )
         if held(row):
             raise locked(run_id, row)

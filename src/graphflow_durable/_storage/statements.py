@@ -12,6 +12,7 @@ machinery (about 0.3 ms per commit here, more than a SQLite ``NORMAL`` commit).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import namedtuple
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -226,6 +227,16 @@ SELECT_MESSAGES = (
 )
 
 
+#: An agent-state row as read back: everything its checksum covers, and the checksum.
+_STATE_ROW = (
+    agent_states.c.node,
+    agent_states.c.step_seq,
+    agent_states.c.base_step,
+    agent_states.c.body,
+    agent_states.c.checksum,
+)
+
+
 def _latest_states(*bound: sa.ColumnElement[bool]) -> sa.Select[Any]:
     """Per node of a run: its latest whole state and the deltas after it, in step order; with
     ``bound`` (a condition on the step), only the rows it admits."""
@@ -240,13 +251,7 @@ def _latest_states(*bound: sa.ColumnElement[bool]) -> sa.Select[Any]:
         .subquery("latest")
     )
     return (
-        sa.select(
-            agent_states.c.node,
-            agent_states.c.step_seq,
-            agent_states.c.base_step,
-            agent_states.c.body,
-            agent_states.c.checksum,
-        )
+        sa.select(*_STATE_ROW)
         .join(
             latest,
             sa.and_(agent_states.c.node == latest.c.node, agent_states.c.step_seq >= latest.c.step_seq),
@@ -272,13 +277,7 @@ SCAN_STEPS = (
     .order_by(steps.c.seq)
 )
 SCAN_STATES = (
-    sa.select(
-        agent_states.c.node,
-        agent_states.c.step_seq,
-        agent_states.c.base_step,
-        agent_states.c.body,
-        agent_states.c.checksum,
-    )
+    sa.select(*_STATE_ROW)
     .where(agent_states.c.run_id == _run_id)
     .order_by(agent_states.c.step_seq, agent_states.c.node)
 )
@@ -432,26 +431,20 @@ def run_row(conn: sa.Connection, run_id: str) -> RunRecord:
     return run_record(row)
 
 
+#: The fields of a :class:`RunRecord` that are columns of the run's row as they are (the JSON
+#: columns are decoded; ``pending`` is not stored in the row).
+_PLAIN_RUN_FIELDS = tuple(
+    f.name for f in dataclasses.fields(RunRecord) if f.name not in ("graph", "task", "result", "pending")
+)
+
+
 def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:
     """A run's row (as stored: JSON text) as a :class:`RunRecord` (JSON decoded)."""
     task, result = row["task"], row["result"]
+    plain: dict[str, Any] = {name: row.get(name) for name in _PLAIN_RUN_FIELDS}
     return RunRecord(
-        run_id=row["run_id"],
-        graph_fingerprint=row["graph_fingerprint"],
+        **plain,
         graph=loads(row["graph"]),
-        status=row["status"],
-        head_seq=row["head_seq"],
-        message_count=row["message_count"],
         task=None if task is None else loads(task),
         result=None if result is None else loads(result),
-        lease_owner=row["lease_owner"],
-        lease_expires_at=row["lease_expires_at"],
-        fencing_token=row["fencing_token"],
-        parent_run_id=row["parent_run_id"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        lease_host=row["lease_host"],
-        lease_pid=row["lease_pid"],
-        lease_process=row.get("lease_process"),
-        cancel_requested_at=row.get("cancel_requested_at"),
     )

@@ -29,6 +29,7 @@ through the one takeover path (:func:`~._storage.lease.take_over`), as a driver'
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -117,20 +118,15 @@ class Submission:
     created_at: float
 
 
+#: The fields of a :class:`Submission` that are columns of its queue row as they are (not the task).
+_PLAIN_SUBMISSION_FIELDS = tuple(f.name for f in dataclasses.fields(Submission) if f.name != "task")
+
+
 def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
     """A queue row (JSON text) as a :class:`Submission`."""
     task = row["task"]
     return Submission(
-        run_id=row["run_id"],
-        team=row["team"],
-        task=None if task is None else loads(task),
-        status=row["status"],
-        attempts=row["attempts"],
-        not_before=row["not_before"],
-        last_error=row["last_error"],
-        claimed_by=row["claimed_by"],
-        claim_expires_at=row["claim_expires_at"],
-        created_at=row["created_at"],
+        **{name: row[name] for name in _PLAIN_SUBMISSION_FIELDS}, task=None if task is None else loads(task)
     )
 
 

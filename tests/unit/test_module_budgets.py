@@ -124,7 +124,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The parts of a GraphFlow team the durable runtime reaches into, in one place.",
     ),
     "_storage/admin.py": (
-        550,
+        500,
         "Operations on runs from outside their driver: cancel, retry, delete, prune, stats, runs show.",
     ),
     "_storage/checksum.py": (

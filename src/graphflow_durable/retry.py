@@ -53,15 +53,16 @@ I = TypeVar("I")  # noqa: E741 -- the item type of a stream
 # -- the policies ---------------------------------------------------------------------------------
 
 
-def _seconds(value: Any, name: str, option: str, *, zero: bool = False) -> float:
+def _seconds(value: Any, name: str, owner: str, *, zero: bool = False) -> float:
     """A finite number of seconds above 0 (or at least 0), else a UsageError naming the field."""
+    option = "retry" if owner == "RetryPolicy" else "timeout"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         ok = False
     else:
         ok = value >= 0 if zero else value > 0
     if not ok:
         bound = "of at least 0" if zero else "above 0"
-        raise UsageError(f"{option} {name} must be a number of seconds {bound}, not {value!r}", option=option)
+        raise UsageError(f"{owner} {name} must be a number of seconds {bound}, not {value!r}", option=option)
     return float(value)
 
 
@@ -342,7 +343,7 @@ _GRAPHFLOW_ERROR = re.compile(
     r"(?P<type>[A-Za-z_]\w*): (?P<message>.*?)\nTraceback:\n(?P<traceback>.*)", re.S
 )
 #: A line of a formatted traceback that names an exception (``openai.RateLimitError: Error code: 429``).
-_TRACEBACK_HEAD = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)(?::|$)", re.M)
+_TRACEBACK_HEAD = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$", re.M)
 _STATUS_IN_TEXT = re.compile(r"\b(?:Error code|status(?: code)?):? (?P<status>[1-5]\d\d)\b", re.I)
 
 
@@ -367,17 +368,17 @@ def _described(exc: BaseException) -> list[_Described]:
     match = _GRAPHFLOW_ERROR.fullmatch(exc.args[0])
     if match is None:
         return []
-    heads = [m["name"] for m in _TRACEBACK_HEAD.finditer(match["traceback"]) if m["name"] != "Traceback"]
+    heads = [(m["name"], m["message"] or "") for m in _TRACEBACK_HEAD.finditer(match["traceback"])]
     # format_exception prints a chain innermost first and names the raised class last, dotted.
     described = []
-    for index, name in enumerate(reversed(heads or [match["type"]])):
+    for name, message in reversed(heads or [(match["type"], match["message"])]):
         short = name.rsplit(".", 1)[-1]
         known = getattr(builtins, short, None) if "." not in name else None
         if isinstance(known, type) and issubclass(known, BaseException):
             names = tuple(_class_names(known))
         else:
             names = (short, name)
-        described.append(_Described(names=names, message=match["message"] if index == 0 else ""))
+        described.append(_Described(names=names, message=message))
     return described
 
 

@@ -24,6 +24,8 @@ values that cannot be used. This module imports nothing else from the package.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 __all__ = [
     "ConflictError",
@@ -415,6 +417,9 @@ class NodeTimeoutError(GraphflowDurableError, TimeoutError):
         self.attempt = attempt
         self.run_id = run_id
 
+    def __reduce__(self) -> Any:  # its facts are keyword-only and required: pickle them as such
+        return (partial(type(self), str(self), **vars(self)), ())
+
 
 class NodeFailedError(GraphflowDurableError, RuntimeError):
     """A node's turn failed and its attempts are spent (or its error is not retryable): the run is
@@ -459,6 +464,9 @@ class NodeFailedError(GraphflowDurableError, RuntimeError):
         self.error_type = error_type
         self.error = error
         self.run_id = run_id
+
+    def __reduce__(self) -> Any:  # its facts are keyword-only and required: pickle them as such
+        return (partial(type(self), str(self), **vars(self)), ())
 
 
 # Values and saved states that cannot be used: not JSON, a saved state of the wrong shape, a

@@ -23,7 +23,7 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal, TypeVar
 
@@ -170,15 +170,7 @@ class RetryPolicy:
 
     def to_json(self) -> dict[str, Any]:
         """The policy as a JSON object (every field; names as lists)."""
-        return {
-            "max_attempts": self.max_attempts,
-            "initial_interval": self.initial_interval,
-            "backoff_coefficient": self.backoff_coefficient,
-            "max_interval": self.max_interval,
-            "jitter": self.jitter,
-            "retry_on": list(self.retry_on),
-            "non_retryable": list(self.non_retryable),
-        }
+        return {**asdict(self), "retry_on": list(self.retry_on), "non_retryable": list(self.non_retryable)}
 
     @classmethod
     def from_json(cls, data: Any) -> RetryPolicy:
@@ -215,7 +207,7 @@ class TimeoutPolicy:
 
     def to_json(self) -> dict[str, Any]:
         """The policy as a JSON object."""
-        return {"run_timeout": self.run_timeout, "idle_timeout": self.idle_timeout}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Any) -> TimeoutPolicy:
@@ -230,32 +222,6 @@ class TimeoutPolicy:
 # -- per-node settings ----------------------------------------------------------------------------
 
 
-def _retry(value: Any, where: str) -> RetryPolicy | None:
-    if value is None or isinstance(value, RetryPolicy):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return RetryPolicy(max_attempts=value)
-    if isinstance(value, Mapping):
-        return RetryPolicy.from_json(value)
-    raise UsageError(
-        f"retry{where} must be a RetryPolicy, a number of attempts or None, not {type(value).__name__}",
-        option="retry",
-    )
-
-
-def _timeout(value: Any, where: str) -> TimeoutPolicy | None:
-    if value is None or isinstance(value, TimeoutPolicy):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return TimeoutPolicy(run_timeout=value)
-    if isinstance(value, Mapping):
-        return TimeoutPolicy.from_json(value)
-    raise UsageError(
-        f"timeout{where} must be a TimeoutPolicy, seconds (the run_timeout) or None, not {type(value).__name__}",
-        option="timeout",
-    )
-
-
 def retry_policies(value: Any, nodes: Iterable[str]) -> dict[str, RetryPolicy | None]:
     """Each node's retry policy (``None``: none) from a ``retry=`` argument or its JSON form.
 
@@ -265,11 +231,7 @@ def retry_policies(value: Any, nodes: Iterable[str]) -> dict[str, RetryPolicy | 
     Raises:
         UsageError: a bad value or an unknown node, in one line.
     """
-    names = list(nodes)
-    default, per_node = node_settings(
-        value, names, option="retry", parse=_retry, fields=_FIELDS[RetryPolicy], fallback=None
-    )
-    return {name: per_node.get(name, default) for name in names}
+    return _per_node(value, nodes, RetryPolicy, "max_attempts", "a RetryPolicy, a number of attempts or None")
 
 
 def timeout_policies(value: Any, nodes: Iterable[str]) -> dict[str, TimeoutPolicy | None]:
@@ -281,16 +243,34 @@ def timeout_policies(value: Any, nodes: Iterable[str]) -> dict[str, TimeoutPolic
     Raises:
         UsageError: a bad value or an unknown node, in one line.
     """
-    names = list(nodes)
-    default, per_node = node_settings(
-        value, names, option="timeout", parse=_timeout, fields=_FIELDS[TimeoutPolicy], fallback=None
+    return _per_node(
+        value, nodes, TimeoutPolicy, "run_timeout", "a TimeoutPolicy, seconds (the run_timeout) or None"
     )
+
+
+P = TypeVar("P", RetryPolicy, TimeoutPolicy)
+
+
+def _per_node(
+    value: Any, nodes: Iterable[str], cls: type[P], shorthand: str, takes: str
+) -> dict[str, P | None]:
+    """Each node's policy: ``cls``, its JSON object, a number for its ``shorthand`` field, or None."""
+    option = "retry" if cls is RetryPolicy else "timeout"
+    numbers = int if cls is RetryPolicy else (int, float)
+
+    def parse(one: Any, where: str) -> P | None:
+        if one is None or isinstance(one, cls):
+            return one
+        if isinstance(one, numbers) and not isinstance(one, bool):
+            return cls.from_json({shorthand: one})
+        if isinstance(one, Mapping):
+            return cls.from_json(one)
+        raise UsageError(f"{option}{where} must be {takes}, not {type(one).__name__}", option=option)
+
+    names = list(nodes)
+    known = [f.name for f in fields(cls)]
+    default, per_node = node_settings(value, names, option=option, parse=parse, fields=known, fallback=None)
     return {name: per_node.get(name, default) for name in names}
-
-
-_FIELDS: dict[type, frozenset[str]] = {
-    cls: frozenset(f.name for f in fields(cls)) for cls in (RetryPolicy, TimeoutPolicy)
-}
 
 
 def policies_config(policies: Mapping[str, RetryPolicy | TimeoutPolicy | None]) -> Any:

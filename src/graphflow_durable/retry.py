@@ -74,7 +74,7 @@ def _dotted(value: Any, name: str) -> str:
             if value.__module__ == "builtins"
             else f"{value.__module__}.{value.__qualname__}"
         )
-    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", value):
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_<][\w<>]*(\.[A-Za-z_<][\w<>]*)*", value):
         return value.removeprefix("builtins.")
     raise UsageError(
         f"RetryPolicy {name} takes exception classes or dotted names ('openai.RateLimitError'), not {value!r}",
@@ -564,6 +564,10 @@ async def within_limits(
     is cancelled (awaited up to ``grace`` seconds, for its clean-up) and
     :class:`~graphflow_durable.NodeTimeoutError` raised. No policy (or no limits): the items as they
     come, at no cost.
+
+    Give it the turn's own token, a child of the one the runtime delivered the request with: that
+    one is shared by the whole batch (AutoGen passes the manager's token to every participant), and
+    cancelling it would stop the sibling turns too.
     """
     if policy is None or (policy.run_timeout is None and policy.idle_timeout is None):
         async for item in stream:

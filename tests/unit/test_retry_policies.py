@@ -500,16 +500,48 @@ def test_a_dumped_node_retry_event_loads_back_through_a_registered_factory() -> 
     assert factory.create(dumped) == event
 
 
-async def test_a_team_given_node_retry_event_as_a_custom_message_type_loads_it() -> None:
-    from tests.agents import Scripted
+class Reporter(BaseChatAgent):
+    """Answers with a NodeRetryEvent among its inner messages, so the event is stored in the log."""
 
-    agent = Scripted("A")
-    builder = DiGraphBuilder()
-    builder.add_node(agent)
-    team = GraphFlow([agent], builder.build(), custom_message_types=[NodeRetryEvent])
-    register_events(team._message_factory)  # what the runtime will do: a no-op here
-    event = NodeRetryEvent(source="A", node="A", attempt=1, error="TimeoutError: ", retry_in=1.0)
-    assert team._message_factory.create(event.dump()) == event
+    @property
+    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
+        return (TextMessage,)
+
+    async def on_messages(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> Response:
+        event = NodeRetryEvent(
+            source=self.name, node=self.name, attempt=1, error="TimeoutError: slow", retry_in=2.0
+        )
+        return Response(chat_message=TextMessage(content="ok", source=self.name), inner_messages=[event])
+
+    async def on_reset(self, cancellation_token: CancellationToken) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "custom", [None, [NodeRetryEvent]], ids=["registered by the team", "and by the caller"]
+)
+async def test_a_stored_node_retry_event_loads_back_into_a_fresh_durable_team(
+    tmp_path: Any, custom: Any
+) -> None:
+    from tests.agents import close_stores, durable
+
+    def team() -> graphflow_durable.DurableGraphFlow:
+        agent = Reporter("A", "reports")
+        builder = DiGraphBuilder()
+        builder.add_node(agent)
+        return durable(
+            [agent], builder.build(), f"sqlite:///{tmp_path}/runs.db", "events", custom_message_types=custom
+        )
+
+    try:
+        first = await team().run(task="go")
+        again = await team().run()  # a finished run: its stored thread, through the team's factory
+    finally:
+        close_stores()
+    assert [type(m).__name__ for m in again.messages] == [type(m).__name__ for m in first.messages]
+    assert next(m for m in again.messages if isinstance(m, NodeRetryEvent)).retry_in == 2.0
 
 
 # -- the timeout guard, around real agents ---------------------------------------------------------

@@ -607,10 +607,10 @@ async def test_idle_timeout_stops_an_agent_that_hangs_without_yielding_and_cance
 
 
 async def test_an_agent_streaming_steadily_for_longer_than_idle_timeout_is_not_stopped() -> None:
-    agent = Streaming("steady", every=0.05, chunks=12)  # 0.6 s in all, an event every 0.05 s
+    agent = Streaming("steady", every=0.05, chunks=40)  # 2 s in all, an event every 0.05 s
     token = CancellationToken()
-    items = await run_guarded(agent, TimeoutPolicy(idle_timeout=0.3), token)
-    assert len(items) == 13 and isinstance(items[-1], Response)
+    items = await run_guarded(agent, TimeoutPolicy(idle_timeout=1.0), token)
+    assert len(items) == 41 and isinstance(items[-1], Response)
     assert not token.is_cancelled() and not agent.cancelled
 
 
@@ -618,9 +618,9 @@ async def test_run_timeout_stops_a_steadily_streaming_agent_anyway() -> None:
     agent = Streaming("endless", every=0.02, chunks=10_000)
     token = CancellationToken()
     with pytest.raises(
-        NodeTimeoutError, match=r"node 'endless' attempt 2 ran past its 0.3 s limit \(run_timeout\)"
+        NodeTimeoutError, match=r"node 'endless' attempt 2 ran past its 0.5 s limit \(run_timeout\)"
     ):
-        await run_guarded(agent, TimeoutPolicy(run_timeout=0.3, idle_timeout=0.2), token)
+        await run_guarded(agent, TimeoutPolicy(run_timeout=0.5, idle_timeout=2.0), token)
     assert token.is_cancelled() and agent.cancelled
 
 
@@ -640,3 +640,44 @@ async def test_a_caller_cancelled_while_waiting_cancels_the_agent_too() -> None:
         await task
     await asyncio.sleep(0)
     assert agent.cancelled
+
+
+async def test_idle_timeout_stops_an_assistant_agent_whose_tool_hangs_and_cancels_the_tool() -> None:
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.messages import ToolCallRequestEvent
+    from autogen_core import FunctionCall
+    from autogen_core.models import CreateResult, ModelInfo, RequestUsage
+    from autogen_ext.models.replay import ReplayChatCompletionClient
+
+    cancelled: list[bool] = []
+
+    async def fetch_report() -> str:
+        """A tool whose server never answers."""
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    call = CreateResult(
+        finish_reason="function_calls",
+        content=[FunctionCall(id="1", name="fetch_report", arguments="{}")],
+        usage=RequestUsage(prompt_tokens=1, completion_tokens=1),
+        cached=False,
+    )
+    info = ModelInfo(
+        vision=False, function_calling=True, json_output=False, family="unknown", structured_output=False
+    )
+    model = ReplayChatCompletionClient([call], model_info=info)
+    agent = AssistantAgent("writer", model_client=model, tools=[fetch_report])
+    token = CancellationToken()
+    seen: list[Any] = []
+    stream = agent.on_messages_stream([TextMessage(content="write", source="user")], token)
+    with pytest.raises(NodeTimeoutError, match=r"node 'writer' attempt 1 yielded no event for 0\.3 s"):
+        async for item in within_limits(
+            stream, TimeoutPolicy(idle_timeout=0.3), node="writer", attempt=1, cancellation_token=token
+        ):
+            seen.append(item)
+    assert [type(i) for i in seen] == [ToolCallRequestEvent]  # it got as far as calling the tool
+    assert token.is_cancelled() and cancelled == [True]

@@ -5,6 +5,7 @@ agents, NodeRetryEvent and the two errors."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import random
@@ -67,14 +68,12 @@ def test_a_retry_policy_round_trips_through_json_text_with_classes_stored_as_dot
     assert policy.non_retryable == ("pydantic_core._pydantic_core.ValidationError",)
     assert RetryPolicy.from_json(json.loads(json.dumps(policy.to_json()))) == policy
     assert RetryPolicy.from_json({"max_attempts": 2}) == RetryPolicy(2)
-    with pytest.raises(dataclasses_frozen()):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         policy.max_attempts = 9  # type: ignore[misc]
-
-
-def dataclasses_frozen() -> type[Exception]:
-    import dataclasses
-
-    return dataclasses.FrozenInstanceError
+    local = type("Local", (Exception,), {"__module__": "tests.here", "__qualname__": "f.<locals>.Local"})
+    assert RetryPolicy.from_json(RetryPolicy(2, retry_on=[local]).to_json()).retry_on == (
+        "tests.here.f.<locals>.Local",
+    )
 
 
 def test_a_timeout_policy_round_trips_through_json_text() -> None:

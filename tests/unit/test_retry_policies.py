@@ -680,3 +680,17 @@ async def test_idle_timeout_stops_an_assistant_agent_whose_tool_hangs_and_cancel
             seen.append(item)
     assert [type(i) for i in seen] == [ToolCallRequestEvent]  # it got as far as calling the tool
     assert token.is_cancelled() and cancelled == [True]
+
+
+async def test_an_agent_error_inside_the_guard_reaches_the_caller_as_itself() -> None:
+    class Failing(Streaming):
+        async def on_messages_stream(
+            self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+        ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
+            yield ModelClientStreamingChunkEvent(content="partial", source=self.name)
+            raise ConnectionResetError(errno.ECONNRESET, "reset by peer")
+
+    token = CancellationToken()
+    with pytest.raises(ConnectionResetError) as caught:
+        await run_guarded(Failing("flaky", every=0, chunks=0), TimeoutPolicy(idle_timeout=5), token)
+    assert is_retryable(caught.value) and not token.is_cancelled()

@@ -18,6 +18,8 @@ from graphflow_durable.errors import (
     GraphMismatchError,
     InputDeadlineError,
     LeaseLostError,
+    NodeFailedError,
+    NodeTimeoutError,
     NotSerializableError,
     NotWaitingError,
     ReplayError,
@@ -35,6 +37,7 @@ from graphflow_durable.errors import (
 )
 from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, HumanInput, default_store_url
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
+from graphflow_durable.retry import NodeRetryEvent, RetryPolicy, TimeoutPolicy
 from graphflow_durable.store import InputRequest, RunRecord, StepInfo, Store
 from graphflow_durable.worker import Worker
 
@@ -56,10 +59,14 @@ __all__ = [
     "InputDeadlineError",
     "InputRequest",
     "LeaseLostError",
+    "NodeFailedError",
+    "NodeRetryEvent",
+    "NodeTimeoutError",
     "NotSerializableError",
     "NotWaitingError",
     "RepairResult",
     "ReplayError",
+    "RetryPolicy",
     "RunExistsError",
     "RunLockedError",
     "RunNotFoundError",
@@ -72,6 +79,7 @@ __all__ = [
     "StoreConfigError",
     "StoreCorruptError",
     "StoreError",
+    "TimeoutPolicy",
     "UnrepairableStateError",
     "UsageError",
     "ValidationReport",

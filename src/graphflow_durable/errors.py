@@ -24,6 +24,8 @@ values that cannot be used. This module imports nothing else from the package.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 __all__ = [
     "ConflictError",
@@ -31,6 +33,8 @@ __all__ = [
     "GraphflowDurableError",
     "InputDeadlineError",
     "LeaseLostError",
+    "NodeFailedError",
+    "NodeTimeoutError",
     "NotSerializableError",
     "NotWaitingError",
     "ReplayError",
@@ -378,6 +382,91 @@ class GraphMismatchError(UsageError):
     def __init__(self, message: str, *, run_id: str | None = None, differences: Sequence[str] = ()) -> None:
         UsageError.__init__(self, message, run_id=run_id)
         self.differences = tuple(differences)
+
+
+# A node's turn that did not succeed: it ran out of time, or out of attempts.
+
+
+class NodeTimeoutError(GraphflowDurableError, TimeoutError):
+    """A node's turn passed a limit of its ``TimeoutPolicy``: it ran past ``run_timeout``, or yielded
+    no event for ``idle_timeout`` seconds. The turn was cancelled through its ``CancellationToken``.
+    Retryable: under a ``RetryPolicy`` the node is attempted again. A ``TimeoutError``.
+
+    Attributes:
+        node: the node.
+        limit: the limit passed, in seconds.
+        kind: which limit: ``"run_timeout"`` or ``"idle_timeout"``.
+        attempt: the attempt that timed out (1 = the first).
+        run_id: the run, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str,
+        limit: float,
+        kind: str,
+        attempt: int,
+        run_id: str | None = None,
+    ) -> None:
+        GraphflowDurableError.__init__(self, message)
+        self.node = node
+        self.limit = limit
+        self.kind = kind
+        self.attempt = attempt
+        self.run_id = run_id
+
+    def __reduce__(self) -> Any:  # its facts are keyword-only and required: pickle them as such
+        return (partial(type(self), str(self), **vars(self)), ())
+
+
+class NodeFailedError(GraphflowDurableError, RuntimeError):
+    """A node's turn failed and its attempts are spent (or its error is not retryable): the run is
+    ``failed`` until ``graphflow-durable runs retry RUN`` (``Store.retry_run``) gives the node a fresh
+    budget. A ``RuntimeError``, as GraphFlow's own error for a failed agent is. In the process where
+    the last attempt failed, ``__cause__`` is that attempt's exception.
+
+    Args:
+        message: the message; by default one built from the attributes (node, attempts, last
+            error, how to retry).
+
+    Attributes:
+        node: the node.
+        attempts: how many attempts were made.
+        error_type: the last error's class name.
+        error: the last error's message.
+        run_id: the run, when known.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        node: str,
+        attempts: int,
+        error_type: str,
+        error: str,
+        run_id: str | None = None,
+    ) -> None:
+        if message is None:
+            run = run_id or "RUN"
+            where = f"run {run_id}: " if run_id else ""
+            last = f"{error_type}: {error}" if error else error_type
+            message = (
+                f"{where}node {node!r} failed after {attempts} attempt{'s' if attempts != 1 else ''}; "
+                f"last error: {last}. Once the cause is fixed, retry it with "
+                f"`graphflow-durable runs retry {run}` (or Store.retry_run({run!r}))"
+            )
+        GraphflowDurableError.__init__(self, message)
+        self.node = node
+        self.attempts = attempts
+        self.error_type = error_type
+        self.error = error
+        self.run_id = run_id
+
+    def __reduce__(self) -> Any:  # its facts are keyword-only and required: pickle them as such
+        return (partial(type(self), str(self), **vars(self)), ())
 
 
 # Values and saved states that cannot be used: not JSON, a saved state of the wrong shape, a

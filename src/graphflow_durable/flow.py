@@ -45,6 +45,7 @@ from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable.errors import UsageError
+from graphflow_durable.retry import register_events
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import ENDED_STATUSES, RunRecord, StepInfo, Store
 
@@ -150,6 +151,7 @@ class DurableGraphFlow(GraphFlow):
             runtime=runtime,
             custom_message_types=custom_message_types,
         )
+        register_events(self._message_factory)  # a stored NodeRetryEvent loads back on every team
         self._team_view = TeamView(self)
         self._session = RunSession(
             self._team_view,

@@ -68,7 +68,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "A run's history read from its step log: the steps in words, the thread filtered, and th...",
     ),
     "_model/human.py": (
-        200,
+        250,
         "Human input in a durable run: how a node asks (:class:`HumanInput`) and what is stored...",
     ),
     "_model/records.py": (
@@ -210,9 +210,13 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "``graphflow-durable runs history | transcript | export | import | fork``, for :mod:`.ru...",
     ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),
-    "errors.py": (500, "The exception tree of graphflow-durable."),
+    "errors.py": (600, "The exception tree of graphflow-durable."),
     "flow.py": (600, "DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes."),
     "integrity.py": (300, "Validate and repair saved GraphFlow team states -- pure functions, no I/O."),
+    "retry.py": (
+        700,
+        "Per-node retry and timeout policies: the values, which errors are worth a retry, how lo...",
+    ),
     "scheduler.py": (450, "GraphFlow's scheduling rules as pure functions over a plain, serialisable state."),
     "store.py": (800, "The run store: the only code that runs SQL. It knows nothing of AutoGen beyond JSON."),
     "worker.py": (

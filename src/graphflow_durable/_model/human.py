@@ -1,5 +1,7 @@
 """Human input in a durable run: how a node asks (:class:`HumanInput`) and what is stored
-(:class:`InputRequest`). Pure values, no I/O.
+(:class:`InputRequest`). Pure values, no I/O. Also :func:`node_settings`, the per-node shape
+of a team argument (a value, or ``{node: value, "*": default}``) that ``human_input=`` has and
+the retry and timeout policies (``graphflow_durable.retry``) share.
 
 A node's agent asks a person through an input function (``UserProxyAgent(input_func=...)``). Each
 call inside one turn is one request, identified within its run by ``"{node}/{step}"`` (the step
@@ -11,9 +13,9 @@ a turn that runs again finds its answered requests instead of asking again.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from graphflow_durable.errors import UsageError
 
@@ -24,6 +26,7 @@ __all__ = [
     "RequestStatus",
     "human_input_config",
     "human_inputs",
+    "node_settings",
     "parked_on",
     "request_id",
 ]
@@ -74,6 +77,47 @@ class HumanInput:
         return {"mode": self.mode, "timeout": self.timeout, "default": self.default}
 
 
+_FIELDS = ("mode", "timeout", "default")
+
+T = TypeVar("T")
+
+
+def node_settings(
+    value: Any,
+    nodes: Iterable[str],
+    *,
+    option: str,
+    parse: Callable[[Any, str], T],
+    fields: Iterable[str],
+    fallback: T,
+) -> tuple[T, dict[str, T]]:
+    """The team-wide default and the per-node settings from a team argument such as ``human_input=``.
+
+    ``None``: ``fallback`` everywhere. A single value (or a mapping whose keys are all among
+    ``fields``, a value in JSON form): for every node. Another mapping: node name -> value, the
+    others take the key ``"*"`` (else ``fallback``). ``parse(value, where)`` makes one setting;
+    ``where`` is ``""`` or ``"['node']"`` for its error messages.
+
+    Raises:
+        UsageError: a node name that is not a participant (naming ``option`` and the participants),
+            or what ``parse`` raises.
+    """
+    if value is None:
+        return fallback, {}
+    if not isinstance(value, Mapping) or (value and set(value) <= set(fields)):
+        return parse(value, ""), {}
+    names = list(nodes)
+    unknown = sorted(set(value) - set(names) - {"*"})
+    if unknown:
+        raise UsageError(
+            f"{option} names {', '.join(map(repr, unknown))}, which is not a participant "
+            f"(participants: {', '.join(names)})",
+            option=option,
+        )
+    default = parse(value["*"], "['*']") if "*" in value else fallback
+    return default, {str(name): parse(v, f"[{name!r}]") for name, v in value.items() if name != "*"}
+
+
 def _one(value: Any, where: str) -> HumanInput:
     if isinstance(value, HumanInput):
         return value
@@ -100,19 +144,9 @@ def human_inputs(value: Any, nodes: list[str]) -> tuple[HumanInput, dict[str, Hu
     Raises:
         UsageError: a bad value, or a node name that is not a participant.
     """
-    if value is None:
-        return HumanInput("inline"), {}
-    if not isinstance(value, Mapping) or (set(value) <= {"mode", "timeout", "default"} and value):
-        return _one(value, ""), {}
-    unknown = sorted(set(value) - set(nodes) - {"*"})
-    if unknown:
-        raise UsageError(
-            f"human_input names {', '.join(map(repr, unknown))}, which is not a participant "
-            f"(participants: {', '.join(nodes)})",
-            option="human_input",
-        )
-    default = _one(value["*"], "['*']") if "*" in value else HumanInput("inline")
-    return default, {name: _one(v, f"[{name!r}]") for name, v in value.items() if name != "*"}
+    return node_settings(
+        value, nodes, option="human_input", parse=_one, fields=_FIELDS, fallback=HumanInput("inline")
+    )
 
 
 def human_input_config(default: HumanInput, per_node: Mapping[str, HumanInput]) -> Any:

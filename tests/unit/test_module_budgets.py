@@ -131,21 +131,17 @@ BUDGETS: dict[str, tuple[int, str]] = {
         200,
         "Row checksums (schema version 6): what a commit stores beside each step, message and ag...",
     ),
-    "_storage/commit.py": (
-        300,
-        "What a commit writes, encoded before any SQL runs, and why a refused commit was refused.",
-    ),
     "_storage/document.py": (
         550,
         "A run's export document (``Store.export_run`` / ``Store.import_run``; ``runs export`` /...",
     ),
+    "_storage/driver.py": (
+        450,
+        "The runtime's way into the store: one private driver object (commits, new runs, leases).",
+    ),
     "_storage/engine.py": (
         400,
         "Engine set-up per backend: SQLite pragmas and ``BEGIN IMMEDIATE``, PostgreSQL over psyc...",
-    ),
-    "_storage/items.py": (
-        200,
-        "One item of the commit writer's group, written on the group's connection: a commit's gu...",
     ),
     "_storage/lease.py": (
         250,
@@ -198,7 +194,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         350,
         "The worker-pool queue (schema version 3): :class:`WorkQueue`, held by a store as ``stor...",
     ),
-    "_storage/writer.py": (350, "The commit hot path: a writer thread per store that commits in groups."),
+    "_storage/writer.py": (
+        550,
+        "The commit hot path: a writer thread per store that commits in groups, and what each writes.",
+    ),
     "_version.py": (
         50,
         "The package version: a module of its own, so every layer can read it without importing...",

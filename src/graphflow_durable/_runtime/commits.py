@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from graphflow_durable._model.records import AgentStateRow
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import LeaseLostError
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step
 
@@ -67,14 +68,17 @@ class Commits:
         session = self._session
         first_step, agent_states = self._creation or (None, ())
         self._creation = None
-        return session.store.submit_create_run(
-            session.run_id,
-            graph_fingerprint=session.fingerprint,
-            graph=session.graph_description,
-            owner=session.owner,
-            lease_seconds=session.lease_seconds,
-            first_step=first_step,
-            agent_states=agent_states,
+        return session.store._driver.submit_create_run(
+            CreateRequest(
+                session.run_id,
+                graph_fingerprint=session.fingerprint,
+                graph=session.graph_description,
+                owner=session.owner,
+                lease_seconds=session.lease_seconds,
+                parent_run_id=session.parent_run_id,
+                first_step=first_step,
+                agent_states=agent_states,
+            )
         )
 
     def _hand_over_creation(self) -> None:
@@ -105,16 +109,16 @@ class Commits:
         commit that creates the run always waits: the run's fencing token is drawn there.
         """
         session = self._session
-        store = session.store
+        driver = session.store._driver
         creating = self._creation is not None
         try:
             # A run still to be created goes in the same transaction as its first commit, which the
             # writer writes under the token the creation draws there (the session learns it in
             # settle(): it waits for this one, so no later commit is handed over without it).
-            with store.together() if creating else contextlib.nullcontext():
+            with driver.together() if creating else contextlib.nullcontext():
                 if creating:
                     self._hand_over_creation()
-                future = store.submit_commit(
+                request = CommitRequest(
                     session.run_id,
                     expected_head=session.head,
                     fencing_token=session.lease.token,
@@ -123,6 +127,7 @@ class Commits:
                     agent_states=session.states.encode(states, messages, session.head + 1),
                     update=update,
                 )
+                future = driver.submit_commit(request)
         except BaseException:
             session.states.clear()  # it remembered this commit's states: write the next ones whole
             raise

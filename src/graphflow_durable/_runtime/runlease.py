@@ -125,7 +125,7 @@ class RunLease:
         """Acquire the run's lease for the session's owner and process; the new fencing token."""
         session = self._session
         started = time.monotonic()
-        self.token = session.store.acquire_lease(
+        self.token = session.store._driver.acquire_lease(
             session.run_id,
             session.owner,
             lease_seconds=self.seconds,
@@ -152,7 +152,7 @@ class RunLease:
                 )
             yield run
         finally:
-            store.release_lease(session.run_id, self.token)
+            store._driver.release_lease(session.run_id, self.token)
 
     def renew(self) -> float | None:
         """Renew the lease once (raises what the store raises); on success, note when. Returns when a
@@ -161,7 +161,9 @@ class RunLease:
         if not session.commits.created:
             return None  # created with the round's first commit (or refused): no lease stored to renew
         started = time.monotonic()
-        beat = session.store.heartbeat(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
+        beat = session.store._driver.heartbeat(
+            session.run_id, session.owner, self.token, lease_seconds=self.seconds
+        )
         self.confirmed_at = started
         return beat.cancel_requested_at
 

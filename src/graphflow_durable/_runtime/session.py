@@ -37,6 +37,7 @@ from graphflow_durable._runtime.link import Turns, outer_run_store
 from graphflow_durable._runtime.runlease import RunLease
 from graphflow_durable._runtime.stored import import_state, restore
 from graphflow_durable._runtime.team import TeamView
+from graphflow_durable._storage.driver import CommitRequest
 from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
@@ -106,6 +107,7 @@ class RunSession:
         self.run_id_given = run_id is not None
         self.nested = False  # the run id was derived from an outer durable turn
         self.outer_attempt = 0  # the attempt of the outer turn the nested run was last bound in
+        self.parent_run_id: str | None = None  # the outer run, for a nested run in the outer run's store
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_seconds = lease_seconds
         self.allow_graph_change = allow_graph_change
@@ -153,6 +155,7 @@ class RunSession:
         outer_store = outer_run_store()
         if self.store_arg is None and outer_store is not None:
             self._store = outer_store
+            self.parent_run_id = outer.run_id  # recorded on the run's row when it is created
         self.nested = True
         run_id = f"{outer.idempotency_key}/{team_name}"
         if run_id == self.run_id and outer.attempt == self.outer_attempt:
@@ -252,13 +255,15 @@ class RunSession:
             # up to the connection's timeouts.
             run = await asyncio.to_thread(store.get_run, self.run_id)
             if run is not None and run.status == "running" and run.fencing_token == self.lease.token:
-                scheduler = await asyncio.to_thread(store.head_scheduler, self.run_id)
-                self.head = await store.submit_commit(
-                    self.run_id,
-                    expected_head=run.head_seq,
-                    fencing_token=self.lease.token,
-                    step=Step(StepKind.INTERRUPT, None, scheduler or {}),
-                    update=RunUpdate(status=self._end_status(failed), release_lease=True),
+                scheduler = await asyncio.to_thread(store._driver.head_scheduler, self.run_id)
+                self.head = await store._driver.submit_commit(
+                    CommitRequest(
+                        self.run_id,
+                        expected_head=run.head_seq,
+                        fencing_token=self.lease.token,
+                        step=Step(StepKind.INTERRUPT, None, scheduler or {}),
+                        update=RunUpdate(status=self._end_status(failed), release_lease=True),
+                    )
                 )
                 if failed and error is not None:
                     await self._record_error(error)
@@ -272,7 +277,7 @@ class RunSession:
                 exc,
             )
         try:
-            await asyncio.to_thread(store.release_lease, self.run_id, self.lease.token)
+            await asyncio.to_thread(store._driver.release_lease, self.run_id, self.lease.token)
         except StoreError as exc:
             logger.warning(
                 "run %s: releasing its lease failed too (%s); the next driver can resume it once the "

@@ -184,8 +184,8 @@ async def _frozen_driver(url: str, run_id: str) -> list[str]:
     calls: list[str] = []
     agents = [Scripted(n, calls=calls) for n in "ABC"]
     team = durable(agents, chain(*agents), url, run_id, lease_seconds=lease)
-    session = team._session
-    write = session.write
+    commits = team._session.commits
+    write = commits.write
     taken = threading.Event()
 
     def take_over() -> None:
@@ -205,7 +205,7 @@ async def _frozen_driver(url: str, run_id: str) -> list[str]:
             assert taken.is_set()
         return head
 
-    session.write = frozen_write  # type: ignore[method-assign]
+    commits.write = frozen_write  # type: ignore[method-assign]
     await asyncio.wait_for(team.run(task="go"), 20)
     return calls
 

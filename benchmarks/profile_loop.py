@@ -5,7 +5,7 @@ Usage::
     python benchmarks/profile_loop.py [--n 500] [--size 100] [--config sqlite-full] [--top 25]
 
 Prints the top functions by own time (tottime) and by cumulative time, and the share of the run
-spent inside ``Store.commit``, ``save_state`` and the codec.
+spent inside the store driver's commits, ``save_state`` and the codec.
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def main() -> None:
         print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[-6000:])
     print("\n=== share of the profiled run (cumulative) ===")
     wanted = {
-        "Store.commit": ("graphflow_durable/store.py", "commit"),
+        "Driver.submit_commit": ("_storage/driver.py", "submit_commit"),
         "CommitWriter.write": ("_storage/writer.py", "write"),
         "DurableGraphFlowManager._on_response": ("_runtime/manager.py", "_on_response"),
         "Cursor.to_json": ("_model/cursor.py", "to_json"),
-        "encode_commit": ("_storage/commit.py", "encode_commit"),
+        "encode_commit": ("_storage/driver.py", "encode_commit"),
         "StateLog.encode (agent-state splices)": ("_agentstate/encoder.py", "encode"),
         "state_text": ("_model/codec.py", "state_text"),
         "codec dumps": ("_model/codec.py", "dumps"),

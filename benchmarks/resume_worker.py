@@ -34,7 +34,7 @@ async def durable(spec: dict[str, Any]) -> float:
     team = build_team(Case(**spec["case"]), durable=store, run_id=spec["run_id"])
     await team._session.attach()
     seconds = time.perf_counter() - t0
-    store.release_lease(spec["run_id"], team._session.lease.token)
+    store._driver.release_lease(spec["run_id"], team._session.lease.token)
     store.close()
     return seconds
 

@@ -22,6 +22,7 @@ from autogen_agentchat.teams import DiGraph, DiGraphBuilder
 from autogen_core import CancellationToken, Component
 from pydantic import BaseModel
 
+from graphflow_durable._storage.driver import CommitRequest
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Store
 
@@ -312,18 +313,19 @@ class CommitSpy:
     def __init__(self, team: DurableGraphFlow) -> None:
         self.commits: list[dict[str, Any]] = []
         store = team.store
-        commit, submit_commit = store.commit, store.submit_commit
+        driver = store._driver
+        commit, submit_commit = driver.commit, driver.submit_commit
 
-        def record(args: tuple[Any, ...], kwargs: dict[str, Any], head: int) -> None:
-            step = kwargs["step"]
-            written = [s.node for s in kwargs.get("agent_states", ())]
+        def record(request: CommitRequest, head: int) -> None:
+            step = request.step
+            written = [s.node for s in request.agent_states]
             # The states as the store holds them after this commit (rows may be splices).
-            held = store.load(args[0]).agent_states if written else {}
+            held = store.load(request.run_id).agent_states if written else {}
             self.commits.append(
                 {
                     "kind": step.kind,
                     "node": step.node,
-                    "sources": [m.body["source"] for m in kwargs.get("messages", ())],
+                    "sources": [m.body["source"] for m in request.messages],
                     "states": {node: dict(held[node]) for node in written},
                     "scheduler": dict(step.scheduler),
                     "data": dict(step.data),
@@ -331,23 +333,23 @@ class CommitSpy:
                 }
             )
 
-        def spied_commit(*args: Any, **kwargs: Any) -> int:
-            head = commit(*args, **kwargs)
-            record(args, kwargs, head)
+        def spied_commit(request: CommitRequest) -> int:
+            head = commit(request)
+            record(request, head)
             return head
 
-        def spied_submit(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
-            future = submit_commit(*args, **kwargs)
+        def spied_submit(request: CommitRequest) -> asyncio.Future[int]:
+            future = submit_commit(request)
 
             def done(f: asyncio.Future[int]) -> None:  # runs before the committer resumes
                 if not f.cancelled() and f.exception() is None:
-                    record(args, kwargs, f.result())
+                    record(request, f.result())
 
             future.add_done_callback(done)
             return future
 
-        store.commit = spied_commit  # type: ignore[method-assign]
-        store.submit_commit = spied_submit  # type: ignore[method-assign]
+        driver.commit = spied_commit  # type: ignore[method-assign]
+        driver.submit_commit = spied_submit  # type: ignore[method-assign]
 
     def completed(self, node: str) -> bool:
         return any(c["kind"] == "complete" and c["node"] == node for c in self.commits)

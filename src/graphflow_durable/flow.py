@@ -27,7 +27,6 @@ from autogen_core import AgentRuntime, CancellationToken
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
 from graphflow_durable._model.task import task_key, task_messages
-from graphflow_durable._runtime import stored
 from graphflow_durable._runtime.commits import to_the_end
 from graphflow_durable._runtime.config import (
     DEFAULT_STORE_ENV,
@@ -240,7 +239,7 @@ class DurableGraphFlow(GraphFlow):
             )
             if result is not None:  # a finished or parked run, or a re-run script's ended round
                 if session.nested and first_call:  # see below: the outer turn hears its round again
-                    ended = await asyncio.to_thread(stored.last_round, session)
+                    ended = await asyncio.to_thread(session.last_round)
                     for message in self._round_messages(ended, output_task_messages):
                         yield message
                 yield result
@@ -290,7 +289,7 @@ class DurableGraphFlow(GraphFlow):
                     await inner.aclose()
         except RuntimeError as exc:
             failed = True
-            fatal = session.fatal
+            fatal = session.control.fatal
             error = exc if fatal is None else fatal
             if fatal is not None and fatal is not exc:
                 raise fatal from exc
@@ -299,7 +298,7 @@ class DurableGraphFlow(GraphFlow):
             renewer.cancel()
             refused = None
             try:
-                refused = await session.commits.settle_at_end()
+                refused = await session.settle_at_end()
             finally:
                 try:
                     await to_the_end(session.detach(finished_cleanly, failed, error))
@@ -307,7 +306,7 @@ class DurableGraphFlow(GraphFlow):
                     if abandoned:
                         # The abandoned turns may still end in this process: no write of theirs may
                         # land on the run another process now drives (a token no lease ever has).
-                        session.lease.token = -1
+                        session.abandon()
         if finished_cleanly and refused is not None:
             raise refused  # an answer refused for the lost lease ends the round, as when awaited
 
@@ -460,13 +459,13 @@ class DurableGraphFlow(GraphFlow):
         """
         session = self._session
         if at is not None:
-            return await stored.state_of(session, self.store.cut(session.run_id, at))
+            return await session.state_of(self.store.cut(session.run_id, at))
         if session.pending_import is None and self.store.get_run(session.run_id) is not None:
             # The store's head is the consistent cut. In memory, mid-run, an in-flight agent may be
             # mid-turn (its state already holding this turn's input, its buffer already cleared),
             # an answer may have reached some participants' buffers before the manager committed
             # it, and the manager extends its thread before its commit: none of that is a cut.
-            return await stored.state_at_head(session)
+            return await session.state_at_head()
         return copy.deepcopy(dict(await super().save_state()))
 
     def _to_config(self) -> DurableGraphFlowConfig:
@@ -510,7 +509,7 @@ async def _opening(
     if run.status == "waiting":
         own = messages is not None and run.task == task_key(messages)  # a re-run script's task
         if await on_waiting_run(session.store, run, None if own else messages):
-            return stored.stored_result(session, run, create), messages
+            return session.stored_result(run, create), messages
         return None, None  # the task was the answer: the waiting turn resumes with it
     if run.status in ENDED_STATUSES:
         same_task = messages is not None and first_call and run.task == task_key(messages)
@@ -523,7 +522,7 @@ async def _opening(
                 run.status,
             )
         if same_task or (messages is None and run.status == "finished"):
-            return stored.stored_result(session, run, create), messages
+            return session.stored_result(run, create), messages
         return None, messages
     if messages is not None and run.task == task_key(messages):
         logger.info("run %s: same task as the interrupted round; resuming it", session.run_id)

@@ -13,15 +13,12 @@ worker-pool queue is an object the store holds, :attr:`Store.queue` (a :class:`W
 
 :class:`Store` is one class: it opens and closes the store and holds its helpers (the commit
 writer, the work queue, the input requests, over one set of engines); its methods, grouped as runs,
-commits, leases, history, operations and human input, are thin calls into ``_storage``.
+history, operations and human input, are thin calls into ``_storage``. What a run's driver calls
+(commits, new runs, leases) is the private driver object it holds (``_storage/driver.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -30,7 +27,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from graphflow_durable._agentstate.encoder import state_row
 from graphflow_durable._model.history import StepInfo, step_infos, transcript_of
 from graphflow_durable._model.human import InputRequest
 from graphflow_durable._model.records import (
@@ -38,7 +34,6 @@ from graphflow_durable._model.records import (
     FIRST_FENCING_TOKEN,
     RUN_STATUSES,
     AgentStateRecord,
-    AgentStateRow,
     MessageRecord,
     RunLog,
     RunRecord,
@@ -53,10 +48,9 @@ from graphflow_durable._storage import admin
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Removal, Retry, StoreStats
 from graphflow_durable._storage.checksum import Damage
-from graphflow_durable._storage.commit import encode_commit, encode_creation
 from graphflow_durable._storage.document import from_document, to_document
+from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
-from graphflow_durable._storage.lease import acquire, release, renew
 from graphflow_durable._storage.migrations import (
     Survey,
     current_version,
@@ -66,7 +60,7 @@ from graphflow_durable._storage.migrations import (
     refuse_unowned,
     survey,
 )
-from graphflow_durable._storage.reading import Verification, head_scheduler, read_log, scan_run
+from graphflow_durable._storage.reading import Verification, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
@@ -104,14 +98,6 @@ __all__ = [
     "WorkQueue",
 ]
 
-_log = logging.getLogger(__name__)
-
-
-def _state_rows(agent_states: Sequence[AgentStateRecord | AgentStateRow]) -> list[AgentStateRow]:
-    """Agent states as rows: a record's body encoded to JSON, a row made by the flow's agent-state
-    writer as it is."""
-    return [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
-
 
 class Store:
     """Runs, steps, messages, agent states and leases over SQLAlchemy 2.x Core.
@@ -123,11 +109,9 @@ class Store:
     between threads. Every method that writes runs one transaction; database and driver errors are
     raised as :class:`StoreError` with the cause chained.
 
-    Leases: a run is driven by one worker at a time. :meth:`acquire_lease` returns a new *fencing
-    token* on every successful acquisition (also when the same owner acquires again), so an older
-    copy of a worker holding the previous token is fenced out; use :meth:`renew_lease` to extend a
-    lease you hold. :meth:`commit` checks the token only: a worker whose lease expired may still
-    commit as long as nobody has taken the run over.
+    Leases: a run is driven by one worker at a time, fenced by a token drawn on every acquisition.
+    What a run's driver calls (new runs, commits, leases) is not on this class: the runtime reaches
+    it through the store's private driver object (``_storage/driver.py``).
 
     The worker-pool queue is :attr:`queue`, held by the store on the same engines.
 
@@ -177,6 +161,7 @@ class Store:
     ) -> None:
         self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
         self._writer = CommitWriter(self._e)
+        self._driver = Driver(self._e, self._writer)  # the runtime's way in: commits, new runs, leases
         self._queue = WorkQueue(self._e)
         self._requests = InputRequests(self._e)
         shared = self._e.target.shared
@@ -279,63 +264,6 @@ class Store:
 
     # Runs: create, read, list; a run's log read back and checked.
 
-    def create_run(
-        self,
-        run_id: str,
-        *,
-        graph_fingerprint: str,
-        graph: Mapping[str, Any],
-        owner: str,
-        lease_seconds: float,
-        parent_run_id: str | None = None,
-        host: str | None = None,
-        pid: int | None = None,
-        first_step: Step | None = None,
-        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
-    ) -> RunRecord:
-        """Create a run (status ``running``, head 0, no steps), leased to ``owner`` with a new fencing
-        token (the record's ``fencing_token``, drawn from the store's counter in the transaction
-        that writes the run: a driver of a run deleted under this id can never commit to it).
-
-        With ``first_step``, the run starts at head 1: that step and ``agent_states`` are written in
-        the same transaction (a new run's first snapshot costs no commit of its own).
-
-        ``host``/``pid`` identify the owner's process (default: this process; a pid is one of this
-        PID namespace); with the boot id, PID namespace and start time recorded beside them, they
-        let a worker on the same host, boot and PID namespace take the run over at once if that
-        process dies.
-
-        Raises:
-            ConflictError: a run with this id exists already.
-            NotSerializableError: ``graph`` is not JSON.
-        """
-        args = (graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, time.time())
-        params = encode_creation(run_id, *args, first_step, _state_rows(agent_states))
-        record: RunRecord = self._writer.submit(params).result()
-        return record
-
-    def submit_create_run(
-        self,
-        run_id: str,
-        *,
-        graph_fingerprint: str,
-        graph: Mapping[str, Any],
-        owner: str,
-        lease_seconds: float,
-        parent_run_id: str | None = None,
-        host: str | None = None,
-        pid: int | None = None,
-        first_step: Step | None = None,
-        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
-    ) -> asyncio.Future[RunRecord]:
-        """:meth:`create_run` for coroutines: hand the new run to the store's writer (with the
-        commits of other runs) and return at once; the future gives the run's record once it is
-        durable, or raises what :meth:`create_run` raises (a value that is not JSON raises here,
-        before anything is handed over). Call it from a running event loop."""
-        args = (graph_fingerprint, graph, owner, lease_seconds, parent_run_id, host, pid, time.time())
-        params = encode_creation(run_id, *args, first_step, _state_rows(agent_states))
-        return self._writer.submit_async(params, asyncio.get_running_loop())
-
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run's row, or ``None`` when there is no such run."""
         select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
@@ -374,13 +302,6 @@ class Store:
         with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
             return read_log(conn, run_id, self._e.url)
 
-    def head_scheduler(self, run_id: str) -> Mapping[str, Any] | None:
-        """The scheduler JSON of the run's head step (``None`` before the first step), read alone
-        and checked against the step's checksum (:class:`StoreCorruptError` if it does not match)."""
-        with self._guard(f"reading the head of run {run_id}", run_id), self._e.read.begin() as conn:
-            found: Mapping[str, Any] | None = head_scheduler(conn, run_id, self._e.url)
-        return found
-
     def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
         """Check every step, message and agent-state row of the runs (default: every run) against
         its checksum, check that none of their steps and messages is missing, and report the damaged
@@ -398,153 +319,6 @@ class Store:
             with self._guard(f"verifying run {run_id}", run_id), self._e.read.begin() as conn:
                 scans.append(scan_run(conn, run_id))
         return Verification.of(ids, scans)
-
-    # The hot path: one step appended atomically, blocking or for a coroutine, through the writer
-    # thread; several handed over together.
-
-    def commit(
-        self,
-        run_id: str,
-        *,
-        expected_head: int,
-        fencing_token: int,
-        step: Step,
-        messages: Sequence[MessageRecord] = (),
-        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
-        update: RunUpdate | None = None,
-    ) -> int:
-        """Append one step atomically; return the new head (``expected_head + 1``).
-
-        One transaction: moves the run's head from ``expected_head`` (guarded by the fencing token),
-        applies ``update``, and appends the step, its messages (whose ``seq`` must continue the
-        thread without gaps) and the agent states. On any error nothing is written. An agent state
-        is a record (its body a JSON value, encoded here) or a row made by the flow's agent-state
-        writer (its body already JSON text, written as it is).
-
-        The store's writer thread writes it, with whatever other commits (of any run) are waiting
-        at that moment, in one transaction; this call blocks until it is durable. From a coroutine
-        use :meth:`submit_commit`, which leaves the event loop free meanwhile.
-
-        Raises:
-            RunNotFoundError: no such run.
-            LeaseLostError: ``fencing_token`` is no longer the run's token (another worker took over).
-            ConflictError: the run's head is not ``expected_head``, or the messages do not start at
-                the run's message count / are not contiguous.
-            NotSerializableError: a value is not JSON (raised before touching the database).
-            StoreError: the database failed (nothing of this commit was written).
-        """
-        rows = _state_rows(agent_states)
-        params = encode_commit(
-            run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
-        )
-        head: int = self._writer.submit(params).result()
-        return head
-
-    def submit_commit(
-        self,
-        run_id: str,
-        *,
-        expected_head: int,
-        fencing_token: int,
-        step: Step,
-        messages: Sequence[MessageRecord] = (),
-        agent_states: Sequence[AgentStateRecord | AgentStateRow] = (),
-        update: RunUpdate | None = None,
-    ) -> asyncio.Future[int]:
-        """:meth:`commit` for coroutines: hand the commit to the writer thread and return at once.
-
-        Call it from a running event loop. The returned future gives the new head once the commit
-        is durable, or raises what :meth:`commit` raises; a value that is not JSON raises
-        :class:`NotSerializableError` here, before anything is handed over. Cancelling the future
-        (or the task awaiting it) does not stop the commit: it lands or fails all the same (await
-        ``asyncio.shield(future)`` to learn which after a cancellation).
-        """
-        rows = _state_rows(agent_states)
-        params = encode_commit(
-            run_id, expected_head, fencing_token, time.time(), step, messages, rows, update
-        )
-        return self._writer.submit_async(params, asyncio.get_running_loop())
-
-    def together(self) -> AbstractContextManager[None]:
-        """A block whose :meth:`submit_commit` and :meth:`submit_create_run` calls (from this thread)
-        are handed to the writer together when it ends, and written in one transaction: one fsync
-        (SQLite), one ``COMMIT`` (PostgreSQL). Each is still written or refused on its own, except
-        that one after a failed one of the same run is not written and fails with that error: a run
-        created together with its first commit never gets that commit on a run it did not create.
-        The commits of a run handed over after its creation in the block are written under the
-        fencing token the creation draws (whatever token they name, which cannot be known yet:
-        the creation's record gives it, for the commits after the block).
-
-        Nothing is handed over before the block ends: awaiting one of its futures inside it would
-        wait forever, and the blocking :meth:`commit` and :meth:`create_run` raise
-        :class:`UsageError` there.
-        """
-        return self._writer.together()
-
-    # Leases: one worker drives a run at a time; a fencing token fences out the previous holder
-    # (every token is drawn from one store-wide counter: none is issued twice).
-
-    def acquire_lease(
-        self,
-        run_id: str,
-        owner: str,
-        *,
-        lease_seconds: float,
-        host: str | None = None,
-        pid: int | None = None,
-    ) -> int:
-        """Take the run's lease for ``owner``; return the new fencing token: the store's next (one
-        counter for every run), so a token never repeats for a run id, not even for a run deleted
-        and made again under its id, and any token issued earlier is refused by its commits.
-
-        Allowed when the run has no owner, when ``owner`` already holds it, when the lease has
-        expired, or when the holder is provably dead: a process on this host, of this boot and PID
-        namespace, whose pid is gone or was reused (another start time). ``host`` and
-        ``pid`` describe the new owner's process (default: this process). Expiry is judged, and
-        stored, by the database server's clock on PostgreSQL (by this host's on SQLite), in the
-        statement that takes the lease.
-
-        Raises:
-            RunNotFoundError: no such run.
-            RunLockedError: another live worker holds an unexpired lease.
-        """
-        host = socket.gethostname() if host is None else host
-        pid = os.getpid() if pid is None else pid
-        with self._guard(f"acquiring the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            token, reason, previous = acquire(conn, run_id, owner, lease_seconds, host, pid)
-        if reason not in ("free", "same owner"):
-            _log.info(
-                "run %s: %s took the lease from %s (%s); token %d", run_id, owner, previous, reason, token
-            )
-        return token
-
-    def renew_lease(self, run_id: str, owner: str, fencing_token: int, *, lease_seconds: float) -> float:
-        """Extend a lease this worker holds; return the new expiry (epoch seconds, by the
-        database server's clock on PostgreSQL).
-
-        Raises:
-            RunNotFoundError: no such run.
-            LeaseLostError: the run's token or owner is no longer ``fencing_token`` / ``owner``.
-        """
-        return self.heartbeat(run_id, owner, fencing_token, lease_seconds=lease_seconds).expires_at
-
-    def heartbeat(self, run_id: str, owner: str, fencing_token: int, *, lease_seconds: float) -> Heartbeat:
-        """:meth:`renew_lease`, also saying whether a cancel of the run was requested (read in the
-        same statement): a driver that sees one stops dispatching and records the run ``cancelled``.
-
-        Raises what :meth:`renew_lease` raises.
-        """
-        with self._guard(f"renewing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            return Heartbeat(*renew(conn, run_id, owner, fencing_token, lease_seconds))
-
-    def release_lease(self, run_id: str, fencing_token: int) -> bool:
-        """Give up the lease if ``fencing_token`` still holds it; return whether it did.
-
-        Never raises because the lease was taken over (or the run is gone): there is nothing left
-        to release then.
-        """
-        with self._guard(f"releasing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            return release(conn, run_id, fencing_token)
 
     # History, time travel, fork, export and import (built on load).
 

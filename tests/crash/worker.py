@@ -104,7 +104,7 @@ def arm(store: Store, kill: str) -> None:
         KILL_AGENT_CALL = int(rest)
         return
     if kind == "create":  # creating the run (with its first snapshot, in one transaction)
-        submit_create_run = store.submit_create_run
+        submit_create_run = store._driver.submit_create_run
 
         def create(*args: Any, **kwargs: Any) -> Any:
             if rest == "before":
@@ -113,7 +113,7 @@ def arm(store: Store, kill: str) -> None:
             future.add_done_callback(lambda f: die() if f.exception() is None else None)  # durable
             return future
 
-        store.submit_create_run = create  # type: ignore[method-assign]
+        store._driver.submit_create_run = create  # type: ignore[method-assign]
         return
     number, _, phase = rest.partition(":")
     target = int(number)

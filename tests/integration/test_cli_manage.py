@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from agents import Scripted, chain, close_stores, durable, fail_once
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.cli.runs import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
 from graphflow_durable.store import Store
 
@@ -74,7 +75,9 @@ def test_show_of_a_held_run_names_its_driver_and_expiry(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Store(store_url) as store:
-        store.create_run("run-1", graph_fingerprint="f", graph={}, owner="worker-7", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="worker-7", lease_seconds=60)
+        )
         store.cancel_run("run-1")
     code, out, _ = cli(capsys, store_url, "show", "run-1")
     lease = next(line for line in out if line.startswith("lease"))
@@ -129,7 +132,9 @@ def test_cancel_requests_a_held_run_cancels_a_free_one_and_refuses_a_finished_on
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Store(store_url) as store:
-        store.create_run("held", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("held", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        )
         made(store, "free", status="interrupted")
         made(store, "done", status="finished")
     code, out, _ = cli(capsys, store_url, "cancel", "held")
@@ -151,7 +156,9 @@ def test_retry_queues_a_cancelled_run_again_and_refuses_a_held_one(
     with Store(store_url) as store:
         made(store, "run-1", status="interrupted")
         store.cancel_run("run-1")
-        store.create_run("held", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("held", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        )
     code, out, _ = cli(capsys, store_url, "retry", "run-1")
     assert code == EXIT_OK
     assert out == [
@@ -167,7 +174,9 @@ def test_delete_refuses_a_running_run_without_force_and_deletes_with_it(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Store(store_url) as store:
-        store.create_run("live", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("live", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        )
         made(store, "done", status="finished")
         made(store, "done/A/2/inner", status="finished", parent="done")
     code, out, err = cli(capsys, store_url, "delete", "live")
@@ -259,7 +268,9 @@ def test_stats_prints_runs_per_status_and_rows_and_bytes_per_table(
 
 def test_the_installed_command_prints_no_traceback_for_a_refusal(store_url: str) -> None:
     with Store(store_url) as store:
-        store.create_run("live", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("live", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=60)
+        )
     done = subprocess.run(
         [sys.executable, "-m", "graphflow_durable.cli.runs", "runs", "delete", "live", "--store", store_url],
         capture_output=True,

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from agents import Scripted, chain, close_stores, durable
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.cli.runs import EXIT_OK, EXIT_USAGE, main
 from graphflow_durable.errors import StoreConfigError
 from graphflow_durable.flow import DEFAULT_STORE_ENV
@@ -131,7 +132,9 @@ def test_store_create_false_opens_an_existing_store_and_refuses_a_missing_one(st
         Store(store_url, create=False)
     assert caught.value.option == "create"
     with Store(store_url) as store:
-        store.create_run("r", graph_fingerprint="fp", graph={}, owner="w", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("r", graph_fingerprint="fp", graph={}, owner="w", lease_seconds=60)
+        )
     with Store(store_url, create=False) as store:
         assert store.get_run("r") is not None
 

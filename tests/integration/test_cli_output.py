@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.cli.runs import EXIT_DAMAGED, EXIT_OK
 from graphflow_durable.store import MessageRecord, RunUpdate, Step, Store
 
@@ -23,21 +24,23 @@ FOREIGN = "Grüße € 東京"
 
 
 def _finished_run(store: Store, run_id: str, contents: list[str]) -> None:
-    token = store.create_run(
-        run_id, graph_fingerprint="fp", graph={}, owner="w", lease_seconds=60
+    token = store._driver.create_run(
+        CreateRequest(run_id, graph_fingerprint="fp", graph={}, owner="w", lease_seconds=60)
     ).fencing_token
-    store.commit(
-        run_id,
-        expected_head=0,
-        fencing_token=token,
-        step=Step(kind="complete", node="a", scheduler={}),
-        messages=[
-            MessageRecord(
-                seq=seq, body={"type": "TextMessage", "source": "a", "content": text}, published=True
-            )
-            for seq, text in enumerate(contents)
-        ],
-        update=RunUpdate(status="finished", release_lease=True),
+    store._driver.commit(
+        CommitRequest(
+            run_id,
+            expected_head=0,
+            fencing_token=token,
+            step=Step(kind="complete", node="a", scheduler={}),
+            messages=[
+                MessageRecord(
+                    seq=seq, body={"type": "TextMessage", "source": "a", "content": text}, published=True
+                )
+                for seq, text in enumerate(contents)
+            ],
+            update=RunUpdate(status="finished", release_lease=True),
+        )
     )
 
 

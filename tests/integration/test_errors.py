@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from graphflow_durable import errors
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable._storage.schema import runs
 from graphflow_durable.errors import (
     ConflictError,
@@ -69,7 +70,7 @@ def test_every_error_class_is_named_by_the_public_errors_module_in_tracebacks_an
 def test_run_locked_names_the_holder_and_its_expiry_as_attributes(store: Store) -> None:
     start(store, owner="worker-1")
     with pytest.raises(RunLockedError) as locked:
-        store.acquire_lease("run-1", "worker-2", lease_seconds=30)
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=30)
     run = store.get_run("run-1")
     assert run is not None
     error = locked.value
@@ -78,11 +79,13 @@ def test_run_locked_names_the_holder_and_its_expiry_as_attributes(store: Store) 
 
 
 def test_lease_lost_carries_both_tokens_and_the_new_holder(store: Store) -> None:
-    store.create_run("run-1", graph_fingerprint="fp", graph={}, owner="worker-1", lease_seconds=0.01)
+    store._driver.create_run(
+        CreateRequest("run-1", graph_fingerprint="fp", graph={}, owner="worker-1", lease_seconds=0.01)
+    )
     time.sleep(0.02)
-    store.acquire_lease("run-1", "worker-2", lease_seconds=30)
+    store._driver.acquire_lease("run-1", "worker-2", lease_seconds=30)
     with pytest.raises(LeaseLostError) as lost:
-        store.renew_lease("run-1", "worker-1", 1, lease_seconds=30)
+        store._driver.renew_lease("run-1", "worker-1", 1, lease_seconds=30)
     error = lost.value
     assert (error.run_id, error.token, error.current_token, error.owner) == ("run-1", 1, 2, "worker-2")
     assert error.expires_at is not None and error.expires_at > time.time()

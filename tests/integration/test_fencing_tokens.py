@@ -21,6 +21,7 @@ from autogen_core import CancellationToken
 
 from agents import OPEN_TEAMS, Gate, Scripted, chain, close_stores, durable, stored_transcript
 from graphflow_durable._model.graphid import describe_graph
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.errors import LeaseLostError
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Step, StepKind, Store
@@ -123,25 +124,29 @@ def test_tokens_never_repeat_across_creations_imports_forks_and_takeovers_of_one
     graph = describe_graph(chain(a, b), ["A", "B"])  # a graph the import's checks accept
     with Store(store_url) as store:
         seen: list[int] = []
-        run = store.create_run("r", graph_fingerprint="f", graph=graph, owner="w1", lease_seconds=0.01)
+        run = store._driver.create_run(
+            CreateRequest("r", graph_fingerprint="f", graph=graph, owner="w1", lease_seconds=0.01)
+        )
         seen.append(run.fencing_token)
         time.sleep(0.05)  # its lease expires: w2 takes it over
-        seen.append(store.acquire_lease("r", "w2", lease_seconds=30, host="h", pid=1))
+        seen.append(store._driver.acquire_lease("r", "w2", lease_seconds=30, host="h", pid=1))
         document = store.export_run("r")
         store.delete_run("r", force=True)
         seen.append(store.import_run(document).fencing_token)
-        seen.append(store.acquire_lease("r", "w3", lease_seconds=30))
+        seen.append(store._driver.acquire_lease("r", "w3", lease_seconds=30))
         first = Step(StepKind.CREATED, None, {})
-        src = store.create_run(
-            "src", graph_fingerprint="f", graph={}, owner="w1", lease_seconds=30, first_step=first
+        src = store._driver.create_run(
+            CreateRequest(
+                "src", graph_fingerprint="f", graph={}, owner="w1", lease_seconds=30, first_step=first
+            )
         )
-        store.release_lease("src", src.fencing_token)  # a run at rest: it may be forked at its head
+        store._driver.release_lease("src", src.fencing_token)  # a run at rest: it may be forked at its head
         store.delete_run("r", force=True)
         seen.append(store.fork("src", 1, new_run_id="r").fencing_token)
         store.delete_run("r", force=True)
         seen.append(
-            store.create_run(
-                "r", graph_fingerprint="f", graph={}, owner="w4", lease_seconds=0.01
+            store._driver.create_run(
+                CreateRequest("r", graph_fingerprint="f", graph={}, owner="w4", lease_seconds=0.01)
             ).fencing_token
         )
         time.sleep(0.05)

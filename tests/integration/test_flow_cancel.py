@@ -65,7 +65,9 @@ async def test_a_request_the_asked_driver_never_saw_is_honoured_by_the_next_driv
     with pytest.raises(RuntimeError):
         await team.run(task="go")  # B fails: the run is failed, its lease released
     store = team.store
-    store.acquire_lease("run", "remote", lease_seconds=0.3, host="elsewhere", pid=1)  # another host's driver
+    store._driver.acquire_lease(
+        "run", "remote", lease_seconds=0.3, host="elsewhere", pid=1
+    )  # another host's driver
     assert store.cancel_run("run").outcome == "requested"
     await asyncio.sleep(0.4)  # ... which dies before it renews: its lease runs out
     await team.run()

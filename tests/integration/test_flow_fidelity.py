@@ -187,7 +187,7 @@ async def test_load_state_refuses_a_run_another_process_drives_and_changes_nothi
     state = await team.save_state()
     before = team.store.load("run")
     with Store(store_url) as other:
-        other.acquire_lease("run", "elsewhere", lease_seconds=60, host="another-host", pid=1)
+        other._driver.acquire_lease("run", "elsewhere", lease_seconds=60, host="another-host", pid=1)
     with pytest.raises(RunLockedError, match="elsewhere"):
         await team.load_state(state)
     after = team.store.load("run")

@@ -23,6 +23,7 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMess
 
 from agents import Scripted, Ticker, chain, close_stores, durable, stored_transcript
 from graphflow_durable._model.cursor import Cursor
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError, UsageError
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import MessageRecord, RunRecord, RunUpdate, Step, StepKind, Store
@@ -37,14 +38,22 @@ def _close_stores() -> Iterator[None]:
 
 
 def _create(store: Store, run_id: str) -> RunRecord:
-    return store.create_run(run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+    return store._driver.create_run(
+        CreateRequest(run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+    )
 
 
 def _step(store: Store, run_id: str, head: int, token: int = 1) -> asyncio.Future[int]:
     """Commit step ``head + 1`` of ``run_id`` under ``token`` (1: the first run's, on a new store)."""
     message = MessageRecord(head, {"type": "TextMessage", "source": run_id, "content": f"m{head}"}, True)
-    return store.submit_commit(
-        run_id, expected_head=head, fencing_token=token, step=Step("complete", "A", {}), messages=[message]
+    return store._driver.submit_commit(
+        CommitRequest(
+            run_id,
+            expected_head=head,
+            fencing_token=token,
+            step=Step("complete", "A", {}),
+            messages=[message],
+        )
     )
 
 
@@ -112,7 +121,7 @@ async def test_the_event_loop_runs_while_the_check_before_a_dispatch_renews_the_
     agents = [Scripted(n) for n in "AB"]
     team = durable(agents, chain(*agents), sqlite_url, "r")
     store = team.store
-    submit_commit = store.submit_commit
+    submit_commit = store._driver.submit_commit
     locked, ticker, window = threading.Event(), Ticker(), []
 
     def hold_the_write_lock() -> None:
@@ -128,13 +137,13 @@ async def test_the_event_loop_runs_while_the_check_before_a_dispatch_renews_the_
         locked.wait(5)
         ticker.ticks = 0
 
-    def spied(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
-        future = submit_commit(*args, **kwargs)
-        if kwargs["step"].node == "A":
+    def spied(request: CommitRequest) -> asyncio.Future[int]:
+        future = submit_commit(request)
+        if request.step.node == "A":
             future.add_done_callback(after_a)
         return future
 
-    store.submit_commit = spied  # type: ignore[method-assign]
+    store._driver.submit_commit = spied  # type: ignore[method-assign]
     async with ticker:
         result = await team.run(task="go")
     assert [m.source for m in result.messages] == ["user", "A", "B"]
@@ -167,11 +176,11 @@ async def test_close_writes_what_was_handed_over_and_refuses_more(sqlite_url: st
     store = Store(sqlite_url)
     _create(store, "r")
     message = MessageRecord(0, {"type": "TextMessage", "source": "r", "content": "m0"}, True)
-    blocking = store.commit  # the blocking form goes through the same writer
-    assert (
-        blocking("r", expected_head=0, fencing_token=1, step=Step("complete", "A", {}), messages=[message])
-        == 1
+    blocking = store._driver.commit  # the blocking form goes through the same writer
+    request = CommitRequest(
+        "r", expected_head=0, fencing_token=1, step=Step("complete", "A", {}), messages=[message]
     )
+    assert blocking(request) == 1
     future = _step(store, "r", 1)
     store.close()
     assert future.done() or await future == 2
@@ -210,9 +219,9 @@ async def test_the_last_commit_of_a_round_gives_the_lease_up(store_url: str, mon
     agents = [Scripted(n) for n in "AB"]
     team = durable(agents, chain(*agents), store_url, "r")
     released: list[str] = []
-    original = team.store.release_lease
+    original = team.store._driver.release_lease
     monkeypatch.setattr(
-        team.store, "release_lease", lambda *a, **k: released.append(a[0]) or original(*a, **k)
+        team.store._driver, "release_lease", lambda *a, **k: released.append(a[0]) or original(*a, **k)
     )
     await team.run(task="go")
     run = team.run_info()
@@ -231,9 +240,9 @@ async def test_an_interrupted_run_records_its_end_and_gives_the_lease_up_in_one_
     agents = [Scripted(n, before=_fail if n == "B" else None) for n in "AB"]
     team = durable(agents, chain(*agents), store_url, "r")
     released: list[str] = []
-    original = team.store.release_lease
+    original = team.store._driver.release_lease
     monkeypatch.setattr(
-        team.store, "release_lease", lambda *a, **k: released.append(a[0]) or original(*a, **k)
+        team.store._driver, "release_lease", lambda *a, **k: released.append(a[0]) or original(*a, **k)
     )
     with pytest.raises(RuntimeError, match="B broke"):
         await team.run(task="go")
@@ -250,16 +259,18 @@ async def _fail(agent: Scripted, messages: Any) -> None:
 def test_run_update_release_lease_through_the_public_commit(store_url: str) -> None:
     with Store(store_url) as store:
         _create(store, "r")
-        store.commit(
-            "r",
-            expected_head=0,
-            fencing_token=1,
-            step=Step("complete", "A", {}),
-            update=RunUpdate(status="finished", release_lease=True),
+        store._driver.commit(
+            CommitRequest(
+                "r",
+                expected_head=0,
+                fencing_token=1,
+                step=Step("complete", "A", {}),
+                update=RunUpdate(status="finished", release_lease=True),
+            )
         )
         run = store.get_run("r")
         assert run is not None and run.lease_owner is None and run.fencing_token == 1
-        assert store.acquire_lease("r", "next", lease_seconds=LEASE) == 2
+        assert store._driver.acquire_lease("r", "next", lease_seconds=LEASE) == 2
 
 
 @pytest.mark.filterwarnings(
@@ -271,16 +282,18 @@ def test_a_forked_child_gets_a_writer_of_its_own(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     _create(store, "r")
     step = Step("complete", "A", {})
-    assert store.commit("r", expected_head=0, fencing_token=1, step=step) == 1  # the parent's thread runs
+    assert (
+        store._driver.commit(CommitRequest("r", expected_head=0, fencing_token=1, step=step)) == 1
+    )  # the parent's thread runs
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only if its commit is written
         try:
-            ok = store.commit("r", expected_head=1, fencing_token=1, step=step) == 2
+            ok = store._driver.commit(CommitRequest("r", expected_head=1, fencing_token=1, step=step)) == 2
         finally:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    assert store.commit("r", expected_head=2, fencing_token=1, step=step) == 3
+    assert store._driver.commit(CommitRequest("r", expected_head=2, fencing_token=1, step=step)) == 3
     store.close()
 
 
@@ -425,7 +438,7 @@ async def test_a_batch_whose_answers_were_handed_over_raises_the_lost_lease_and_
             frozen.append(True)
             time.sleep(0.8)  # blocks the event loop: no renewal (lease 0.5 s)
             with Store(store_url) as other:
-                other.acquire_lease("frozen-batch", "successor", lease_seconds=30)
+                other._driver.acquire_lease("frozen-batch", "successor", lease_seconds=30)
 
     agents, graph = _three_way_fan(freeze_past_the_lease)
     for agent in agents:
@@ -450,10 +463,14 @@ async def test_a_new_run_is_created_by_the_writer_in_turn_with_other_runs_commit
     first = _step(store, "a", 0)
     await asyncio.sleep(0.2)  # the writer thread now waits on the lock with "a" in hand
     first_step = Step(StepKind.CREATED, None, {"s": 1})
-    created = store.submit_create_run(
-        "new", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE, first_step=first_step
+    created = store._driver.submit_create_run(
+        CreateRequest(
+            "new", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE, first_step=first_step
+        )
     )
-    taken = store.submit_create_run("a", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+    taken = store._driver.submit_create_run(
+        CreateRequest("a", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+    )
     after = _step(store, "a", 1)
     lock.release()
     outcomes = await asyncio.gather(first, created, taken, after, return_exceptions=True)
@@ -470,13 +487,17 @@ async def test_a_new_run_is_created_by_the_writer_in_turn_with_other_runs_commit
 
 def _created(store: Store, run_id: str) -> asyncio.Future[Any]:
     first_step = Step(StepKind.CREATED, None, {"s": 1})
-    return store.submit_create_run(
-        run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE, first_step=first_step
+    return store._driver.submit_create_run(
+        CreateRequest(
+            run_id, graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE, first_step=first_step
+        )
     )
 
 
 def _first_commit(store: Store, run_id: str) -> asyncio.Future[int]:
-    return store.submit_commit(run_id, expected_head=1, fencing_token=1, step=Step(StepKind.START, None, {}))
+    return store._driver.submit_commit(
+        CommitRequest(run_id, expected_head=1, fencing_token=1, step=Step(StepKind.START, None, {}))
+    )
 
 
 async def test_a_run_created_together_with_its_first_commit_takes_one_transaction_and_a_refused_one_takes_the_commit_with_it(
@@ -486,7 +507,7 @@ async def test_a_run_created_together_with_its_first_commit_takes_one_transactio
     taken = _created(store, "taken")  # another driver's run, at head 1 with token 1
     assert (await taken).head_seq == 1
     groups_before = store._writer.groups
-    with store.together():
+    with store._driver.together():
         futures = [
             _created(store, "new"),
             _first_commit(store, "new"),
@@ -506,8 +527,13 @@ async def test_a_run_created_together_with_its_first_commit_takes_one_transactio
 
 async def test_a_blocking_commit_inside_together_is_refused_and_nothing_is_written(sqlite_url: str) -> None:
     store = Store(sqlite_url)
-    with store.together(), pytest.raises(UsageError, match=r"inside Store.together\(\).*submit_commit"):
-        store.create_run("r", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+    with (
+        store._driver.together(),
+        pytest.raises(UsageError, match=r"inside together\(\).*submit_commit"),
+    ):
+        store._driver.create_run(
+            CreateRequest("r", graph_fingerprint="f", graph={}, owner="me", lease_seconds=LEASE)
+        )
     assert store.get_run("r") is None
     store.close()
 
@@ -532,8 +558,10 @@ class _CreatedMeanwhile(TerminationCondition):
             await before(messages)
         if self._run_id is not None:
             with Store(self._url) as other:
-                other.create_run(
-                    self._run_id, graph_fingerprint="other", graph={}, owner="other", lease_seconds=LEASE
+                other._driver.create_run(
+                    CreateRequest(
+                        self._run_id, graph_fingerprint="other", graph={}, owner="other", lease_seconds=LEASE
+                    )
                 )
             self._run_id = None
         return None
@@ -634,15 +662,17 @@ async def test_after_a_refused_creation_the_next_run_takes_the_other_drivers_run
 
     async def create_as_another_driver(messages: Any) -> None:
         with Store(sqlite_url) as other:  # the same graph, a first step, a short lease, another host
-            other.create_run(
-                "taken-over",
-                graph_fingerprint=team._session.fingerprint,
-                graph=team._session.graph_description,
-                owner="other",
-                lease_seconds=0.05,
-                host="elsewhere",
-                pid=1,
-                first_step=Step(StepKind.CREATED, None, Cursor.fresh(initial(spec)).to_json(spec)),
+            other._driver.create_run(
+                CreateRequest(
+                    "taken-over",
+                    graph_fingerprint=team._session.fingerprint,
+                    graph=team._session.graph_description,
+                    owner="other",
+                    lease_seconds=0.05,
+                    host="elsewhere",
+                    pid=1,
+                    first_step=Step(StepKind.CREATED, None, Cursor.fresh(initial(spec)).to_json(spec)),
+                )
             )
 
     raced.before = create_as_another_driver

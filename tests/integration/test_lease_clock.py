@@ -18,6 +18,7 @@ import pytest
 import graphflow_durable._storage.lease as lease_module
 import graphflow_durable.store as store_module
 from graphflow_durable._storage import workqueue as workqueue_module
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.errors import RunLockedError
 from graphflow_durable.store import Store
 
@@ -55,18 +56,20 @@ def test_a_worker_whose_clock_is_120s_fast_cannot_take_a_live_lease_but_takes_it
     postgres_database: str, skewed_clock: Any
 ) -> None:
     with Store(postgres_database) as healthy, Store(postgres_database) as fast:
-        healthy.create_run("run-1", graph_fingerprint="f", graph={}, owner="healthy", lease_seconds=2)
+        healthy._driver.create_run(
+            CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="healthy", lease_seconds=2)
+        )
         healthy.queue.submit("run-2", task="t", team=None)
         assert healthy.queue.claim("healthy", lease_seconds=2) is not None  # the submission's claim
         with skewed_clock(120):
             with pytest.raises(RunLockedError, match="healthy"):
-                fast.acquire_lease("run-1", "fast", lease_seconds=60)
+                fast._driver.acquire_lease("run-1", "fast", lease_seconds=60)
             assert fast.queue.claim("fast", lease_seconds=60) is None  # neither the run nor run-2
-        assert healthy.renew_lease("run-1", "healthy", 1, lease_seconds=2) > _time.time() + 1
+        assert healthy._driver.renew_lease("run-1", "healthy", 1, lease_seconds=2) > _time.time() + 1
         _time.sleep(2.5)  # now both really expired
         with skewed_clock(120):
             # the store's third token (the run drew the first, the submission's claim the second)
-            assert fast.acquire_lease("run-1", "fast", lease_seconds=60) == 3
+            assert fast._driver.acquire_lease("run-1", "fast", lease_seconds=60) == 3
             claim = fast.queue.claim("fast", lease_seconds=60)
         assert claim is not None and claim.run_id == "run-2"
         run = healthy.get_run("run-1")
@@ -80,12 +83,14 @@ def test_a_worker_whose_clock_is_120s_slow_stores_its_expiry_in_the_databases_ti
 ) -> None:
     with Store(postgres_database) as slow, Store(postgres_database) as healthy:
         with skewed_clock(-120):
-            slow.create_run("run-1", graph_fingerprint="f", graph={}, owner="slow", lease_seconds=30)
-            expires = slow.renew_lease("run-1", "slow", 1, lease_seconds=30)
+            slow._driver.create_run(
+                CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="slow", lease_seconds=30)
+            )
+            expires = slow._driver.renew_lease("run-1", "slow", 1, lease_seconds=30)
             slow.queue.submit("run-2", task="t", team=None)
             claim = slow.queue.claim("slow", lease_seconds=30)
         assert expires > _time.time() + 20
         assert claim is not None and claim.run_id == "run-2" and claim.expires_at > _time.time() + 20
         with pytest.raises(RunLockedError, match="slow"):
-            healthy.acquire_lease("run-1", "healthy", lease_seconds=30)
+            healthy._driver.acquire_lease("run-1", "healthy", lease_seconds=30)
         assert healthy.queue.claim("healthy", lease_seconds=30) is None

@@ -93,12 +93,12 @@ async def test_an_agents_own_error_is_still_logged_by_autogen_with_its_traceback
 def test_psycopgs_pipeline_aborted_warning_after_a_refused_commit_is_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """psycopg logs it while the commit's own error propagates (see _runtime/logs.py); other
+    """psycopg logs it while the commit's own error propagates (see _runtime/stops.py); other
     psycopg warnings pass."""
     errors = pytest.importorskip("psycopg.errors")
-    from graphflow_durable._runtime import logs
+    from graphflow_durable._runtime.stops import install_log_filters
 
-    logs.install()
+    install_log_filters()
     psycopg_log = logging.getLogger("psycopg")
     psycopg_log.warning(
         "error ignored terminating %r: %s", "<Pipeline>", errors.PipelineAborted("pipeline aborted")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from agents import Gate, Scripted, chain, close_stores, durable, fan, stored_transcript
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import RunLockedError, StoreError
 from graphflow_durable.store import Store
 from pgserver import Server
@@ -47,10 +48,10 @@ def _first_commit_error(team: Any) -> list[BaseException]:
     """A list that receives every error the team's commits raise, the first one first."""
     errors: list[BaseException] = []
     store = team.store
-    submit_commit = store.submit_commit
+    submit_commit = store._driver.submit_commit
 
-    def spied(*args: Any, **kwargs: Any) -> asyncio.Future[int]:
-        future = submit_commit(*args, **kwargs)
+    def spied(request: CommitRequest) -> asyncio.Future[int]:
+        future = submit_commit(request)
 
         def done(f: asyncio.Future[int]) -> None:
             if not f.cancelled() and f.exception() is not None:
@@ -59,7 +60,7 @@ def _first_commit_error(team: Any) -> list[BaseException]:
         future.add_done_callback(done)
         return future
 
-    store.submit_commit = spied
+    store._driver.submit_commit = spied
     return errors
 
 
@@ -93,7 +94,7 @@ async def test_lease_renewal_survives_a_postgres_outage_and_keeps_the_run_locked
             assert time.monotonic() < deadline, "the lease was not renewed after the outage"
             await asyncio.sleep(0.05)
         with pytest.raises(RunLockedError):  # no second driver can take the healthy run over
-            other.acquire_lease("outage-short", "intruder", lease_seconds=lease)
+            other._driver.acquire_lease("outage-short", "intruder", lease_seconds=lease)
     gate.open()
     result = await asyncio.wait_for(running, 20)
     assert [m.source for m in result.messages] == ["user", "A", "B", "C"]
@@ -155,7 +156,7 @@ async def test_a_round_halted_because_the_lease_could_not_be_renewed_says_so_in_
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreError("renewing the lease: the server is not answering (test)")
 
-    monkeypatch.setattr(team.store, "heartbeat", down)
+    monkeypatch.setattr(team.store._driver, "heartbeat", down)
     started = time.time()
     await asyncio.sleep(lease)  # past the margin: the renewer halts the run
     gate.open()
@@ -183,14 +184,14 @@ async def _frozen_driver(url: str, run_id: str) -> list[str]:
     calls: list[str] = []
     agents = [Scripted(n, calls=calls) for n in "ABC"]
     team = durable(agents, chain(*agents), url, run_id, lease_seconds=lease)
-    session = team._session
-    write = session.write
+    commits = team._session.commits
+    write = commits.write
     taken = threading.Event()
 
     def take_over() -> None:
         time.sleep(lease + 0.2)
         with Store(url) as other:
-            other.acquire_lease(run_id, "successor", lease_seconds=30)
+            other._driver.acquire_lease(run_id, "successor", lease_seconds=30)
         taken.set()
 
     async def frozen_write(
@@ -204,7 +205,7 @@ async def _frozen_driver(url: str, run_id: str) -> list[str]:
             assert taken.is_set()
         return head
 
-    session.write = frozen_write  # type: ignore[method-assign]
+    commits.write = frozen_write  # type: ignore[method-assign]
     await asyncio.wait_for(team.run(task="go"), 20)
     return calls
 
@@ -235,7 +236,7 @@ async def _frozen_after_the_check(url: str, run_id: str) -> list[str]:
     def take_over() -> None:
         time.sleep(lease + 0.2)
         with Store(url) as other:
-            other.acquire_lease(run_id, "successor", lease_seconds=30)
+            other._driver.acquire_lease(run_id, "successor", lease_seconds=30)
 
     async def checked_then_frozen() -> bool:
         ok = await valid()
@@ -409,19 +410,19 @@ async def test_the_database_gone_while_a_run_is_created_is_its_error_and_nothing
     opened.open()
     team = _team(server.url, "outage-create", calls, opened, 3.0)
     store = team.store
-    submit_create_run = store.submit_create_run
+    submit_create_run = store._driver.submit_create_run
 
-    def create_in_an_outage(*args: Any, **kwargs: Any) -> Any:
+    def create_in_an_outage(request: CreateRequest) -> Any:
         server.down()
-        return submit_create_run(*args, **kwargs)
+        return submit_create_run(request)
 
-    store.submit_create_run = create_in_an_outage  # type: ignore[method-assign]
+    store._driver.submit_create_run = create_in_an_outage  # type: ignore[method-assign]
     try:
         with pytest.raises(StoreError, match="creating run outage-create"):
             await asyncio.wait_for(team.run(task="go"), 30)
     finally:
         server.up()
-        store.submit_create_run = submit_create_run  # type: ignore[method-assign]
+        store._driver.submit_create_run = submit_create_run  # type: ignore[method-assign]
     assert calls == []
     assert store.get_run("outage-create") is None
     await asyncio.wait_for(team.run(task="go"), 30)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.errors import RunLockedError
 from graphflow_durable.store import Store
 
@@ -47,7 +48,9 @@ def _set_identity(url: str, run_id: str, text: str | None) -> None:
 
 def _held_by_dead_pid(store: Store) -> int:
     pid = dead_pid()
-    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="holder", lease_seconds=3600, pid=pid)
+    store._driver.create_run(
+        CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="holder", lease_seconds=3600, pid=pid)
+    )
     return pid
 
 
@@ -57,7 +60,7 @@ def test_a_dead_pid_in_another_pid_namespace_with_the_same_host_name_keeps_its_l
     _held_by_dead_pid(store)
     _record_identity(store_url, "run-1", pidns="pid:[1]")
     with pytest.raises(RunLockedError, match="holder"):
-        store.acquire_lease("run-1", "worker-2", lease_seconds=60)
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=60)
     assert store.queue.claim("worker-2", lease_seconds=60) is None
 
 
@@ -65,7 +68,7 @@ def test_a_dead_pid_of_another_boot_keeps_its_lease(store: Store, store_url: str
     _held_by_dead_pid(store)
     _record_identity(store_url, "run-1", boot="00000000-0000-0000-0000-000000000000")
     with pytest.raises(RunLockedError):
-        store.acquire_lease("run-1", "worker-2", lease_seconds=60)
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=60)
     assert store.queue.claim("worker-2", lease_seconds=60) is None
 
 
@@ -73,12 +76,12 @@ def test_a_lease_without_a_recorded_identity_waits_for_expiry(store: Store, stor
     _held_by_dead_pid(store)
     _set_identity(store_url, "run-1", None)
     with pytest.raises(RunLockedError):
-        store.acquire_lease("run-1", "worker-2", lease_seconds=60)
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=60)
 
 
 def test_a_dead_pid_of_this_boot_and_pid_namespace_is_taken_over_at_once(store: Store) -> None:
     _held_by_dead_pid(store)
-    assert store.acquire_lease("run-1", "worker-2", lease_seconds=60) == 2
+    assert store._driver.acquire_lease("run-1", "worker-2", lease_seconds=60) == 2
 
 
 def test_a_dead_pid_of_this_boot_and_pid_namespace_is_claimed_at_once(store: Store) -> None:
@@ -89,9 +92,11 @@ def test_a_dead_pid_of_this_boot_and_pid_namespace_is_claimed_at_once(store: Sto
 
 def test_a_live_pid_reused_by_another_process_counts_as_dead(store: Store, store_url: str) -> None:
     """The recorded holder started at another time than the process now using its pid."""
-    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="holder", lease_seconds=3600)
+    store._driver.create_run(
+        CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="holder", lease_seconds=3600)
+    )
     _record_identity(store_url, "run-1", start=1)  # this pid, but a process started at another time
-    assert store.acquire_lease("run-1", "worker-2", lease_seconds=60) == 2
+    assert store._driver.acquire_lease("run-1", "worker-2", lease_seconds=60) == 2
 
 
 _IN_NAMESPACE = textwrap.dedent(
@@ -102,7 +107,7 @@ _IN_NAMESPACE = textwrap.dedent(
 
     with Store(sys.argv[1]) as store:
         try:
-            store.acquire_lease("run-1", "intruder", lease_seconds=60)
+            store._driver.acquire_lease("run-1", "intruder", lease_seconds=60)
         except RunLockedError:
             print("locked")
         else:
@@ -119,7 +124,9 @@ def test_a_worker_in_a_second_pid_namespace_does_not_take_a_live_lease_early(
     """A real second PID namespace on the same host name: this live process's pid does not exist
     there (or is another process), yet the lease holds."""
     with Store(sqlite_url) as store:
-        store.create_run("run-1", graph_fingerprint="f", graph={}, owner="holder", lease_seconds=3600)
+        store._driver.create_run(
+            CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="holder", lease_seconds=3600)
+        )
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"unshare --pid does not work here: {probe.stderr.decode(errors='replace').strip()}")

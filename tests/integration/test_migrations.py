@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from graphflow_durable._storage import migrations as _migrations
 from graphflow_durable._storage import schema as _schema
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable._storage.engine import open_engines
 from graphflow_durable.errors import SchemaVersionError, StoreError
 from graphflow_durable.store import Store
@@ -175,7 +176,9 @@ def test_migrations_define_their_own_tables_and_never_use_the_live_schema() -> N
 
 def test_a_store_error_wraps_a_schema_that_was_tampered_with(store_url: str, raw: sa.Engine) -> None:
     with Store(store_url) as store:
-        store.create_run("x", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("x", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+        )
     with raw.begin() as conn:
         conn.execute(sa.text("DROP TABLE graphflow_agent_states"))
     with (
@@ -220,12 +223,14 @@ def test_a_store_with_tokens_gets_a_token_counter_above_every_token_stored(
         )
     with Store(store_url) as store:
         assert store.schema_version() == _migrations.HEAD
-        created = store.create_run("new", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+        created = store._driver.create_run(
+            CreateRequest("new", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+        )
         tokens = [
             created.fencing_token,
-            store.acquire_lease("low", "w", lease_seconds=60),
-            store.acquire_lease("high", "w", lease_seconds=60),
-            store.acquire_lease("high", "w", lease_seconds=60),
+            store._driver.acquire_lease("low", "w", lease_seconds=60),
+            store._driver.acquire_lease("high", "w", lease_seconds=60),
+            store._driver.acquire_lease("high", "w", lease_seconds=60),
         ]
         assert tokens == [top + 1, top + 2, top + 3, top + 4], tokens
         high = store.get_run("high")

@@ -33,6 +33,7 @@ from autogen_core.memory import MemoryContent, MemoryMimeType
 from autogen_core.models import AssistantMessage, FunctionExecutionResult, RequestUsage, UserMessage
 from pydantic import BaseModel
 
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import (
     ConflictError,
     NotSerializableError,
@@ -104,21 +105,25 @@ def graphflow_messages() -> list[BaseChatMessage | BaseAgentEvent]:
 
 def start(store: Store, run_id: str = "run-1", *, owner: str = "worker-1") -> int:
     """Create a run; return its fencing token."""
-    return store.create_run(
-        run_id, graph_fingerprint="fp-1", graph={"nodes": ["a", "b"]}, owner=owner, lease_seconds=LEASE
+    return store._driver.create_run(
+        CreateRequest(
+            run_id, graph_fingerprint="fp-1", graph={"nodes": ["a", "b"]}, owner=owner, lease_seconds=LEASE
+        )
     ).fencing_token
 
 
 def commit_text(
     store: Store, run_id: str, head: int, token: int, seq: int, text: str = "hi", **kw: Any
 ) -> int:
-    return store.commit(
-        run_id,
-        expected_head=head,
-        fencing_token=token,
-        step=Step(kind="complete", node="a", scheduler={"head": head + 1}),
-        messages=[MessageRecord(seq=seq, body={"type": "TextMessage", "content": text}, published=True)],
-        **kw,
+    return store._driver.commit(
+        CommitRequest(
+            run_id,
+            expected_head=head,
+            fencing_token=token,
+            step=Step(kind="complete", node="a", scheduler={"head": head + 1}),
+            messages=[MessageRecord(seq=seq, body={"type": "TextMessage", "content": text}, published=True)],
+            **kw,
+        )
     )
 
 
@@ -144,8 +149,15 @@ def counts(raw: sa.Engine, run_id: str = "run-1") -> dict[str, int]:
 
 
 def test_create_run_starts_running_at_head_zero_leased_to_owner_with_token_one(store: Store) -> None:
-    created = store.create_run(
-        "run-1", graph_fingerprint="fp", graph={"n": [1]}, owner="w", lease_seconds=LEASE, parent_run_id="p-0"
+    created = store._driver.create_run(
+        CreateRequest(
+            "run-1",
+            graph_fingerprint="fp",
+            graph={"n": [1]},
+            owner="w",
+            lease_seconds=LEASE,
+            parent_run_id="p-0",
+        )
     )
     assert (created.status, created.head_seq, created.message_count, created.fencing_token) == (
         "running",
@@ -168,7 +180,9 @@ def test_create_run_starts_running_at_head_zero_leased_to_owner_with_token_one(s
 def test_create_run_twice_raises_conflict_and_keeps_the_first(store: Store) -> None:
     start(store)
     with pytest.raises(ConflictError, match=r"run run-1 already exists.*new run_id.*resume"):
-        store.create_run("run-1", graph_fingerprint="other", graph={}, owner="w2", lease_seconds=LEASE)
+        store._driver.create_run(
+            CreateRequest("run-1", graph_fingerprint="other", graph={}, owner="w2", lease_seconds=LEASE)
+        )
     run = store.get_run("run-1")
     assert run is not None and run.graph_fingerprint == "fp-1" and run.lease_owner == "worker-1"
 
@@ -180,7 +194,7 @@ def test_unknown_run_is_none_for_get_and_not_found_for_load_and_commit(store: St
     with pytest.raises(RunNotFoundError, match="nope"):
         commit_text(store, "nope", 0, 1, 0)
     with pytest.raises(LookupError):  # RunNotFoundError is also a LookupError
-        store.acquire_lease("nope", "w", lease_seconds=LEASE)
+        store._driver.acquire_lease("nope", "w", lease_seconds=LEASE)
 
 
 def test_every_graphflow_message_type_round_trips_through_the_store(store: Store) -> None:
@@ -188,8 +202,10 @@ def test_every_graphflow_message_type_round_trips_through_the_store(store: Store
     token = start(store)
     records = [MessageRecord(seq=i, body=m.dump(), published=i % 2 == 0) for i, m in enumerate(originals)]
     assert (
-        store.commit(
-            "run-1", expected_head=0, fencing_token=token, step=Step("start", None, {}), messages=records
+        store._driver.commit(
+            CommitRequest(
+                "run-1", expected_head=0, fencing_token=token, step=Step("start", None, {}), messages=records
+            )
         )
         == 1
     )
@@ -220,32 +236,38 @@ def test_commit_appends_step_messages_and_states_and_load_returns_latest_state_p
     store: Store, raw: sa.Engine
 ) -> None:
     token = start(store)
-    head = store.commit(
-        "run-1",
-        expected_head=0,
-        fencing_token=token,
-        step=Step("start", None, {"ready": ["a"]}, {"task_digest": "d"}),
-        messages=[MessageRecord(0, {"content": "task"}, True)],
-        update=RunUpdate(task="task"),
+    head = store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=0,
+            fencing_token=token,
+            step=Step("start", None, {"ready": ["a"]}, {"task_digest": "d"}),
+            messages=[MessageRecord(0, {"content": "task"}, True)],
+            update=RunUpdate(task="task"),
+        )
     )
-    head = store.commit(
-        "run-1",
-        expected_head=head,
-        fencing_token=token,
-        step=Step("complete", "a", {"ready": ["b"]}),
-        messages=[
-            MessageRecord(1, {"content": "inner"}, False),
-            MessageRecord(2, {"content": "a says"}, True),
-        ],
-        agent_states=[AgentStateRecord("a", {"turn": 1}), AgentStateRecord("b", {"turn": 0})],
+    head = store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=head,
+            fencing_token=token,
+            step=Step("complete", "a", {"ready": ["b"]}),
+            messages=[
+                MessageRecord(1, {"content": "inner"}, False),
+                MessageRecord(2, {"content": "a says"}, True),
+            ],
+            agent_states=[AgentStateRecord("a", {"turn": 1}), AgentStateRecord("b", {"turn": 0})],
+        )
     )
-    head = store.commit(
-        "run-1",
-        expected_head=head,
-        fencing_token=token,
-        step=Step("complete", "b", {"ready": []}),
-        agent_states=[AgentStateRecord("b", {"turn": 1})],
-        update=RunUpdate(status="finished", result={"stop_reason": "done"}),
+    head = store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=head,
+            fencing_token=token,
+            step=Step("complete", "b", {"ready": []}),
+            agent_states=[AgentStateRecord("b", {"turn": 1})],
+            update=RunUpdate(status="finished", result={"stop_reason": "done"}),
+        )
     )
     assert head == 3
     log = store.load("run-1")
@@ -282,14 +304,16 @@ def test_commit_on_stale_head_raises_conflict_and_writes_nothing(store: Store, r
     with pytest.raises(
         ConflictError, match=r"run run-1: expected head 0 but the store is at 1.*reload"
     ) as info:
-        store.commit(
-            "run-1",
-            expected_head=0,
-            fencing_token=token,
-            step=Step("complete", "b", {}),
-            messages=[MessageRecord(1, {"c": 1}, True)],
-            agent_states=[AgentStateRecord("b", {})],
-            update=RunUpdate(status="failed"),
+        store._driver.commit(
+            CommitRequest(
+                "run-1",
+                expected_head=0,
+                fencing_token=token,
+                step=Step("complete", "b", {}),
+                messages=[MessageRecord(1, {"c": 1}, True)],
+                agent_states=[AgentStateRecord("b", {})],
+                update=RunUpdate(status="failed"),
+            )
         )
     assert type(info.value) is ConflictError
     assert counts(raw) == before
@@ -314,8 +338,10 @@ def test_commit_with_a_gap_between_its_messages_is_rejected(store: Store, raw: s
     token = start(store)
     gap = [MessageRecord(0, {}, True), MessageRecord(2, {}, True)]
     with pytest.raises(UsageError, match=r"contiguous; message 1 has seq 2 but 1 was expected"):
-        store.commit(
-            "run-1", expected_head=0, fencing_token=token, step=Step("start", None, {}), messages=gap
+        store._driver.commit(
+            CommitRequest(
+                "run-1", expected_head=0, fencing_token=token, step=Step("start", None, {}), messages=gap
+            )
         )
     assert counts(raw) == {"steps": 0, "messages": 0, "agent_states": 0}
 
@@ -342,7 +368,7 @@ def test_a_value_that_is_not_json_fails_at_write_time_naming_where_and_writes_no
     token = start(store)
     arguments: dict[str, Any] = {"step": Step("start", None, {}), **kwargs}
     with pytest.raises(NotSerializableError, match=f"cannot store {where}:"):
-        store.commit("run-1", expected_head=0, fencing_token=token, **arguments)
+        store._driver.commit(CommitRequest("run-1", expected_head=0, fencing_token=token, **arguments))
     assert counts(raw) == {"steps": 0, "messages": 0, "agent_states": 0}
     run = store.get_run("run-1")
     assert run is not None and run.head_seq == 0 and run.result is None
@@ -350,8 +376,10 @@ def test_a_value_that_is_not_json_fails_at_write_time_naming_where_and_writes_no
 
 def test_a_graph_that_is_not_json_is_refused_at_create(store: Store) -> None:
     with pytest.raises(NotSerializableError, match="cannot store graph/edges"):
-        store.create_run(
-            "run-1", graph_fingerprint="f", graph={"edges": b"x"}, owner="w", lease_seconds=LEASE
+        store._driver.create_run(
+            CreateRequest(
+                "run-1", graph_fingerprint="f", graph={"edges": b"x"}, owner="w", lease_seconds=LEASE
+            )
         )
     assert store.get_run("run-1") is None
 
@@ -366,8 +394,14 @@ def test_two_states_for_one_node_in_one_commit_are_refused(store: Store) -> None
     token = start(store)
     twice = [AgentStateRecord("a", {}), AgentStateRecord("a", {"x": 1})]
     with pytest.raises(UsageError, match="two agent states for node 'a'"):
-        store.commit(
-            "run-1", expected_head=0, fencing_token=token, step=Step("complete", None, {}), agent_states=twice
+        store._driver.commit(
+            CommitRequest(
+                "run-1",
+                expected_head=0,
+                fencing_token=token,
+                step=Step("complete", None, {}),
+                agent_states=twice,
+            )
         )
 
 
@@ -396,14 +430,16 @@ def test_a_database_error_in_the_middle_of_a_commit_rolls_back_all_of_it(
     with raw.begin() as conn:  # the last statement of the commit will fail
         conn.execute(sa.text("ALTER TABLE graphflow_agent_states RENAME TO graphflow_agent_states_gone"))
     with pytest.raises(StoreError, match=r"committing step 1 of run run-1 failed on .*agent_states") as info:
-        store.commit(
-            "run-1",
-            expected_head=0,
-            fencing_token=token,
-            step=Step("start", None, {}),
-            messages=[MessageRecord(0, {}, True)],
-            agent_states=[AgentStateRecord("a", {})],
-            update=RunUpdate(status="failed"),
+        store._driver.commit(
+            CommitRequest(
+                "run-1",
+                expected_head=0,
+                fencing_token=token,
+                step=Step("start", None, {}),
+                messages=[MessageRecord(0, {}, True)],
+                agent_states=[AgentStateRecord("a", {})],
+                update=RunUpdate(status="failed"),
+            )
         )
     assert info.value.__cause__ is not None
     with raw.connect() as conn:
@@ -418,41 +454,49 @@ def test_a_database_error_in_the_middle_of_a_commit_rolls_back_all_of_it(
 
 def test_delta_states_are_folded_onto_the_last_whole_state_by_load(store: Store) -> None:
     token = start(store)
-    head = store.commit(
-        "run-1",
-        expected_head=0,
-        fencing_token=token,
-        step=Step("complete", "a", {"s": 1}),
-        agent_states=[AgentStateRecord("a", {"ctx": [1], "k": "v"})],
+    head = store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=0,
+            fencing_token=token,
+            step=Step("complete", "a", {"s": 1}),
+            agent_states=[AgentStateRecord("a", {"ctx": [1], "k": "v"})],
+        )
     )
-    head = store.commit(
-        "run-1",
-        expected_head=head,
-        fencing_token=token,
-        step=Step("complete", "a", {"s": 2}),
-        agent_states=[AgentStateRecord("a", {"sub": {"ctx": {"+": [2, 3]}}}, base_step=head)],
+    head = store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=head,
+            fencing_token=token,
+            step=Step("complete", "a", {"s": 2}),
+            agent_states=[AgentStateRecord("a", {"sub": {"ctx": {"+": [2, 3]}}}, base_step=head)],
+        )
     )
     log = store.load("run-1")
     assert log.agent_states["a"] == {"ctx": [1, 2, 3], "k": "v"}
     assert log.agent_state_steps["a"] == head
-    assert store.head_scheduler("run-1") == {"s": 2}
+    assert store._driver.head_scheduler("run-1") == {"s": 2}
 
 
 def test_a_delta_whose_base_is_not_the_previous_row_is_reported_as_corruption(store: Store) -> None:
     token = start(store)
-    head = store.commit(
-        "run-1",
-        expected_head=0,
-        fencing_token=token,
-        step=Step("complete", None, {}),
-        agent_states=[AgentStateRecord("a", {"ctx": [1]})],
+    head = store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=0,
+            fencing_token=token,
+            step=Step("complete", None, {}),
+            agent_states=[AgentStateRecord("a", {"ctx": [1]})],
+        )
     )
-    store.commit(
-        "run-1",
-        expected_head=head,
-        fencing_token=token,
-        step=Step("complete", None, {}),
-        agent_states=[AgentStateRecord("a", {"sub": {"ctx": {"+": [2]}}}, base_step=head + 7)],
+    store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=head,
+            fencing_token=token,
+            step=Step("complete", None, {}),
+            agent_states=[AgentStateRecord("a", {"sub": {"ctx": {"+": [2]}}}, base_step=head + 7)],
+        )
     )
     with pytest.raises(StoreError, match=r"node 'a'.*delta against step 8.*corrupt"):
         store.load("run-1")
@@ -461,6 +505,8 @@ def test_a_delta_whose_base_is_not_the_previous_row_is_reported_as_corruption(st
 def test_an_unknown_step_kind_is_refused_as_a_usage_error_and_writes_nothing(store: Store) -> None:
     token = start(store)
     with pytest.raises(UsageError, match="step kind 'x' is not one of") as raised:
-        store.commit("run-1", expected_head=0, fencing_token=token, step=Step("x", None, {}))  # type: ignore[arg-type]
+        store._driver.commit(
+            CommitRequest("run-1", expected_head=0, fencing_token=token, step=Step("x", None, {}))
+        )  # type: ignore[arg-type]
     assert (raised.value.run_id, raised.value.option) == ("run-1", "kind")
     assert store.get_run("run-1").head_seq == 0

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from agents import Scripted
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.errors import (
     LeaseLostError,
     RunLockedError,
@@ -43,8 +44,15 @@ def rows_of(raw: sa.Engine, run_id: str) -> dict[str, int]:
 def made(store: Store, run_id: str, *, status: str | None = None, parent: str | None = None) -> int:
     """A run with one committed step (a message and an agent state); ``status``: ended with it and
     its lease released. Returns the fencing token."""
-    token = store.create_run(
-        run_id, graph_fingerprint="fp", graph={}, owner="worker-1", lease_seconds=LEASE, parent_run_id=parent
+    token = store._driver.create_run(
+        CreateRequest(
+            run_id,
+            graph_fingerprint="fp",
+            graph={},
+            owner="worker-1",
+            lease_seconds=LEASE,
+            parent_run_id=parent,
+        )
     ).fencing_token
     update = None if status is None else RunUpdate(status=status, release_lease=True)  # type: ignore[arg-type]
     commit_text(store, run_id, 0, token, 0, agent_states=[AgentStateRecord("a", {"n": 1})], update=update)
@@ -76,8 +84,10 @@ def test_cancel_of_a_run_nobody_holds_makes_it_cancelled_at_once_and_fences_its_
 
 
 def test_cancel_of_a_run_whose_driver_lease_expired_cancels_it_at_once(store: Store) -> None:
-    store.create_run(
-        "run-1", graph_fingerprint="f", graph={}, owner="gone", lease_seconds=0.01, host="elsewhere"
+    store._driver.create_run(
+        CreateRequest(
+            "run-1", graph_fingerprint="f", graph={}, owner="gone", lease_seconds=0.01, host="elsewhere"
+        )
     )
     time.sleep(0.05)
     assert store.cancel_run("run-1").outcome == "cancelled"
@@ -87,14 +97,16 @@ def test_cancel_of_a_run_whose_driver_lease_expired_cancels_it_at_once(store: St
 
 def test_cancel_of_a_held_run_is_a_request_its_driver_reads_in_its_next_renewal(store: Store) -> None:
     token = start(store)
-    assert store.heartbeat("run-1", "worker-1", token, lease_seconds=LEASE).cancel_requested_at is None
+    assert (
+        store._driver.heartbeat("run-1", "worker-1", token, lease_seconds=LEASE).cancel_requested_at is None
+    )
     asked = store.cancel_run("run-1")
     assert (asked.outcome, asked.status, asked.owner) == ("requested", "running", "worker-1")
     run = store.get_run("run-1")
     assert run is not None and run.status == "running" and run.fencing_token == token  # not written over
-    beat = store.heartbeat("run-1", "worker-1", token, lease_seconds=LEASE)
+    beat = store._driver.heartbeat("run-1", "worker-1", token, lease_seconds=LEASE)
     assert beat.cancel_requested_at == run.cancel_requested_at and beat.expires_at > time.time()
-    assert store.renew_lease("run-1", "worker-1", token, lease_seconds=LEASE) == pytest.approx(
+    assert store._driver.renew_lease("run-1", "worker-1", token, lease_seconds=LEASE) == pytest.approx(
         beat.expires_at, abs=5
     )
     assert store.cancel_run("run-1").outcome == "requested"  # asked twice: the first time is kept
@@ -284,7 +296,7 @@ def test_prune_with_nothing_to_do_removes_nothing(store: Store) -> None:
 
 def test_prune_skips_runs_a_live_driver_holds_and_refuses_running_without_force(store: Store) -> None:
     made(store, "run-1", status="interrupted")
-    store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)  # being resumed right now
+    store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)  # being resumed right now
     skipped = store.prune(older_than=0, status="interrupted", dry_run=False)
     assert (skipped.run_ids, skipped.skipped) == ((), ("run-1",))
     with pytest.raises(RunStateError, match=r"running runs.*force"):

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from agents import Scripted, chain, close_stores, durable, fail_once
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.cli.runs import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE
 from graphflow_durable.errors import StoreCorruptError
 from graphflow_durable.store import Step, Store
@@ -225,13 +226,17 @@ async def test_runs_verify_lists_exactly_the_damaged_rows_one_line_each(store_ur
 def test_a_scheduler_that_is_not_the_heads_is_found_by_verify_only(store_url: str) -> None:
     """A resume reads only the head's scheduler; verify reads every step's."""
     with Store(store_url) as store:
-        store.create_run("r", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+        store._driver.create_run(
+            CreateRequest("r", graph_fingerprint="f", graph={}, owner="w", lease_seconds=60)
+        )
         for head in range(3):
-            store.commit(
-                "r",
-                expected_head=head,
-                fencing_token=1,
-                step=Step(kind="complete", node="A", scheduler={"n": head}, data={}),
+            store._driver.commit(
+                CommitRequest(
+                    "r",
+                    expected_head=head,
+                    fencing_token=1,
+                    step=Step(kind="complete", node="A", scheduler={"n": head}, data={}),
+                )
             )
         _sql(store_url, "UPDATE graphflow_steps SET scheduler = :t WHERE seq = 2", t='{"n":7}')
         store.load("r")  # the head (step 3) is intact
@@ -239,16 +244,17 @@ def test_a_scheduler_that_is_not_the_heads_is_found_by_verify_only(store_url: st
         assert (damage.table, damage.step, damage.column) == ("graphflow_steps", 2, "scheduler")
         _sql(store_url, "UPDATE graphflow_steps SET scheduler = :t WHERE seq = 3", t='{"n":7}')
         with pytest.raises(StoreCorruptError, match=r"step 3 \(its scheduler state\) in graphflow_steps"):
-            store.head_scheduler("r")
+            store._driver.head_scheduler("r")
 
 
 # -- runs list: a run whose driver is gone ------------------------------------------------------
 
 _HOLDER = """
 import sys, time
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.store import Step, Store
 store = Store(sys.argv[1])
-store.create_run("dead", graph_fingerprint="f", graph={}, owner="doomed", lease_seconds=3600)
+store._driver.create_run(CreateRequest("dead", graph_fingerprint="f", graph={}, owner="doomed", lease_seconds=3600))
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -264,8 +270,12 @@ def test_runs_list_shows_a_run_whose_driver_was_killed_as_owner_gone(store_url: 
             os.kill(holder.pid, signal.SIGKILL)
             holder.wait(timeout=30)
     with Store(store_url) as store:
-        store.create_run("alive", graph_fingerprint="f", graph={}, owner="me", lease_seconds=3600)
-        store.create_run("late", graph_fingerprint="f", graph={}, owner="slow", lease_seconds=3600)
+        store._driver.create_run(
+            CreateRequest("alive", graph_fingerprint="f", graph={}, owner="me", lease_seconds=3600)
+        )
+        store._driver.create_run(
+            CreateRequest("late", graph_fingerprint="f", graph={}, owner="slow", lease_seconds=3600)
+        )
     _sql(store_url, "UPDATE graphflow_runs SET lease_expires_at = 1000 WHERE run_id = 'late'")
 
     listed = _cli(store_url, "list", "--json")

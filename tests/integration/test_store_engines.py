@@ -93,14 +93,15 @@ def test_two_processes_committing_to_one_sqlite_file_never_see_database_is_locke
     script = textwrap.dedent(
         """
         import sys
+        from graphflow_durable._storage.driver import CommitRequest, CreateRequest
         from graphflow_durable.store import MessageRecord, Step, Store
         url, run_id = sys.argv[1], sys.argv[2]
         with Store(url) as store:
-            run = store.create_run(run_id, graph_fingerprint="f", graph={}, owner=run_id, lease_seconds=60)
+            run = store._driver.create_run(CreateRequest(run_id, graph_fingerprint="f", graph={}, owner=run_id, lease_seconds=60))
             token = run.fencing_token
             for seq in range(200):
-                store.commit(run_id, expected_head=seq, fencing_token=token, step=Step("complete", "a", {}),
-                             messages=[MessageRecord(seq, {"content": "x" * 500}, True)])
+                store._driver.commit(CommitRequest(run_id, expected_head=seq, fencing_token=token, step=Step("complete", "a", {}),
+                             messages=[MessageRecord(seq, {"content": "x" * 500}, True)]))
         """
     )
     children = [

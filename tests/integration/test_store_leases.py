@@ -11,6 +11,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import LeaseLostError, RunLockedError, RunNotFoundError
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, Store
 
@@ -29,15 +30,17 @@ def test_a_second_owner_gets_run_locked_naming_the_holder_and_its_expiry(store: 
     with pytest.raises(
         RunLockedError, match=r"run run-1 is being driven by worker-1 \(pid \d+ on .+\) until 20"
     ):
-        store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
     run = store.get_run("run-1")
     assert run is not None and (run.lease_owner, run.fencing_token) == ("worker-1", 1)
 
 
 def test_an_expired_lease_is_taken_with_the_next_token(store: Store) -> None:
-    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.01)
+    store._driver.create_run(
+        CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.01)
+    )
     time.sleep(0.05)
-    assert store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE, host="h2", pid=4242) == 2
+    assert store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE, host="h2", pid=4242) == 2
     run = store.get_run("run-1")
     assert run is not None
     assert (run.lease_owner, run.lease_host, run.lease_pid, run.fencing_token) == ("worker-2", "h2", 4242, 2)
@@ -47,11 +50,15 @@ def test_an_expired_lease_is_taken_with_the_next_token(store: Store) -> None:
 def test_a_takeover_is_logged_once_at_info_by_the_store_logger(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.01)
+    store._driver.create_run(
+        CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.01)
+    )
     time.sleep(0.05)
     with caplog.at_level(logging.INFO, logger="graphflow_durable.store"):
-        store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
-        store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)  # the same owner: not a takeover
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
+        store._driver.acquire_lease(
+            "run-1", "worker-2", lease_seconds=LEASE
+        )  # the same owner: not a takeover
     took = [r for r in caplog.records if "took the lease" in r.getMessage()]
     assert [(r.name, r.levelno) for r in took] == [("graphflow_durable.store", logging.INFO)]
     assert "run-1: worker-2 took the lease from worker-1" in took[0].getMessage()
@@ -59,45 +66,53 @@ def test_a_takeover_is_logged_once_at_info_by_the_store_logger(
 
 def test_the_lease_of_a_dead_process_on_this_host_is_taken_at_once(store: Store) -> None:
     pid = dead_pid()
-    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="crashed", lease_seconds=3600, pid=pid)
-    assert store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE) == 2
+    store._driver.create_run(
+        CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="crashed", lease_seconds=3600, pid=pid)
+    )
+    assert store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE) == 2
 
 
 def test_the_lease_of_a_dead_pid_on_another_host_is_kept_until_it_expires(store: Store) -> None:
     pid = dead_pid()
     other = socket.gethostname() + "-elsewhere"
-    store.create_run(
-        "run-1", graph_fingerprint="f", graph={}, owner="remote", lease_seconds=3600, host=other, pid=pid
+    store._driver.create_run(
+        CreateRequest(
+            "run-1", graph_fingerprint="f", graph={}, owner="remote", lease_seconds=3600, host=other, pid=pid
+        )
     )
     with pytest.raises(RunLockedError, match="remote"):
-        store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
 
 
 def test_the_lease_of_a_live_process_on_this_host_is_kept(store: Store) -> None:
     start(store, owner="worker-1")  # pid = this (live) process
     with pytest.raises(RunLockedError):
-        store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
+        store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
 
 
 def test_a_commit_with_a_stale_token_raises_lease_lost_and_writes_nothing(
     store: Store, store_url: str
 ) -> None:
-    store.create_run("run-1", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.01)
+    store._driver.create_run(
+        CreateRequest("run-1", graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.01)
+    )
     commit_text(store, "run-1", 0, 1, 0)
     time.sleep(0.05)
-    new_token = store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
+    new_token = store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
     raw = sa.create_engine(store_url)
     try:
         before = counts(raw)
         with pytest.raises(LeaseLostError, match=r"token is 1 but the run's token is 2, held by 'worker-2'"):
-            store.commit(
-                "run-1",
-                expected_head=1,
-                fencing_token=1,
-                step=Step("complete", "a", {}),
-                messages=[MessageRecord(1, {}, True)],
-                agent_states=[AgentStateRecord("a", {})],
-                update=RunUpdate(status="finished"),
+            store._driver.commit(
+                CommitRequest(
+                    "run-1",
+                    expected_head=1,
+                    fencing_token=1,
+                    step=Step("complete", "a", {}),
+                    messages=[MessageRecord(1, {}, True)],
+                    agent_states=[AgentStateRecord("a", {})],
+                    update=RunUpdate(status="finished"),
+                )
             )
         assert counts(raw) == before
     finally:
@@ -109,7 +124,7 @@ def test_a_commit_with_a_stale_token_raises_lease_lost_and_writes_nothing(
 
 def test_reacquiring_by_the_same_owner_gives_a_new_token_and_fences_the_old_one(store: Store) -> None:
     old = start(store, owner="worker-1")
-    new = store.acquire_lease("run-1", "worker-1", lease_seconds=LEASE)
+    new = store._driver.acquire_lease("run-1", "worker-1", lease_seconds=LEASE)
     assert new == old + 1
     with pytest.raises(LeaseLostError):
         commit_text(store, "run-1", 0, old, 0)
@@ -118,31 +133,31 @@ def test_reacquiring_by_the_same_owner_gives_a_new_token_and_fences_the_old_one(
 
 def test_renew_extends_the_lease_and_a_stale_token_cannot_renew(store: Store) -> None:
     token = start(store, owner="worker-1")
-    expires = store.renew_lease("run-1", "worker-1", token, lease_seconds=3600)
+    expires = store._driver.renew_lease("run-1", "worker-1", token, lease_seconds=3600)
     run = store.get_run("run-1")
     assert run is not None and run.lease_expires_at == pytest.approx(expires) and expires > time.time() + 3000
     with pytest.raises(
         LeaseLostError, match="token 1 is current but the lease is held by 'worker-1', not 'impostor'"
     ):
-        store.renew_lease("run-1", "impostor", token, lease_seconds=LEASE)
+        store._driver.renew_lease("run-1", "impostor", token, lease_seconds=LEASE)
     with pytest.raises(LeaseLostError, match="token is 7 but the run's token is 1"):
-        store.renew_lease("run-1", "worker-1", 7, lease_seconds=LEASE)
+        store._driver.renew_lease("run-1", "worker-1", 7, lease_seconds=LEASE)
     with pytest.raises(RunNotFoundError):
-        store.renew_lease("nope", "worker-1", token, lease_seconds=LEASE)
+        store._driver.renew_lease("nope", "worker-1", token, lease_seconds=LEASE)
 
 
 def test_release_frees_the_run_and_is_silent_when_the_lease_was_taken(store: Store) -> None:
     token = start(store, owner="worker-1")
-    assert store.release_lease("run-1", token) is True
+    assert store._driver.release_lease("run-1", token) is True
     run = store.get_run("run-1")
     assert run is not None and (run.lease_owner, run.lease_expires_at, run.fencing_token) == (None, None, 1)
-    assert store.release_lease("run-1", token) is False
-    taken = store.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
+    assert store._driver.release_lease("run-1", token) is False
+    taken = store._driver.acquire_lease("run-1", "worker-2", lease_seconds=LEASE)
     assert taken == 2
-    assert store.release_lease("run-1", token) is False  # stale: worker-2 keeps it
+    assert store._driver.release_lease("run-1", token) is False  # stale: worker-2 keeps it
     run = store.get_run("run-1")
     assert run is not None and run.lease_owner == "worker-2"
-    assert store.release_lease("nope", 1) is False
+    assert store._driver.release_lease("nope", 1) is False
 
 
 def test_a_dead_but_unreaped_process_on_this_host_counts_as_dead() -> None:

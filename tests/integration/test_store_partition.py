@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 from agents import Scripted, chain, close_stores, durable, stored_transcript
+from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.errors import StoreConfigError, StoreError
 from graphflow_durable.store import Store
 from netproxy import NetProxy
@@ -167,13 +168,15 @@ async def test_a_partition_mid_run_is_a_store_error_and_the_run_resumes_once_hea
 def test_a_row_lock_held_past_lock_timeout_is_a_store_error_not_a_wait(postgres_database: str) -> None:
     url = sa.make_url(postgres_database).update_query_dict({"lock_timeout": "0.5"})
     with Store(url.render_as_string(hide_password=False)) as store:
-        store.create_run("locked", graph_fingerprint="f", graph={}, owner="first", lease_seconds=0.01)
+        store._driver.create_run(
+            CreateRequest("locked", graph_fingerprint="f", graph={}, owner="first", lease_seconds=0.01)
+        )
         holder = sa.create_engine(postgres_database)
         try:
             with holder.begin() as conn:  # another session holds the run's row
                 conn.exec_driver_sql("SELECT 1 FROM graphflow_runs WHERE run_id = 'locked' FOR UPDATE")
                 outcome, took = _within(
-                    BOUND, lambda: store.acquire_lease("locked", "second", lease_seconds=5)
+                    BOUND, lambda: store._driver.acquire_lease("locked", "second", lease_seconds=5)
                 )
         finally:
             holder.dispose()

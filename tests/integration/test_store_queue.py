@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import LeaseLostError, NotSerializableError, RunExistsError, UsageError
 from graphflow_durable.store import RunUpdate, Step, Store
 
@@ -24,35 +25,39 @@ def dead_pid() -> int:
 
 
 def make_run(store: Store, run_id: str, *, owner: str = "driver", lease: float = LEASE, **kw: object) -> int:
-    return store.create_run(
-        run_id, graph_fingerprint="fp", graph={}, owner=owner, lease_seconds=lease, **kw
+    return store._driver.create_run(
+        CreateRequest(run_id, graph_fingerprint="fp", graph={}, owner=owner, lease_seconds=lease, **kw)
     ).fencing_token  # type: ignore[arg-type]
 
 
 def finish(store: Store, run_id: str, token: int) -> None:
     run = store.get_run(run_id)
     assert run is not None
-    store.commit(
-        run_id,
-        expected_head=run.head_seq,
-        fencing_token=token,
-        step=Step("complete", None, {}),
-        update=RunUpdate(status="finished"),
+    store._driver.commit(
+        CommitRequest(
+            run_id,
+            expected_head=run.head_seq,
+            fencing_token=token,
+            step=Step("complete", None, {}),
+            update=RunUpdate(status="finished"),
+        )
     )
-    store.release_lease(run_id, token)
+    store._driver.release_lease(run_id, token)
 
 
 def interrupt(store: Store, run_id: str, token: int) -> None:
     run = store.get_run(run_id)
     assert run is not None
-    store.commit(
-        run_id,
-        expected_head=run.head_seq,
-        fencing_token=token,
-        step=Step("interrupt", None, {}),
-        update=RunUpdate(status="interrupted"),
+    store._driver.commit(
+        CommitRequest(
+            run_id,
+            expected_head=run.head_seq,
+            fencing_token=token,
+            step=Step("interrupt", None, {}),
+            update=RunUpdate(status="interrupted"),
+        )
     )
-    store.release_lease(run_id, token)
+    store._driver.release_lease(run_id, token)
 
 
 def test_submit_is_idempotent_per_run_id_and_a_different_task_is_refused_as_a_taken_run_id(
@@ -134,7 +139,9 @@ def test_a_live_lease_is_not_claimable_but_an_expired_one_is_and_fences_the_old_
     assert claim is not None and claim.run_id == "stale" and claim.reason == "expired"
     assert store.queue.claim("w3", lease_seconds=LEASE) is None  # "live" stays with its driver
     with pytest.raises(LeaseLostError):
-        store.commit("stale", expected_head=0, fencing_token=old, step=Step("complete", "a", {}))
+        store._driver.commit(
+            CommitRequest("stale", expected_head=0, fencing_token=old, step=Step("complete", "a", {}))
+        )
 
 
 def test_the_run_of_a_dead_process_on_this_host_is_claimable_at_once(store: Store) -> None:
@@ -158,7 +165,9 @@ def test_a_worker_claims_its_own_expired_lease_with_a_new_token_unless_it_still_
     assert claim is not None and (claim.run_id, claim.reason) == ("mine", "expired")
     assert claim.fencing_token > old
     with pytest.raises(LeaseLostError):  # the old driver of the same owner is fenced off
-        store.commit("mine", expected_head=0, fencing_token=old, step=Step("complete", "a", {}))
+        store._driver.commit(
+            CommitRequest("mine", expected_head=0, fencing_token=old, step=Step("complete", "a", {}))
+        )
     assert store.queue.claim("w", lease_seconds=LEASE) is None  # its live lease stays its own
 
 

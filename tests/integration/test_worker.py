@@ -27,6 +27,7 @@ from poolteam import EXPECTED_COMPLETIONS, team
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from agents import wait_for
+from graphflow_durable._storage.driver import CreateRequest
 
 
 def completions(store: Store, run_id: str) -> Counter[str]:
@@ -163,8 +164,10 @@ async def interrupted_run(store: Store, run_id: str) -> None:
 
 async def test_a_run_with_a_changed_graph_fails_once_and_waits_the_longest_back_off(store: Store) -> None:
     """A caller's mistake (GraphMismatchError) fails the same way every time: no hot retry loop."""
-    store.create_run(
-        "r", graph_fingerprint="another graph", graph={"nodes": {"X": {}}}, owner="gone", lease_seconds=0
+    store._driver.create_run(
+        CreateRequest(
+            "r", graph_fingerprint="another graph", graph={"nodes": {"X": {}}}, owner="gone", lease_seconds=0
+        )
     )
     calls: list[str] = []
 
@@ -207,7 +210,7 @@ async def test_a_run_locked_by_another_worker_is_lost_with_nothing_recorded_and_
     def intruded(run_id: str, **durable: Any) -> DurableGraphFlow:
         # Between this worker's claim and its team's start, another live worker takes the run.
         time.sleep(0.15)  # the claim's 0.1 s lease expires
-        store.acquire_lease(run_id, "intruder", lease_seconds=60)
+        store._driver.acquire_lease(run_id, "intruder", lease_seconds=60)
         return team(run_id, **durable)
 
     before = store.get_run("r")

@@ -16,14 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from graphflow_durable._agentstate.decoder import fold_states
 from graphflow_durable._agentstate.encoder import MAX_DELTAS, StateLog
 from graphflow_durable._model.codec import dumps
 from graphflow_durable._model.records import AgentStateRecord, MessageRecord
-
-try:  # the reader moves next to the writer
-    from graphflow_durable._agentstate.decoder import fold_states
-except ImportError:  # pragma: no cover - before the move
-    from graphflow_durable._storage.commit import fold_states  # type: ignore[no-redef]
 
 LONG = 300  # longer than MIN_REFERENCE: such contents are stored as references
 

@@ -90,38 +90,23 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The declarative side of DurableGraphFlow: its component config and loading saved states.",
     ),
     "_runtime/container.py": (
-        150,
-        "The durable participant container: runs a node's turn inside its execution context and...",
+        200,
+        "The durable participant container, and what crosses between the manager and the containers.",
     ),
     "_runtime/gate.py": (
         250,
         "Human input in a durable run: the input functions of ``UserProxyAgent`` participants, i...",
     ),
-    "_runtime/link.py": (
-        100,
-        "What crosses between the durable manager and the participant containers during a turn.",
-    ),
-    "_runtime/logs.py": (
-        100,
-        "Expected control flow stays out of the ERROR log: what AutoGen and psycopg log about it.",
-    ),
     "_runtime/manager.py": (450, "The durable GraphFlow manager."),
-    "_runtime/runlease.py": (
-        300,
-        "The run's lease as one driver holds it: its fencing token, when it was last confirmed,...",
-    ),
-    "_runtime/session.py": (450, "One team's hold on its stored run: the run session."),
+    "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),
+    "_runtime/session.py": (600, "One team's hold on its stored run: the run session."),
     "_runtime/stops.py": (
-        150,
-        "When a round ends: GraphFlow's termination checks and the park for human input.",
-    ),
-    "_runtime/stored.py": (
-        150,
-        "A session's team and its stored run, each made from the other: the team put at the stor...",
+        300,
+        "When a round ends, and why a run stops dispatching (the run's control, its log filters).",
     ),
     "_runtime/team.py": (
-        100,
-        "The parts of a GraphFlow team the durable runtime reaches into, in one place.",
+        200,
+        "The GraphFlow team as the runtime reaches into it, and the team and its stored run.",
     ),
     "_storage/admin.py": (
         500,
@@ -131,21 +116,17 @@ BUDGETS: dict[str, tuple[int, str]] = {
         200,
         "Row checksums (schema version 6): what a commit stores beside each step, message and ag...",
     ),
-    "_storage/commit.py": (
-        300,
-        "What a commit writes, encoded before any SQL runs, and why a refused commit was refused.",
-    ),
     "_storage/document.py": (
         550,
         "A run's export document (``Store.export_run`` / ``Store.import_run``; ``runs export`` /...",
     ),
+    "_storage/driver.py": (
+        450,
+        "The runtime's way into the store: one private driver object (commits, new runs, leases).",
+    ),
     "_storage/engine.py": (
         500,
         "Engine set-up per backend: SQLite pragmas, PostgreSQL connections that give up on a silent server.",
-    ),
-    "_storage/items.py": (
-        200,
-        "One item of the commit writer's group, written on the group's connection: a commit's gu...",
     ),
     "_storage/lease.py": (
         400,
@@ -183,7 +164,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         600,
         "The worker-pool queue: ``store.queue``, its value objects and the statements of its claim.",
     ),
-    "_storage/writer.py": (350, "The commit hot path: a writer thread per store that commits in groups."),
+    "_storage/writer.py": (
+        550,
+        "The commit hot path: a writer thread per store that commits in groups, and what each writes.",
+    ),
     "_version.py": (
         50,
         "The package version: a module of its own, so every layer can read it without importing...",

@@ -42,7 +42,7 @@ RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 
 #: The first fencing token a store issues. Tokens come from one store-wide counter (every new run,
 #: import, fork, lease taken or taken over draws the next), so no token repeats for a run id: a run's
-#: own token is :attr:`RunRecord.fencing_token` (and what ``Store.acquire_lease`` returns).
+#: own token is :attr:`RunRecord.fencing_token` (and what the store driver's ``acquire_lease`` returns).
 FIRST_FENCING_TOKEN = 1
 
 #: Statuses whose last round has ended: the run is at rest until a caller continues it.
@@ -140,7 +140,7 @@ class Step:
 class RunUpdate:
     """Run-level fields a commit changes at the same time (``None`` = unchanged).
 
-    ``release_lease``: the commit also gives up the run's lease, as :meth:`Store.release_lease`
+    ``release_lease``: the commit also gives up the run's lease, as the store driver's ``release_lease``
     would, in the same transaction (a driver's last commit: it saves the release's own).
     """
 

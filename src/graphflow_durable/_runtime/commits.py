@@ -1,10 +1,11 @@
 """The write path of a run session: its transitions handed to the store's writer, and their outcomes.
 
 :class:`Commits` is held by the :class:`~graphflow_durable._runtime.session.RunSession` and is the
-one owner of the commits handed over and not waited for yet (a parallel batch's answers), and of a
-new run's creation, which waits for the round's first commit to go with it. It moves the session's
-head as the store's writer answers; :meth:`RunSession.write` is its one caller while a run is under
-way.
+one owner of the run's head, of the commits handed over and not waited for yet (a parallel batch's
+answers), and of a new run's creation, which waits for the round's first commit to go with it. It
+moves the head as the store's writer answers; the manager (through the session) is its one caller while a
+run is under way. It knows the run by its frozen key, commits under its lease's token, and reports
+a lost lease to the run's control: a completion goes down through it to the store, never back up.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from graphflow_durable._model.records import AgentStateRow
+from graphflow_durable._agentstate.encoder import StateLog
+from graphflow_durable._runtime.runlease import RunKey, RunLease
+from graphflow_durable._runtime.stops import RunControl
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import LeaseLostError
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step
-
-if TYPE_CHECKING:  # the session holds its write path
-    from graphflow_durable._runtime.session import RunSession
 
 __all__ = ["Commits", "to_the_end"]
 
@@ -31,19 +32,31 @@ logger = logging.getLogger("graphflow_durable.flow")
 
 
 class Commits:
-    """A session's commits: each at the expected head under the session's fencing token."""
+    """A run's commits: each at the expected head under the lease's fencing token.
 
-    def __init__(self, session: RunSession) -> None:
-        self._session = session
+    Args:
+        key: the run.
+        lease: the run's lease (its token; a creation issues it, the round's last commit gives it up).
+        control: told of a lost lease.
+        states: the agent-state writer (its rows are splices against what it last committed).
+    """
+
+    def __init__(self, key: RunKey, lease: RunLease, control: RunControl, states: StateLog) -> None:
+        self._key = key
+        self._lease = lease
+        self._control = control
+        self._states = states
+        self.head = 0  # the run's head as this driver last wrote or read it
         # Commits handed over and not waited for yet (a batch's answers), with their expected heads;
         # a new run's creation is one of them (expected head 0, its future gives the run's record).
         self._unsettled: list[tuple[int, asyncio.Future[Any]]] = []
-        # A new run's first step and agent states, to be created with the first commit.
-        self._creation: tuple[Step, Sequence[AgentStateRow]] | None = None
+        # A new run (its first step and agent states), to be created with the first commit.
+        self._creation: CreateRequest | None = None
         self._creating: asyncio.Future[RunRecord] | None = None  # handed over, not settled yet
         self._refused = False  # the creation failed: the run id is not this session's run
         # The commit handed over last: the writer writes in order, so once it is done all are.
         self._last: asyncio.Future[int] | None = None
+        self.unrecorded = False  # a commit still handed over as the run ended failed (settle_at_end)
 
     @property
     def created(self) -> bool:
@@ -56,31 +69,29 @@ class Commits:
         """A new attach: a creation the last one had refused says nothing of the run found now."""
         self._refused = False
 
-    def create_with_first(self, step: Step, agent_states: Sequence[AgentStateRow]) -> None:
-        """Create the run (``step`` its first, with ``agent_states``) together with the next commit:
-        in one transaction, one fsync. Until then nothing of the run is in the store."""
-        self._creation = (step, agent_states)
+    def at(self, head: int) -> None:
+        """The run's head is ``head`` (read from the store, or written outside this path)."""
+        self.head = head
 
-    def create(self) -> asyncio.Future[RunRecord]:
-        """Hand the run's creation over now (with the first step given to :meth:`create_with_first`
-        if there is one, else at head 0); the future gives its record once it is durable."""
-        session = self._session
-        first_step, agent_states = self._creation or (None, ())
-        self._creation = None
-        return session.store.submit_create_run(
-            session.run_id,
-            graph_fingerprint=session.fingerprint,
-            graph=session.graph_description,
-            owner=session.owner,
-            lease_seconds=session.lease_seconds,
-            parent_run_id=session.parent_run_id,
-            first_step=first_step,
-            agent_states=agent_states,
-        )
+    def create_with_first(self, request: CreateRequest) -> None:
+        """Create the run (with its first step) together with the next commit: in one transaction,
+        one fsync. Until then nothing of the run is in the store; the head is the first step's."""
+        self._creation = request
+        self.head = 1
+
+    async def create(self, request: CreateRequest) -> RunRecord:
+        """Create the run now (at head 0), alone; its record once it is durable."""
+        run = await self._key.store._driver.submit_create_run(request)
+        self.head = run.head_seq
+        return run
 
     def _hand_over_creation(self) -> None:
-        """Hand the run's creation over, first among the commits not settled yet."""
-        self._creating = self.create()
+        """Hand the run's creation (given to :meth:`create_with_first`) over, first among the commits
+        not settled yet."""
+        request = self._creation
+        assert request is not None
+        self._creation = None
+        self._creating = self._key.store._driver.submit_create_run(request)
         self._unsettled.append((0, self._creating))
 
     async def write(
@@ -92,10 +103,10 @@ class Commits:
         *,
         wait: bool = True,
     ) -> int:
-        """Commit one transition at the expected head under the session's fencing token.
+        """Commit one transition at the expected head under the lease's fencing token.
 
         The event loop runs on while the store's writer thread commits. A cancellation that arrives
-        meanwhile waits for the commit's outcome before it is raised, so the session's head always
+        meanwhile waits for the commit's outcome before it is raised, so the head always
         says what is in the store.
 
         ``wait=False`` hands the commit over and returns the head it will make without waiting:
@@ -105,42 +116,41 @@ class Commits:
         its failure, the first in order, rather than its own refusal that followed from it. The
         commit that creates the run always waits: the run's fencing token is drawn there.
         """
-        session = self._session
-        store = session.store
+        driver, states_log = self._key.store._driver, self._states
         creating = self._creation is not None
         try:
             # A run still to be created goes in the same transaction as its first commit, which the
             # writer writes under the token the creation draws there (the session learns it in
             # settle(): it waits for this one, so no later commit is handed over without it).
-            with store.together() if creating else contextlib.nullcontext():
+            with driver.together() if creating else contextlib.nullcontext():
                 if creating:
                     self._hand_over_creation()
-                future = store.submit_commit(
-                    session.run_id,
-                    expected_head=session.head,
-                    fencing_token=session.lease.token,
+                request = CommitRequest(
+                    self._key.run_id,
+                    expected_head=self.head,
+                    fencing_token=self._lease.token,
                     step=step,
                     messages=messages,
-                    agent_states=session.states.encode(states, messages, session.head + 1),
+                    agent_states=states_log.encode(states, messages, self.head + 1),
                     update=update,
                 )
+                future = driver.submit_commit(request)
         except BaseException:
-            session.states.clear()  # it remembered this commit's states: write the next ones whole
+            states_log.clear()  # it remembered this commit's states: write the next ones whole
             raise
-        self._unsettled.append((session.head, future))
+        self._unsettled.append((self.head, future))
         self._last = future
         if not wait and not creating:
-            session.head += 1
-            return session.head
+            self.head += 1
+            return self.head
         await self.settle()
         if update is not None and update.release_lease:
-            session.lease.released = True
-        return session.head
+            self._lease.given_up()
+        return self.head
 
     async def settle(self) -> None:
         """Wait for every commit handed over (through cancellations: one is raised afterwards), set
-        the session's head to the last one written, and raise the first failure."""
-        session = self._session
+        the head to the last one written, and raise the first failure."""
         unsettled, self._unsettled = self._unsettled, []
         cancelled = False
         for _, future in unsettled:
@@ -150,18 +160,18 @@ class Commits:
             if creating.exception() is not None:
                 self._refused = True  # never write on (nor release) a run this session did not create
             else:
-                session.lease.issued(creating.result().fencing_token)
+                self._lease.issued(creating.result().fencing_token)
         failure = None
         for expected, future in unsettled:
             error = future.exception()  # read even after a failure: none is logged as never retrieved
             if failure is None:  # the ones after a failure were refused because of it
                 failure = error
                 if error is not None:
-                    session.head = expected
+                    self.head = expected
                 elif future is not creating:
-                    session.head = future.result()
+                    self.head = future.result()
         if failure is not None:
-            session.states.clear()  # it remembered the failed commits' states: write the next ones whole
+            self._states.clear()  # it remembered the failed commits' states: write the next ones whole
             raise failure
         if cancelled:
             raise asyncio.CancelledError
@@ -169,10 +179,11 @@ class Commits:
     async def settle_at_end(self) -> LeaseLostError | None:
         """As a run ends: wait for the commits still handed over (an interrupted batch's answers).
         The error that ended the run is the one the caller sees: a failure here is logged (a lost
-        lease as :meth:`RunSession.lost` says it) and the team is marked out of step with the store.
-        Returns the refusal of an answer by the fencing token, for a round that ended quietly
-        (its other turns were not started for the lost lease) to end with, as a refused commit does."""
-        session = self._session
+        lease as :meth:`RunControl.lost` says it) and :attr:`unrecorded` is set (the team is then out
+        of step with the store). Returns the refusal of an answer by the fencing token, for a round
+        that ended quietly (its other turns were not started for the lost lease) to end with, as a
+        refused commit does."""
+        self.unrecorded = False
         if self._creation is not None:  # the round ended before its first commit: create the run alone
             self._hand_over_creation()
         # An abandoned turn's answer may still be in the writer (its handler, not this round, waits
@@ -182,14 +193,14 @@ class Commits:
         try:
             await self.settle()
         except LeaseLostError as exc:
-            session.synced = False
-            session.lost(exc)
+            self.unrecorded = True
+            self._control.lost(exc)
             refused = exc
         except Exception as exc:  # noqa: BLE001 -- logged; the run's own end is what the caller sees
-            session.synced = False
+            self.unrecorded = True
             logger.warning(
                 "run %s: an answer of the interrupted batch was not recorded (%s); it runs again on resume",
-                session.run_id,
+                self._key.run_id,
                 exc,
             )
         if cancelled:

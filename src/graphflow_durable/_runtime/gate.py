@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.base import ChatAgent, Team
@@ -35,12 +35,9 @@ from pydantic import BaseModel
 from graphflow_durable._model.human import HumanInput, InputRequest, parked_on, request_id
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import InputDeadlineError, NotWaitingError, UsageError
+from graphflow_durable.store import RunRecord, Store
 
-if TYPE_CHECKING:
-    from graphflow_durable._runtime.session import RunSession
-    from graphflow_durable.store import RunRecord
-
-__all__ = ["GroupChatInputPending", "HumanGate", "InputPending", "answer_text", "on_waiting_run"]
+__all__ = ["GateLink", "GroupChatInputPending", "HumanGate", "InputPending", "answer_text", "on_waiting_run"]
 
 logger = logging.getLogger("graphflow_durable.flow")
 
@@ -61,10 +58,25 @@ class GroupChatInputPending(BaseModel):
     prompt: str
 
 
+class GateLink(Protocol):
+    """What the gate needs of the team's run (the run session gives it)."""
+
+    run_id: str
+    nested: bool
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def fencing_token(self) -> int: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
 class HumanGate:
     """The team's input-function interception: settings per node, the turn's request counters."""
 
-    def __init__(self, session: RunSession, default: HumanInput, per_node: Mapping[str, HumanInput]) -> None:
+    def __init__(self, session: GateLink, default: HumanInput, per_node: Mapping[str, HumanInput]) -> None:
         self._session = session
         self.default = default
         self.per_node = dict(per_node)
@@ -103,7 +115,7 @@ class HumanGate:
             return await original()
         store, run_id = self._session.store, ctx.run_id
         # The driver's writes are fenced as its commits are: a stale one records nothing.
-        token = self._session.lease.token if run_id == self._session.run_id else None
+        token = self._session.fencing_token if run_id == self._session.run_id else None
         turn, count = self._turn.get(node, (None, 0))
         index = count + 1 if turn == (ctx.idempotency_key, ctx.attempt) else 1
         self._turn[node] = ((ctx.idempotency_key, ctx.attempt), index)
@@ -202,7 +214,7 @@ def answer_text(run_id: str, messages: Sequence[Any]) -> str:
     return contents[0]
 
 
-async def on_waiting_run(store: Any, run: RunRecord, messages: Sequence[Any] | None) -> bool:
+async def on_waiting_run(store: Store, run: RunRecord, messages: Sequence[Any] | None) -> bool:
     """``run()`` on a ``waiting`` run (``messages``: its task, unless it is the run's own): a task is
     the answer to its pending request (the run resumes). Without one, returns whether the run stays
     parked (none of its requests answered, no deadline passed): the caller returns the stored

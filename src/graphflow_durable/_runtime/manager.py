@@ -1,7 +1,7 @@
 """The durable GraphFlow manager.
 
 It replaces GraphFlowManager's in-memory bookkeeping by the pure scheduler (``scheduler``) and
-commits every transition through its run session (``RunSession.write``) before
+commits every transition through its run's write path (:class:`ManagerLink`: the session gives it) before
 anything it decided becomes visible: one commit per agent completion, holding the messages, the
 scheduler state after the decrements, enqueues and the next selection, and the agent's state
 after its turn.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from autogen_agentchat.base import ChatAgent, Team
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMessage
@@ -36,19 +36,41 @@ from autogen_core import CancellationToken, DefaultTopicId, MessageContext, even
 from graphflow_durable import context as _context
 from graphflow_durable._model.cursor import Cursor, without_one
 from graphflow_durable._model.task import task_key
-from graphflow_durable._runtime.container import answer_delta
+from graphflow_durable._runtime.commits import Commits
+from graphflow_durable._runtime.container import Turns, answer_delta
 from graphflow_durable._runtime.gate import GroupChatInputPending
-from graphflow_durable._runtime.stops import RoundStops
+from graphflow_durable._runtime.stops import RoundStops, RunControl
 from graphflow_durable.errors import StateFormatError
-from graphflow_durable.scheduler import SchedulerState, complete, finish, initial, select
+from graphflow_durable.scheduler import GraphSpec, SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
 
-if TYPE_CHECKING:  # the session holds the team that builds this manager
-    from graphflow_durable._runtime.session import RunSession
-
-__all__ = ["DurableGraphFlowManager"]
+__all__ = ["DurableGraphFlowManager", "ManagerLink"]
 
 logger = logging.getLogger(__name__)
+
+
+class ManagerLink(Protocol):
+    """What the manager needs of its stored run (the run session gives it): the write path to commit
+    through, the run's control to stop by, a dispatch check, the turns to dispatch to, and the
+    requests for human input to park on."""
+
+    run_id: str
+    spec: GraphSpec
+    fingerprint: str
+    turns: Turns
+    control: RunControl
+
+    @property
+    def commits(self) -> Commits: ...
+
+    async def may_dispatch(self) -> bool:
+        """Whether the lease is still held (else the run is halted)."""
+
+    async def answered(self, request_ids: Sequence[str]) -> list[str]:
+        """Which of the run's requests for human input are answered."""
+
+    async def parked(self, request_ids: Sequence[str]) -> None:
+        """The round parked for human input."""
 
 
 class DurableGraphFlowManager(GraphFlowManager):
@@ -58,7 +80,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         self,
         *args: Any,
         participants: Mapping[str, ChatAgent | Team],
-        link: RunSession,
+        link: ManagerLink,
         **kwargs: Any,
     ) -> None:
         """``args``/``kwargs``: GraphFlowManager's (what GraphFlow passes its manager factory, and
@@ -140,7 +162,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         update = RunUpdate(
             status="waiting", result={"stop_reason": reason, "waiting": ids}, release_lease=True
         )
-        await self._link.write(
+        await self._link.commits.write(
             Step(StepKind.WAIT, None, self._cursor.to_json(self._spec), {"waiting": ids}), (), (), update
         )
         self._stops.parked.clear()
@@ -166,7 +188,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         await self._dispatch(nodes, head, token)
 
     async def _fail(self, exc: Exception) -> None:
-        self._link.fail(exc)
+        self._link.control.fail(exc)
         await self._signal_termination_with_error(SerializableException.from_exception(exc))
 
     async def _start(self, message: GroupChatStart, ctx: MessageContext) -> None:
@@ -175,7 +197,7 @@ class DurableGraphFlowManager(GraphFlowManager):
                 StopMessage(content="The group chat has already terminated.", source=self._name)
             )
             return
-        self._link.halted, self._link.halt_reason = False, None
+        self._link.control.start_round()
         self._stops.parked.clear()
         task = list(message.messages or [])
         cursor = self._cursor
@@ -213,7 +235,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             logger.info(
                 "run %s: resuming after step %d; nothing in flight, next: %s",
                 self._link.run_id,
-                self._link.head,
+                self._link.commits.head,
                 ", ".join(cursor.sched.ready) or "nothing (the graph is complete)",
             )
         if resumed:
@@ -224,12 +246,12 @@ class DurableGraphFlowManager(GraphFlowManager):
             logger.info(
                 "run %s: resuming after step %d; re-running %s",
                 self._link.run_id,
-                self._link.head,
+                self._link.commits.head,
                 ", ".join(f"{n} (attempt {cursor.attempts[n]})" for n in dict.fromkeys(speakers)),
             )
         elif cursor.sched.ready:
             sched, speakers = select(self._spec, cursor.sched)
-            cursor = cursor.dispatched(sched, speakers, self._thread_len(), self._link.head + 1)
+            cursor = cursor.dispatched(sched, speakers, self._thread_len(), self._link.commits.head + 1)
             self._batch_delta = []
         else:
             stop = StopMessage(content=_DIGRAPH_STOP_MESSAGE, source=self._name)
@@ -284,7 +306,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         if sched.in_flight:
             # Nothing is dispatched on this answer: its commit is handed over without waiting, so
             # that the batch's other answers join it in one group; the batch's last answer waits
-            # for them all before it dispatches (RunSession.write).
+            # for them all before it dispatches (Commits.write).
             self._cursor = self._cursor.answered(name, sched)
             await self._commit(
                 Step(StepKind.COMPLETE, name, self._cursor.to_json(self._spec)),
@@ -308,7 +330,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             return
         sched, speakers = select(self._spec, sched)
         at = self._thread_len()
-        self._cursor = self._cursor.answered(name, sched).dispatched(sched, speakers, at, self._link.head + 1)
+        self._cursor = self._cursor.answered(name, sched).dispatched(
+            sched, speakers, at, self._link.commits.head + 1
+        )
         self._batch_delta = []
         head = await self._commit(
             Step(
@@ -345,15 +369,17 @@ class DurableGraphFlowManager(GraphFlowManager):
             )
             self._stop_reason = stop.content
         self._current_turn = self._cursor.sched.turn
-        return await self._link.write(step, messages, states, update, wait=wait)
+        return await self._link.commits.write(step, messages, states, update, wait=wait)
 
     async def _dispatch(self, speakers: Sequence[str], head: int, token: CancellationToken) -> None:
         # A dispatch needs the lease: a monotonic-clock comparison, a renewal only when it is stale
         # (an interrupt may halt the run while that renewal is under way).
-        if self._link.halted or not await self._link.lease.valid() or self._link.halted:
+        if self._link.control.halted or not await self._link.may_dispatch() or self._link.control.halted:
             logger.info("run %s: halted, not dispatching %s", self._link.run_id, list(speakers))
-            if self._link.halt_reason is not None:  # nothing runs now: the round ends, saying why
-                await self._signal_termination(StopMessage(content=self._link.halt_reason, source=self._name))
+            if self._link.control.halt_reason is not None:  # nothing runs now: the round ends, saying why
+                await self._signal_termination(
+                    StopMessage(content=self._link.control.halt_reason, source=self._name)
+                )
             return
         await self._log_speaker_selection(list(speakers))
         for speaker in speakers:

@@ -1,8 +1,10 @@
 """The run's lease as one driver holds it: its fencing token, when it was last confirmed, renewal,
-and a brief hold for one write outside a run.
+and a brief hold for one write outside a run; and the run's key (:class:`RunKey`).
 
 :class:`RunLease` is held by the :class:`~graphflow_durable._runtime.session.RunSession` and is the
-one owner of the token and of the monotonic time of the last successful acquisition or renewal.
+one owner of the token and of the monotonic time of the last successful acquisition or renewal. It
+knows the run by its frozen key and reports a lost lease, a halt or a cancel to the run's control
+(:class:`~graphflow_durable._runtime.stops.RunControl`).
 """
 
 from __future__ import annotations
@@ -13,21 +15,30 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+from graphflow_durable._runtime.stops import RunControl
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import LeaseLostError, RunNotFoundError, StateFormatError, StoreError
-from graphflow_durable.store import RunRecord
+from graphflow_durable.store import RunRecord, Store
 
-if TYPE_CHECKING:  # the session holds its lease
-    from graphflow_durable._runtime.session import RunSession
-
-__all__ = ["RunLease"]
+__all__ = ["RunKey", "RunLease"]
 
 #: The lease acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """Which run a driver drives, and as whom: the store (its driver object for commits and
+    leases), the run id, the lease owner and the lease period."""
+
+    store: Store
+    run_id: str
+    owner: str
+    lease_seconds: float
 
 
 class RunLease:
@@ -55,15 +66,17 @@ class RunLease:
     session then stops dispatching, and no dispatch is :meth:`valid` after it.
     """
 
-    def __init__(self, session: RunSession) -> None:
-        self._session = session
+    def __init__(self, key: RunKey, control: RunControl, has_run: Callable[[], bool]) -> None:
+        self._key = key
+        self._control = control
+        self._has_run = has_run  # whether the run is stored as this driver made or found it
         self.token = 0
         self.confirmed_at = -math.inf  # monotonic time the last successful acquire/renew was sent
         self.released = False  # a commit of the session gave the lease up (the round's last one)
 
     @property
     def seconds(self) -> float:
-        return self._session.lease_seconds
+        return self._key.lease_seconds
 
     @property
     def margin(self) -> float:
@@ -85,8 +98,7 @@ class RunLease:
         the manager's own check fails, and the turn is not started (it stays in flight: the next
         driver runs it). A run not created yet has no stored lease to lose.
         """
-        session = self._session
-        if self.fresh() or not session.commits.created:
+        if self.fresh() or not self._has_run():
             return True
         elapsed = time.monotonic() - self.confirmed_at
         if await self._confirmed():
@@ -95,7 +107,7 @@ class RunLease:
             "run %s: the lease, last confirmed %.2f s before %s's turn was about to start (lease "
             "%.2f s), is no longer this worker's; it does not start it, stops dispatching and leaves "
             "the run to be resumed",
-            session.run_id,
+            self._key.run_id,
             elapsed,
             node,
             self.seconds,
@@ -106,7 +118,7 @@ class RunLease:
         """The stop reason of a round halted because the lease could not be confirmed."""
         since = time.time() - (time.monotonic() - self.confirmed_at)
         return (
-            f"run {self._session.run_id}: stopped dispatching: the lease could not be renewed since "
+            f"run {self._key.run_id}: stopped dispatching: the lease could not be renewed since "
             f"{iso(since) if math.isfinite(since) else 'the run started'} (lease {self.seconds:g} s); "
             "run() resumes it"
         )
@@ -121,13 +133,22 @@ class RunLease:
         """The run's creation was written, with ``token`` (drawn in its transaction)."""
         self.token = token
 
+    def given_up(self) -> None:
+        """A commit of this driver gave the lease up (the round's last one)."""
+        self.released = True
+
+    def abandon(self) -> None:
+        """Turns abandoned after an interrupt may still end in this process: no write of theirs may
+        land on the run another process now drives (a token no lease ever has)."""
+        self.token = -1
+
     def take(self) -> int:
         """Acquire the run's lease for the session's owner and process; the new fencing token."""
-        session = self._session
+        key = self._key
         started = time.monotonic()
-        self.token = session.store.acquire_lease(
-            session.run_id,
-            session.owner,
+        self.token = key.store._driver.acquire_lease(
+            key.run_id,
+            key.owner,
             lease_seconds=self.seconds,
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -141,27 +162,24 @@ class RunLease:
 
         Raises RunLockedError when another live process drives the run.
         """
-        session = self._session
-        store = session.store
+        key = self._key
         self.take()
         try:
-            run = store.get_run(session.run_id)
+            run = key.store.get_run(key.run_id)
             if run is None:  # pragma: no cover - a run is never deleted under a held lease
-                raise StateFormatError(
-                    f"run {session.run_id!r} disappeared from the store", run_id=session.run_id
-                )
+                raise StateFormatError(f"run {key.run_id!r} disappeared from the store", run_id=key.run_id)
             yield run
         finally:
-            store.release_lease(session.run_id, self.token)
+            key.store._driver.release_lease(key.run_id, self.token)
 
     def renew(self) -> float | None:
         """Renew the lease once (raises what the store raises); on success, note when. Returns when a
         cancel of the run was requested from another process (``None``: it was not)."""
-        session = self._session
-        if not session.commits.created:
+        key = self._key
+        if not self._has_run():
             return None  # created with the round's first commit (or refused): no lease stored to renew
         started = time.monotonic()
-        beat = session.store.heartbeat(session.run_id, session.owner, self.token, lease_seconds=self.seconds)
+        beat = key.store._driver.heartbeat(key.run_id, key.owner, self.token, lease_seconds=self.seconds)
         self.confirmed_at = started
         return beat.cancel_requested_at
 
@@ -181,37 +199,37 @@ class RunLease:
         """Before a dispatch: whether the lease is still ours (by the monotonic clock, else by one
         renewal, in a thread: the event loop runs on while the database answers); when it is not,
         or the database cannot say, the run is halted."""
-        if self._session.cancelling is not None:
+        if self._control.cancelling is not None:
             return False
         return self.fresh() or await self._confirmed()
 
     async def _confirmed(self) -> bool:
         """One renewal, in a thread: whether the lease is still ours; when it is not, or the
         database cannot say, or a cancel was requested, the run is halted (or cancelled)."""
-        session = self._session
+        control = self._control
         try:
             requested = await asyncio.to_thread(self.renew)
         except (LeaseLostError, RunNotFoundError) as exc:
-            session.lost(exc)
+            control.lost(exc)
             return False
         except StoreError as exc:
             logger.warning(
                 "run %s: the lease could not be confirmed before a dispatch (%s); this worker stops "
                 "dispatching and leaves the run to be resumed",
-                session.run_id,
+                self._key.run_id,
                 exc,
             )
-            session.halt(self.unrenewed())
+            control.halt(self.unrenewed())
             return False
         if requested is not None:
-            session.cancel(requested)
+            control.cancel(requested)
             return False
         return True
 
     async def keep(self) -> None:
         """Keep the lease alive while running, through database outages; on losing it, or when it
         could not be renewed for ``lease_seconds - margin``, stop dispatching."""
-        session = self._session
+        control, run_id = self._control, self._key.run_id
         interval = max(self.seconds / 3, 0.05)
         outage: float | None = None  # monotonic start of the current outage
         while True:
@@ -221,33 +239,33 @@ class RunLease:
                 requested = await asyncio.to_thread(self.renew)
             except (LeaseLostError, RunNotFoundError) as exc:
                 if not self._gave_up(exc):
-                    session.lost(exc)
+                    control.lost(exc)
                 return
             except StoreError as exc:
                 if outage is None:
                     outage = time.monotonic()
                     logger.warning(
                         "run %s: renewing the lease failed (%s); retrying every %.2f s",
-                        session.run_id,
+                        run_id,
                         exc,
                         interval,
                     )
-                if not session.halted and not self.fresh():
+                if not control.halted and not self.fresh():
                     logger.warning(
                         "run %s: the lease was not renewed for %.2f s (lease %.2f s); this worker stops "
                         "dispatching and leaves the run to be resumed",
-                        session.run_id,
+                        run_id,
                         time.monotonic() - self.confirmed_at,
                         self.seconds,
                     )
-                    session.halt(self.unrenewed())
+                    control.halt(self.unrenewed())
                 continue
             if requested is not None:
-                session.cancel(requested)
+                control.cancel(requested)
             if outage is not None:
                 logger.info(
                     "run %s: the lease is renewed again after %.2f s of failures",
-                    session.run_id,
+                    run_id,
                     time.monotonic() - outage,
                 )
                 outage = None

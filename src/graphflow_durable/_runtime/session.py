@@ -1,18 +1,20 @@
 """One team's hold on its stored run: the run session.
 
 :class:`RunSession` is held by :class:`~graphflow_durable.flow.DurableGraphFlow` and handed to its
-manager and participant containers. It owns everything the team knows about its stored run: the
-store, the run id (bound to an outer turn for a nested team), the lease and its fencing token,
-the head sequence number, the agent-state writer, and whether the run was halted or hit a fatal
-error. :meth:`RunSession.write` is the single crossing into the store while a run is under way:
-one completion flows down manager -> session -> agent-state writer -> store, never back up.
+manager and participant containers. It holds everything the team knows about its stored run: the
+store, the run id (bound to an outer turn for a nested team), the lease and its fencing token, the
+write path and its head, the agent-state writer, and the run's control (halted, a fatal error). The
+write path (``commits.write``) is the single crossing into the store while a run is under way: one
+completion flows down manager -> write path -> agent-state writer -> store, never back up.
 
-Its parts: the write path (:class:`~graphflow_durable._runtime.commits.Commits`, the commits
-handed to the store's writer and their outcomes), the lease
-(:class:`~graphflow_durable._runtime.runlease.RunLease`), and the team made from the stored run and
-back (:mod:`~graphflow_durable._runtime.stored`). What the session does to the team itself
-(restore it from the log, read its participants' states) goes through
-:class:`~graphflow_durable._runtime.team.TeamView`.
+Its parts: the run's control (:class:`~graphflow_durable._runtime.stops.RunControl`: halted, a lost
+lease, a cancel, a fatal error), the lease (:class:`~graphflow_durable._runtime.runlease.RunLease`)
+and the write path (:class:`~graphflow_durable._runtime.commits.Commits`, the owner of the head: the
+commits handed to the store's writer and their outcomes), the last two made for the run's frozen
+key (:class:`~graphflow_durable._runtime.runlease.RunKey`) when the session binds to a run. What the
+session does to the team itself (restore it from the log, read its participants' states, seed it
+with a loaded state) goes through :mod:`~graphflow_durable._runtime.team`. Only this module
+assigns the session's fields; its parts report to the control, never back to the session.
 """
 
 from __future__ import annotations
@@ -23,36 +25,30 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from autogen_agentchat.base import TaskResult
 
 from graphflow_durable._agentstate.encoder import StateLog
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
+from graphflow_durable._model.records import AgentStateRow, RunLog, RunStatus
+from graphflow_durable._model.restore import Plan
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable._runtime import logs
+from graphflow_durable._runtime import team as stored
 from graphflow_durable._runtime.commits import Commits
 from graphflow_durable._runtime.config import default_store_url, shared_store
-from graphflow_durable._runtime.link import Turns, outer_run_store
-from graphflow_durable._runtime.runlease import RunLease
-from graphflow_durable._runtime.stored import import_state, restore
+from graphflow_durable._runtime.container import Turns, outer_run_store
+from graphflow_durable._runtime.runlease import RunKey, RunLease
+from graphflow_durable._runtime.stops import RunControl, install_log_filters
 from graphflow_durable._runtime.team import TeamView
-from graphflow_durable._storage.lease import iso
+from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreError
 from graphflow_durable.scheduler import GraphSpec, initial
-from graphflow_durable.store import (
-    ENDED_STATUSES,
-    AgentStateRecord,
-    MessageRecord,
-    RunRecord,
-    RunStatus,
-    RunUpdate,
-    Step,
-    StepKind,
-    Store,
-)
+from graphflow_durable.store import ENDED_STATUSES, RunRecord, RunUpdate, Step, StepKind, Store
 
 __all__ = ["RunSession"]
 
@@ -105,26 +101,23 @@ class RunSession:
         self.run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
         self.run_id_given = run_id is not None
         self.nested = False  # the run id was derived from an outer durable turn
-        self.parent_run_id: str | None = None  # that turn's run, recorded with a new nested run
         self.outer_attempt = 0  # the attempt of the outer turn the nested run was last bound in
+        self.parent_run_id: str | None = None  # the outer run, for a nested run in the outer run's store
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_seconds = lease_seconds
         self.allow_graph_change = allow_graph_change
         self.spec = spec
         self.graph_description = graph_description
         self.fingerprint = _graphid.fingerprint(graph_description)
-        self.lease = RunLease(self)
-        self.head = 0
         self.synced = False  # the team in memory equals the store's head
         self.states = StateLog()  # what this writer last committed per node, for splices
-        self.commits = Commits(self)  # the write path: commits handed over, their outcomes
-        self.turns = Turns(lambda: self.store, self.lease.may_start)
-        self.halted = False
-        self.halt_reason: str | None = None  # why, when the round's stop reason should say it
-        self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
-        self.fatal: BaseException | None = None
-        self.said_lost = False  # the one line about a lost lease was logged (once per attach)
-        logs.install()  # a lost lease or an outage: no library tracebacks in the ERROR log
+        self.control = RunControl(self.run_id)  # halted, lost lease, cancel, fatal error
+        # The lease and the write path of the run bound last (made for its key, see _bound).
+        self._key: RunKey | None = None
+        self._lease: RunLease | None = None
+        self._commits: Commits | None = None
+        self.turns = Turns(lambda: self.store, lambda node: self.lease.may_start(node))
+        install_log_filters()  # a lost lease or an outage: no library tracebacks in the ERROR log
         self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
 
@@ -135,6 +128,33 @@ class RunSession:
             url = self.store_arg if isinstance(self.store_arg, str) else default_store_url()
             self._store = shared_store(url)
         return self._store
+
+    def _bound(self) -> tuple[RunLease, Commits]:
+        """The lease and the write path of the run this session drives now: made anew when the run
+        (its store, id, owner, lease period) is another than the one they were made for."""
+        key = RunKey(self.store, self.run_id, self.owner, self.lease_seconds)
+        if key != self._key or self._lease is None or self._commits is None:
+            self._key = key
+            self.control.run_id = key.run_id
+            lease = RunLease(key, self.control, lambda: commits.created)
+            commits = Commits(key, lease, self.control, self.states)
+            self._lease, self._commits = lease, commits
+        return self._lease, self._commits
+
+    @property
+    def lease(self) -> RunLease:
+        """The run's lease as this driver holds it."""
+        return self._bound()[0]
+
+    @property
+    def commits(self) -> Commits:
+        """The run's write path (the owner of the head)."""
+        return self._bound()[1]
+
+    @property
+    def fencing_token(self) -> int:
+        """The run's fencing token as this driver holds it (what a write of its turns is fenced by)."""
+        return self.lease.token
 
     @property
     def opened_store(self) -> Store | None:
@@ -154,11 +174,12 @@ class RunSession:
         outer_store = outer_run_store()
         if self.store_arg is None and outer_store is not None:
             self._store = outer_store
+            self.parent_run_id = outer.run_id  # recorded on the run's row when it is created
         self.nested = True
         run_id = f"{outer.idempotency_key}/{team_name}"
         if run_id == self.run_id and outer.attempt == self.outer_attempt:
             return False
-        self.run_id, self.outer_attempt, self.parent_run_id = run_id, outer.attempt, outer.run_id
+        self.run_id, self.outer_attempt = run_id, outer.attempt
         self.forget()
         # A state loaded before the team knew this run (its agent's state restored to the outer
         # node's last committed turn, e.g. by SocietyOfMindAgent) predates this turn: the turn's run
@@ -172,6 +193,31 @@ class RunSession:
         self.states.clear()
         self.resumed_round = None
 
+    def _creation(
+        self, first_step: Step | None = None, states: Sequence[AgentStateRow] = ()
+    ) -> CreateRequest:
+        """The request that creates this session's run (at head 1 with ``first_step``)."""
+        return CreateRequest(
+            self.run_id,
+            graph_fingerprint=self.fingerprint,
+            graph=self.graph_description,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            parent_run_id=self.parent_run_id,
+            first_step=first_step,
+            agent_states=states,
+        )
+
+    async def _restore(self) -> Plan:
+        """Put the team at the store's head."""
+        return await stored.restore(self.team, self.store, self.run_id, self.spec, self.states)
+
+    async def _import(self, state: Mapping[str, Any], *, origin: int) -> None:
+        """Seed the run with a loaded state (its messages from ``origin`` on) in one commit."""
+        self.pending_import = None
+        self.states.clear()  # the loaded agent states are written whole
+        await self.commits.write(*stored.imported(self.team, self.spec, state, origin=origin))
+
     # -- the run's lifecycle -------------------------------------------------------------------
 
     async def attach(self) -> RunRecord | None:
@@ -181,10 +227,12 @@ class RunSession:
         the round's first commit (``Commits.create_with_first``), the lease with it.
         """
         store = self.store
+        lease, commits = self._bound()
         started = time.monotonic()
         run = store.get_run(self.run_id)
-        self.resumed_round, self.said_lost, self.cancelling = None, False, None
-        self.commits.attached()
+        self.resumed_round = None
+        self.control.attached()
+        commits.attached()
         if run is None:
             self.states.clear()
             if self.pending_import is None:
@@ -193,35 +241,35 @@ class RunSession:
                 await self.team.reset_if_used()
                 step = Step(StepKind.CREATED, None, Cursor.fresh(initial(self.spec)).to_json(self.spec))
                 states = self.states.encode(await self.team.agent_states(), (), 1)
-                self.commits.create_with_first(step, states)
-                self.head, self.synced = 1, True
-                self.lease.created(None, started)  # its token is drawn when the creation is written
+                commits.create_with_first(self._creation(step, states))
+                self.synced = True
+                lease.created(None, started)  # its token is drawn when the creation is written
                 return None
             try:
-                run = await self.commits.create()
+                run = await commits.create(self._creation())
             except BaseException:
                 self.states.clear()
                 raise
-            self.head, self.synced = run.head_seq, True
-            self.lease.created(run.fencing_token, started)
+            self.synced = True
+            lease.created(run.fencing_token, started)
             # A loaded state: the run's status is the state's (a finished one runs nothing).
-            await import_state(self, self.pending_import, origin=0)
-            await restore(self)
+            await self._import(self.pending_import, origin=0)
+            await self._restore()
             return store.get_run(self.run_id)
         self.check_graph(run)
-        await asyncio.to_thread(self.lease.take)
+        await asyncio.to_thread(lease.take)
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
         if run.cancel_requested_at is not None and run.status not in ENDED_STATUSES:
-            self.cancel(run.cancel_requested_at)  # asked of a driver that stopped before it saw it
-        stale = not self.synced or self.head != run.head_seq
-        self.head = run.head_seq
+            self.control.cancel(run.cancel_requested_at)  # asked of a driver that stopped before it saw it
+        stale = not self.synced or commits.head != run.head_seq
+        commits.at(run.head_seq)
         if self.pending_import is not None:
             # Another process created the run after load_state() found none: the loaded state
             # becomes the run's new starting point, as load_state() does on an existing run.
-            await import_state(self, self.pending_import, origin=run.message_count)
-            await restore(self)
+            await self._import(self.pending_import, origin=run.message_count)
+            await self._restore()
         elif stale:
-            at = await restore(self)
+            at = await self._restore()
             if not at.cursor.finished:
                 self.resumed_round = at.current_round()
         self.synced = True
@@ -243,23 +291,28 @@ class RunSession:
         The caller awaits this through cancellations (``commits.to_the_end``).
         """
         store = self.store
-        self.fatal = None
+        lease, commits = self._bound()
+        self.control.fatal = None
         if not clean:
             self.synced = False
-        if self.lease.released or not self.commits.created:
+        if lease.released or not commits.created:
             return  # the round's last commit recorded its end and gave the lease up; or no run of ours
         try:
             # Read in a thread too: the end often follows a database fault, and a read then waits
             # up to the connection's timeouts.
             run = await asyncio.to_thread(store.get_run, self.run_id)
-            if run is not None and run.status == "running" and run.fencing_token == self.lease.token:
-                scheduler = await asyncio.to_thread(store.head_scheduler, self.run_id)
-                self.head = await store.submit_commit(
-                    self.run_id,
-                    expected_head=run.head_seq,
-                    fencing_token=self.lease.token,
-                    step=Step(StepKind.INTERRUPT, None, scheduler or {}),
-                    update=RunUpdate(status=self._end_status(failed), release_lease=True),
+            if run is not None and run.status == "running" and run.fencing_token == lease.token:
+                scheduler = await asyncio.to_thread(store._driver.head_scheduler, self.run_id)
+                commits.at(
+                    await store._driver.submit_commit(
+                        CommitRequest(
+                            self.run_id,
+                            expected_head=run.head_seq,
+                            fencing_token=lease.token,
+                            step=Step(StepKind.INTERRUPT, None, scheduler or {}),
+                            update=RunUpdate(status=self._end_status(failed), release_lease=True),
+                        )
+                    )
                 )
                 if failed and error is not None:
                     await self._record_error(error)
@@ -273,7 +326,7 @@ class RunSession:
                 exc,
             )
         try:
-            await asyncio.to_thread(store.release_lease, self.run_id, self.lease.token)
+            await asyncio.to_thread(store._driver.release_lease, self.run_id, lease.token)
         except StoreError as exc:
             logger.warning(
                 "run %s: releasing its lease failed too (%s); the next driver can resume it once the "
@@ -290,39 +343,9 @@ class RunSession:
         except StoreError as exc:
             logger.warning("run %s: recording its error failed too (%s)", self.run_id, exc)
 
-    def lost(self, exc: StoreError) -> None:
-        """The lease is gone (another driver took the run, or the run was removed): stop, with it.
-
-        A normal event in a pool: one WARNING line, once, whether the renewal, the check before a
-        dispatch or a refused commit found it first.
-        """
-        self.halted = True
-        self.fatal = exc
-        if not self.said_lost:
-            self.said_lost = True
-            if not isinstance(exc, LeaseLostError):
-                gone = f"lease lost ({exc})"
-            elif exc.owner is None:  # the driver that took the run over released it since
-                gone = f"lease lost to another driver (fencing token {exc.current_token}, since released)"
-            else:
-                gone = f"lease lost to {exc.owner}"
-            logger.warning("run %s: %s; stopped dispatching", self.run_id, gone)
-
     def _end_status(self, failed: bool) -> RunStatus:
         """The status of a run that ended without the manager recording it."""
-        return "failed" if failed else "interrupted" if self.cancelling is None else "cancelled"
-
-    def cancel(self, requested_at: float) -> None:
-        """A cancel was requested (``Store.cancel_run``): stop dispatching; the run ends ``cancelled``."""
-        if self.cancelling is None:
-            logger.warning(
-                "run %s: cancel requested at %s; stopped dispatching (agents already running answer "
-                "and are recorded); the run is left cancelled: run() with no task resumes it",
-                self.run_id,
-                iso(requested_at),
-            )
-        self.cancelling = requested_at
-        self.halted = True
+        return "failed" if failed else "interrupted" if self.control.cancelling is None else "cancelled"
 
     async def answered(self, request_ids: Sequence[str]) -> list[str]:
         """Which of the run's ``request_ids`` are answered (read in a thread)."""
@@ -335,22 +358,22 @@ class RunSession:
         have changed its state before it asked)."""
         self.forget()
         wake = self.store.requests.wake_if_answered
-        if await asyncio.to_thread(wake, self.run_id, request_ids, fencing_token=self.lease.token):
+        if await asyncio.to_thread(wake, self.run_id, request_ids, fencing_token=self.fencing_token):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)
 
     def halt(self, reason: str | None = None) -> None:
         """Stop dispatching new nodes (an interrupt); answers already running are still recorded.
         ``reason``: the round's stop reason (the first given wins; without one, GraphFlow's)."""
-        self.halted = True
-        if reason is not None and self.halt_reason is None:
-            self.halt_reason = reason
+        self.control.halt(reason)
+
+    async def may_dispatch(self) -> bool:
+        """Before a dispatch: whether the lease is still held (else the run was halted)."""
+        return await self.lease.valid()
 
     def fail(self, exc: BaseException) -> None:
         """The manager hit an error it cannot record, or a turn one GraphFlow passes on only as text
         (a request's deadline passed): the run ends with it, and ``run()`` raises it."""
-        if isinstance(exc, LeaseLostError):  # a commit refused by the fencing token
-            self.lost(exc)
-        self.fatal = exc
+        self.control.fail(exc)
 
     def check_graph(self, run: RunRecord) -> None:
         """Refuse a stored run whose graph differs from this team's (unless allowed)."""
@@ -383,13 +406,16 @@ class RunSession:
         if self.nested or self.store.get_run(self.run_id) is None:
             return
         self.store.requests.cancel(self.run_id)  # a pending request belongs to a turn that is gone
-        with self.lease.briefly() as run:
-            self.head = run.head_seq
+        lease, commits = self._bound()
+        with lease.briefly() as run:
+            commits.at(run.head_seq)
             cursor = Cursor.fresh(initial(self.spec), origin=run.message_count)
             self.states.clear()
             states = await self.team.agent_states()
             update = RunUpdate(status="interrupted", task=[])
-            await self.write(Step(StepKind.RESET, None, cursor.to_json(self.spec)), (), states, update)
+            await self.commits.write(
+                Step(StepKind.RESET, None, cursor.to_json(self.spec)), (), states, update
+            )
         # The team's reset left the manager's cursor at origin 0, but the stored thread continues at
         # run.message_count: the next run must restore the cursor (new origin) from the store.
         self.synced = False
@@ -417,10 +443,11 @@ class RunSession:
             self.pending_import, self.synced = None, False
             return False
         if self.store.get_run(self.run_id) is not None:
-            with self.lease.briefly() as run:
-                self.head = run.head_seq
+            lease, commits = self._bound()
+            with lease.briefly() as run:
+                commits.at(run.head_seq)
                 self.check_graph(run)
-                await import_state(self, state, origin=run.message_count)
+                await self._import(state, origin=run.message_count)
             self.synced = False
             return True
         await self.team.load_plain(state)
@@ -434,17 +461,36 @@ class RunSession:
         resumed, self.resumed_round = self.resumed_round or [], None
         return resumed
 
-    # -- the single crossing into the store during a run ----------------------------------------
+    async def settle_at_end(self) -> LeaseLostError | None:
+        """As a run ends: wait for the commits still handed over (see :meth:`Commits.settle_at_end`);
+        when one of them failed, the team is out of step with the store."""
+        commits = self.commits
+        try:
+            return await commits.settle_at_end()
+        finally:
+            if commits.unrecorded:
+                self.synced = False
 
-    async def write(
-        self,
-        step: Step,
-        messages: Sequence[MessageRecord],
-        states: Sequence[AgentStateRecord],
-        update: RunUpdate | None,
-        *,
-        wait: bool = True,
-    ) -> int:
-        """Commit one transition at the expected head under this session's fencing token (see
-        :meth:`Commits.write`: ``wait=False`` hands it over without waiting for it)."""
-        return await self.commits.write(step, messages, states, update, wait=wait)
+    def abandon(self) -> None:
+        """The run's turns were abandoned after an interrupt (they may still end in this process):
+        no write of theirs may land on the run another process now drives."""
+        self.lease.abandon()
+
+    # -- the team from the stored run, for the flow ----------------------------------------------
+
+    def last_round(self) -> list[tuple[Mapping[str, Any], bool]]:
+        """The stored run's last round: each message's dump and whether it was user input, in order."""
+        return stored.last_round(self.team, self.store.load(self.run_id), self.spec)
+
+    def stored_result(self, run: RunRecord, create: Callable[[Mapping[str, Any]], Any]) -> TaskResult:
+        """The result of the run's last round, as its uninterrupted run returned it."""
+        return stored.stored_result(self.store.load(self.run_id), self.spec, run, create)
+
+    async def state_of(self, log: RunLog) -> dict[str, Any]:
+        """The team state (TeamState dump, durable format) at the head of ``log`` (the run, or its
+        cut at a past step)."""
+        return await stored.state_of(self.team, log, self.spec, self.run_id, self.fingerprint)
+
+    async def state_at_head(self) -> dict[str, Any]:
+        """The team state (TeamState dump, durable format) at the store's head."""
+        return await self.state_of(self.store.load(self.run_id))

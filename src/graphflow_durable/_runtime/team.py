@@ -1,25 +1,38 @@
-"""The parts of a GraphFlow team the durable runtime reaches into, in one place.
+"""The parts of a GraphFlow team the durable runtime reaches into, in one place; and the team and
+its stored run, each made from the other.
 
 :class:`TeamView` gives the run session what it needs of the team -- its participants and their
 states, its message factory, and a way to put the team at a stored position -- without the
 session knowing AutoGen's private attribute names.
+
+The functions below (they hold nothing; each takes what it needs) put the team at the store's
+head (:func:`restore`), turn a loaded state into the commit that makes it a run's new starting
+point (:func:`imported`), and read the team's state or last result from the store. The session
+calls them as it attaches, loads and restarts; the flow reads results and states through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
+from autogen_agentchat.base import TaskResult
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from autogen_agentchat.teams import GraphFlow
 from autogen_core import AgentId, SingleThreadedAgentRuntime
 
-from graphflow_durable._model.restore import Plan
+from graphflow_durable._agentstate.encoder import StateLog
+from graphflow_durable._model.cursor import Cursor
+from graphflow_durable._model.records import RunLog, RunRecord, RunStatus
+from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
-from graphflow_durable.store import AgentStateRecord
+from graphflow_durable.scheduler import GraphSpec
+from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind, Store
 
-__all__ = ["TeamView"]
+__all__ = ["TeamView", "imported", "last_round", "restore", "state_of", "stored_result"]
 
 
 class TeamView:
@@ -96,3 +109,68 @@ class TeamView:
             await container.restore(
                 [thread[i] for i in buffer], [thread[i] for i in deferred], agent_states.get(name)
             )
+
+
+async def restore(team: TeamView, store: Store, run_id: str, spec: GraphSpec, states: StateLog) -> Plan:
+    """Put ``team`` at the store's head of ``run_id``; ``states`` (the agent-state writer) learns
+    the run's message count. The log is read in a thread: a long run's takes tens of milliseconds
+    (more while the database is unreachable), which the process's other runs would otherwise wait
+    through."""
+    log = await asyncio.to_thread(store.load, run_id)
+    at = plan(log, spec, team.participant_names)
+    await team.restore(at, log.agent_states, run_id)
+    states.prime(log.run.message_count)
+    return at
+
+
+def imported(
+    team: TeamView, spec: GraphSpec, state: Mapping[str, Any], *, origin: int
+) -> tuple[Step, list[MessageRecord], list[AgentStateRecord], RunUpdate]:
+    """The commit that seeds a run with a loaded state: its thread (from message ``origin`` on),
+    agent states and cursor."""
+    agent_states = state["agent_states"]
+    manager = agent_states[team.manager_name]
+    ext = manager["graphflow_durable"]
+    thread = [team.create_message(m) for m in manager["message_thread"]]
+    records = [
+        MessageRecord(origin + i, m.dump(), isinstance(m, BaseChatMessage)) for i, m in enumerate(thread)
+    ]
+    states = [
+        AgentStateRecord(name, agent_states[name]["agent_state"])
+        for name in team.participant_names
+        if name in agent_states
+    ]
+    cursor = replace(Cursor.from_extension(ext), origin=origin)
+    status: RunStatus = "interrupted" if cursor.status == "running" else cursor.status
+    reason = ext.get("stop_reason") if cursor.finished else None
+    step = Step(StepKind.IMPORT, None, cursor.to_json(spec), {"dispatches": ext.get("dispatches", {})})
+    return step, records, states, RunUpdate(status=status, result={"stop_reason": reason})
+
+
+def stored_result(
+    log: RunLog, spec: GraphSpec, run: RunRecord, create: Callable[[Mapping[str, Any]], Any]
+) -> TaskResult:
+    """The result of the run's last round (``log``: the run's), as its uninterrupted run returned it."""
+    cursor = cursor_from_log(log, spec)
+    thread = [m for m in log.messages if m.seq >= cursor.origin + cursor.round_start]
+    result = run.result if isinstance(run.result, Mapping) else {}
+    return TaskResult(messages=[create(m.body) for m in thread], stop_reason=result.get("stop_reason"))
+
+
+def last_round(team: TeamView, log: RunLog, spec: GraphSpec) -> list[tuple[Mapping[str, Any], bool]]:
+    """The run's last round (``log``: the run's): each message's dump and whether it was user input."""
+    return plan(log, spec, team.participant_names).current_round()
+
+
+async def state_of(
+    team: TeamView, log: RunLog, spec: GraphSpec, run_id: str, fingerprint: str
+) -> dict[str, Any]:
+    """The team state (TeamState dump, durable format) at the head of ``log`` (the run, or its
+    cut at a past step); a participant with no stored state there gives its current one."""
+    at = plan(log, spec, team.participant_names)
+    states = {
+        name: log.agent_states[name] if name in log.agent_states else await team.agent_state(name)
+        for name in team.participant_names
+    }
+    result = log.run.result if isinstance(log.run.result, Mapping) else {}
+    return at.team_state(run_id, team.manager_name, states, fingerprint, result.get("stop_reason"))

@@ -211,7 +211,7 @@ def _ask_again(conn: sa.Connection, run_id: str, now: float) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """A lease renewal as its holder sees it (:meth:`Store.heartbeat`).
+    """A lease renewal as its holder sees it (the driver's ``heartbeat``).
 
     Attributes:
         expires_at: the lease's new expiry (epoch seconds, by the lease clock).

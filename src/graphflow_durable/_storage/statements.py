@@ -2,7 +2,7 @@
 :func:`not_found`) and turned into a :class:`RunRecord` (JSON decoded).
 
 Building a statement once lets SQLAlchemy's compiled cache serve every later execution, so the hot
-path (:meth:`Store.commit`) only binds parameters. Bind parameter names start with ``p_`` because
+path (the driver's ``commit``) only binds parameters. Bind parameter names start with ``p_`` because
 SQLAlchemy reserves column names for the values of INSERT/UPDATE. Only the store executes them.
 
 The commit path goes one step further: :class:`HotPath` compiles its statements once per dialect

@@ -450,7 +450,7 @@ class WorkQueue:
             self._guard(f"releasing the claim on run {claim.run_id}", claim.run_id),
             self._e.write.begin() as conn,
         ):
-            if claim.kind == "run":  # the run's lease, as Store.release_lease releases it
+            if claim.kind == "run":  # the run's lease, as the driver's release_lease releases it
                 params = {"p_run_id": claim.run_id, "p_token": claim.fencing_token}
                 return bool(conn.execute(S.RELEASE_LEASE, params).rowcount)
             released = conn.execute(

@@ -253,3 +253,46 @@ def test_a_public_module_has_a_private_twin_folder_only_for_pipeline_stages() ->
         if (PACKAGE / f"_{path.stem}").is_dir() and any((PACKAGE / f"_{path.stem}").glob("*.py"))
     }
     assert twins == TWINS_ALLOWED
+
+
+def _subpackage(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+def test_no_import_cycle_inside_any_subpackage_type_checking_imports_counted() -> None:
+    import grimp  # import-linter's own graph builder
+
+    graph = grimp.build_graph("graphflow_durable", exclude_type_checking_imports=False)
+    inside = {
+        module: sorted(
+            imported
+            for imported in graph.find_modules_directly_imported_by(module)
+            if imported.startswith("graphflow_durable.")
+            and _subpackage(imported) == _subpackage(module)
+            and imported != _subpackage(module)  # a subpackage's own __init__ is not a sibling
+        )
+        for module in graph.modules
+        if module.startswith("graphflow_durable.")
+    }
+    assert len(inside) > 40  # the package's modules were found: the check is not vacuous
+    cycles = []
+    for start in inside:  # a module that can reach itself through its own subpackage's imports
+        seen, todo = set(), list(inside[start])
+        while todo:
+            module = todo.pop()
+            if module == start:
+                cycles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo.extend(inside.get(module, []))
+    assert cycles == [], "modules on an import cycle inside their subpackage"
+
+
+def test_the_architecture_map_names_every_module() -> None:
+    doc = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    start = doc.index("## The map")
+    the_map = doc[start : doc.index("\n## ", start + 1)]
+    missing = [name for name in _modules() if name != "__init__.py" and Path(name).name not in the_map]
+    assert missing == [], "docs/architecture.md's map: add these modules with their job"

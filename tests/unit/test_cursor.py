@@ -92,6 +92,25 @@ def test_redispatched_counts_another_attempt_but_keeps_the_turns_dispatch_step_a
     assert twice.key("run", "B") == cursor.key("run", "B") == "run/B/5"
 
 
+def test_failures_and_crashes_count_per_turn_until_it_answers_or_a_fresh_budget() -> None:
+    cursor = Cursor.fresh(flying()).dispatched(flying("B", "C"), ["B", "C"], 3, 7)
+    cursor = cursor.failed("B").failed("B").crashed(["B", "C"]).crashed(["C"])
+    assert (dict(cursor.failures), dict(cursor.crashes)) == ({"B": 2}, {"B": 1, "C": 2})
+    back = Cursor.from_json(cursor.to_json(SPEC), SPEC, {})
+    assert (back.failures, back.crashes) == (cursor.failures, cursor.crashes)  # committed with each step
+    answered = cursor.answered("B", flying("C"))
+    assert (dict(answered.failures), dict(answered.crashes)) == ({}, {"C": 2})
+    assert (cursor.fresh_budget().failures, cursor.fresh_budget().crashes) == ({}, {})
+    again = answered.dispatched(flying("C", "D"), ["D"], 5, 9)  # a new turn starts at zero
+    assert (again.failures, again.crashes) == ({}, {})
+
+
+def test_a_cursor_with_no_failure_nor_crash_stores_what_it_stored_before_they_were_counted() -> None:
+    cursor = Cursor.fresh(flying()).dispatched(flying("B"), ["B"], 3, 7)
+    assert "failures" not in cursor.to_json(SPEC) and "crashes" not in cursor.to_json(SPEC)
+    assert "failures" not in cursor.extension("r1") and "crashes" not in cursor.extension("r1")
+
+
 def test_answered_forgets_the_bookkeeping_of_the_node_that_answered_only() -> None:
     cursor = replace(
         Cursor(initial(SPEC)).dispatched(flying("B", "C"), ["B", "C"], at=2, step=5),
@@ -176,6 +195,8 @@ def cursors(draw: st.DrawFn) -> Cursor:
         keys=draw(
             st.dictionaries(flying_nodes, st.from_regex(r"[a-z0-9]{1,6}/[A-Z]/[0-9]{1,3}", fullmatch=True))
         ),
+        failures=draw(st.dictionaries(flying_nodes, st.integers(1, 5))),
+        crashes=draw(st.dictionaries(flying_nodes, st.integers(1, 5))),
     )
 
 
@@ -194,7 +215,7 @@ def test_the_compact_json_round_trips_with_the_idle_dispatches_from_the_step_log
 def test_the_compact_json_holds_dispatch_bookkeeping_of_in_flight_nodes_only(cursor: Cursor) -> None:
     data = cursor.to_json(SPEC)
     flying_nodes = set(cursor.sched.in_flight)
-    for name in ("dispatches", "attempts", "dispatch_step", "keys"):
+    for name in ("dispatches", "attempts", "dispatch_step", "keys", "failures", "crashes"):
         assert set(data.get(name, {})) <= flying_nodes
     assert ("stopped" in data) is cursor.stopped
 

@@ -19,6 +19,13 @@ __all__ = ["FORMAT", "Cursor", "without_one"]
 FORMAT = 1
 
 
+def _counts(name: str, counts: Mapping[str, int], flying: set[str]) -> dict[str, Any]:
+    """``{name: counts}`` of the nodes in flight, or nothing at all when none counts (so a run
+    with no failure stores, and saves, exactly what it did before these counts existed)."""
+    kept = {n: counts[n] for n in sorted(flying) if counts.get(n)}
+    return {name: kept} if kept else {}
+
+
 def without_one(items: tuple[str, ...], item: str) -> tuple[str, ...]:
     """``items`` without its first occurrence of ``item``."""
     index = items.index(item)
@@ -43,6 +50,11 @@ class Cursor:
             the next round continues it, as GraphFlow does.
         keys: per in-flight node whose turn began in another run (a state moved by
             ``save_state()``/``load_state()``), the idempotency key it had there.
+        failures: per in-flight node, how many attempts of this turn raised or timed out (what a
+            retry policy's ``max_attempts`` counts).
+        crashes: per in-flight node, how many attempts of this turn died with their process (what
+            ``max_crash_attempts`` counts). Both are committed, so a crash never resets them; a new
+            turn starts both at zero, and :meth:`fresh_budget` clears them.
     """
 
     sched: SchedulerState
@@ -55,6 +67,8 @@ class Cursor:
     dispatch_step: Mapping[str, int] = field(default_factory=dict)
     stopped: bool = False
     keys: Mapping[str, str] = field(default_factory=dict)
+    failures: Mapping[str, int] = field(default_factory=dict)
+    crashes: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, sched: SchedulerState, origin: int = 0) -> Cursor:
@@ -87,6 +101,18 @@ class Cursor:
         attempts = {**self.attempts, **{n: self.attempts.get(n, 1) + 1 for n in speakers}}
         return replace(self, attempts=attempts)
 
+    def failed(self, node: str) -> Cursor:
+        """An attempt of ``node``'s turn raised or timed out: one more failure counted."""
+        return replace(self, failures={**self.failures, node: self.failures.get(node, 0) + 1})
+
+    def crashed(self, nodes: Sequence[str]) -> Cursor:
+        """The attempts of ``nodes``' turns died with their process: one more crash each."""
+        return replace(self, crashes={**self.crashes, **{n: self.crashes.get(n, 0) + 1 for n in nodes}})
+
+    def fresh_budget(self) -> Cursor:
+        """Failures and crashes forgotten (an operator's retry of a run whose budget ran out)."""
+        return replace(self, failures={}, crashes={})
+
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
         # Constructed directly, not with dataclasses.replace: this runs on every completion.
         still = sched.in_flight
@@ -101,6 +127,8 @@ class Cursor:
             {n: s for n, s in self.dispatch_step.items() if n in still},
             self.stopped,
             {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
+            {n: f for n, f in self.failures.items() if n in still} if self.failures else self.failures,
+            {n: c for n, c in self.crashes.items() if n in still} if self.crashes else self.crashes,
         )
 
     def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
@@ -127,6 +155,8 @@ class Cursor:
             "attempts": {n: self.attempts[n] for n in sorted(flying) if n in self.attempts},
             "dispatch_step": {n: self.dispatch_step[n] for n in sorted(flying) if n in self.dispatch_step},
             **({"keys": {n: self.keys[n] for n in sorted(flying) if n in self.keys}} if self.keys else {}),
+            **_counts("failures", self.failures, flying),
+            **_counts("crashes", self.crashes, flying),
         }
 
     def to_json(self, spec: GraphSpec) -> dict[str, Any]:
@@ -160,6 +190,8 @@ class Cursor:
                 dispatch_step={n: int(s) for n, s in data.get("dispatch_step", {}).items()},
                 stopped=bool(data.get("stopped", False)),
                 keys={n: str(k) for n, k in data.get("keys", {}).items()},
+                failures={n: int(f) for n, f in data.get("failures", {}).items()},
+                crashes={n: int(c) for n, c in data.get("crashes", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
@@ -196,6 +228,8 @@ class Cursor:
             "origin": self.origin,
             "status": status,
             "run_id": run_id,
+            **_counts("failures", self.failures, set(self.sched.in_flight)),
+            **_counts("crashes", self.crashes, set(self.sched.in_flight)),
         }
         if graph_fingerprint is not None:
             out["graph_fingerprint"] = graph_fingerprint
@@ -222,6 +256,8 @@ class Cursor:
                 attempts={n: int(a) for n, a in ext.get("attempts", {}).items()},
                 dispatch_step={n: int(s) for n, s in ext.get("dispatch_step", {}).items()},
                 keys={n: str(k) for n, k in ext.get("keys", {}).items()},
+                failures={n: int(f) for n, f in ext.get("failures", {}).items()},
+                crashes={n: int(c) for n, c in ext.get("crashes", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

@@ -234,13 +234,15 @@ def test_delete_refuses_a_running_run_unless_forced(store: Store, raw: sa.Engine
         store.delete_run("run-1")
     assert rows_of(raw, "run-1") == before
     made(store, "run-2", status="finished")
-    store.create_run(  # a nested run still being driven
-        "run-2/a/1/inner",
-        graph_fingerprint="fp",
-        graph={},
-        owner="worker-1",
-        lease_seconds=LEASE,
-        parent_run_id="run-2",
+    store._driver.create_run(  # a nested run still being driven
+        CreateRequest(
+            "run-2/a/1/inner",
+            graph_fingerprint="fp",
+            graph={},
+            owner="worker-1",
+            lease_seconds=LEASE,
+            parent_run_id="run-2",
+        )
     )
     with pytest.raises(RunStateError, match="its nested run run-2/a/1/inner is running"):
         store.delete_run("run-2")

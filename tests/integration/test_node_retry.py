@@ -4,6 +4,7 @@ at its stored state, and the turn runs again; spent attempts fail the run with N
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncGenerator, Iterator, Sequence
 
@@ -20,6 +21,7 @@ from autogen_core import CancellationToken
 
 from agents import Scripted, chain, close_stores, durable, stored_transcript
 from graphflow_durable import DurableGraphFlow, NodeFailedError, NodeRetryEvent, RetryPolicy, TimeoutPolicy
+from graphflow_durable.cli.runs import main
 from graphflow_durable.errors import NodeTimeoutError, UsageError
 
 FAST = RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
@@ -242,3 +244,28 @@ def test_a_policy_for_an_unknown_node_is_refused_at_construction() -> None:
         DurableGraphFlow(agents, chain(*agents), store="sqlite://", retry={"Z": 3})  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="'Z'"):
         DurableGraphFlow(agents, chain(*agents), store="sqlite://", timeout={"Z": 3.0})  # type: ignore[arg-type]
+
+
+async def test_runs_history_shows_each_failed_attempt_with_its_error_and_elapsed_time(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agents = [Scripted(n, before=failing(2) if n == "B" else None) for n in "ABC"]
+    team = durable(agents, chain(*agents), store_url, "run", retry=FAST)
+    await team.run(task="go")
+    assert main(["runs", "history", "--store", store_url, "run"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "attempt_failed" in line]
+    assert len(lines) == 2
+    for attempt, line in enumerate(lines, 1):
+        cells = line.split()
+        assert cells[2:5] == ["attempt_failed", "B", str(attempt)]
+        assert "ConnectionError: B: connection reset by peer (after " in line and line.endswith(" s)")
+    assert main(["runs", "history", "--store", store_url, "run", "--json", "--node", "B"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["kind"], r["attempt"]) for r in rows] == [
+        ("attempt_failed", 1),
+        ("attempt_failed", 2),
+        ("complete", 3),
+    ]
+    assert rows[0]["error_type"] == "ConnectionError" and rows[0]["error"] == "B: connection reset by peer"
+    assert isinstance(rows[0]["elapsed"], float) and "error_type" not in rows[2]
+    assert rows == [s.as_dict() for s in team.history(node="B")]

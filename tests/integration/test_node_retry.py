@@ -19,7 +19,7 @@ from autogen_agentchat.messages import (
 )
 from autogen_core import CancellationToken
 
-from agents import Scripted, chain, close_stores, durable, stored_transcript
+from agents import Scripted, chain, close_stores, durable, stored_transcript, wait_for
 from graphflow_durable import DurableGraphFlow, NodeFailedError, NodeRetryEvent, RetryPolicy, TimeoutPolicy
 from graphflow_durable.cli.runs import main
 from graphflow_durable.errors import NodeTimeoutError, UsageError
@@ -269,3 +269,24 @@ async def test_runs_history_shows_each_failed_attempt_with_its_error_and_elapsed
     assert rows[0]["error_type"] == "ConnectionError" and rows[0]["error"] == "B: connection reset by peer"
     assert isinstance(rows[0]["elapsed"], float) and "error_type" not in rows[2]
     assert rows == [s.as_dict() for s in team.history(node="B")]
+
+
+async def test_an_interrupt_during_the_back_off_leaves_the_node_to_the_next_driver(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    agents = [Scripted(n, before=failing(1) if n == "B" else None) for n in "ABC"]
+    slow = RetryPolicy(max_attempts=3, initial_interval=60, jitter=False)
+    team = durable(agents, chain(*agents), store_url, "run", retry=slow, interrupt_grace_seconds=5)
+    running = asyncio.ensure_future(team.run(task="go"))
+    await wait_for(lambda: bool(team.store.get_run("run")) and len(_attempts_failed(team)) == 1)
+    running.cancel()
+    with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
+        await running
+    assert not [r for r in caplog.records if "interrupt_grace_seconds" in r.getMessage()]
+    run = team.run_info()
+    assert run.status == "interrupted" and run.lease_owner is None
+    assert team.store.load("run").scheduler["s"]["in_flight"] == ["B"]
+    await durable(agents, chain(*agents), store_url, "run", retry=slow).run()
+    assert stored_transcript(team) == await _reference(store_url)
+    # The interrupted back-off dispatched nothing: the next driver's is the second attempt.
+    assert [(s.kind, s.attempt) for s in team.history(node="B")] == [("attempt_failed", 1), ("complete", 2)]

@@ -275,6 +275,9 @@ class DurableGraphFlowManager(GraphFlowManager):
         deadline = asyncio.get_running_loop().time() + wait
         while not self._link.control.halted and (left := deadline - asyncio.get_running_loop().time()) > 0:
             await asyncio.sleep(min(left, 0.25))  # the lease is renewed meanwhile; an interrupt ends it
+        if self._link.control.halted:  # nothing more runs: the node stays in flight for the next driver
+            await self._dispatch([name], self._link.commits.head, token)
+            return
         await self._redispatch([name], token)
 
     async def _exhausted(

@@ -87,6 +87,12 @@ class Turns:
         """The exception of ``node``'s last failed attempt, forgotten here."""
         return self._errors.pop(node, None)
 
+    async def stored_state(self, run_id: str, node: str) -> Mapping[str, Any] | None:
+        """``node``'s agent state as stored at the run's head (read in a thread): while its turn
+        is in flight, its state at the step that dispatched the turn (or the run's starting state)."""
+        log = await asyncio.to_thread(self._store().load, run_id)
+        return log.agent_states.get(node)
+
     async def may_start(self, node: str) -> bool:
         """Whether ``node``'s dispatched turn may start now: the lease is still held (by the
         monotonic clock, else by one renewal); when it is not, the run was halted."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -50,7 +50,7 @@ from graphflow_durable._runtime.stops import RoundStops, RunControl
 from graphflow_durable.errors import NodeFailedError, NodeTimeoutError, StateFormatError
 from graphflow_durable.retry import NodeRetryEvent, delay, is_retryable
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, complete, finish, initial, select
-from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind, Store
+from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
 
 __all__ = ["DurableGraphFlowManager", "ManagerLink"]
 
@@ -70,9 +70,6 @@ class ManagerLink(Protocol):
 
     @property
     def commits(self) -> Commits: ...
-
-    @property
-    def store(self) -> Store: ...
 
     async def may_dispatch(self) -> bool:
         """Whether the lease is still held (else the run is halted)."""
@@ -129,43 +126,26 @@ class DurableGraphFlowManager(GraphFlowManager):
     @rpc
     async def handle_start(self, message: GroupChatStart, ctx: MessageContext) -> None:  # type: ignore[override]
         """Start a round, add user input to an unfinished one, or resume an interrupted batch."""
-        try:
-            await self._start(message, ctx)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+        await self._or_fail(self._start(message, ctx))
 
     @event
     async def handle_agent_response(  # type: ignore[override]
         self, message: GroupChatAgentResponse | GroupChatTeamResponse, ctx: MessageContext
     ) -> None:
         """Record one node's answer, and the next selection when its batch is complete, in one commit."""
-        try:
-            await self._on_response(message, ctx)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+        await self._or_fail(self._on_response(message, ctx))
 
     @event
     async def handle_input_pending(self, message: GroupChatInputPending, ctx: MessageContext) -> None:
         """A node's turn waits for human input: park the run once nothing else is running."""
-        try:
-            if message.name not in self._cursor.sched.in_flight:
-                return  # a late signal of a turn that is no longer in flight
+        if message.name in self._cursor.sched.in_flight:  # else a late signal of a turn no longer in flight
             self._stops.parked[message.name] = message
-            await self._park_if_blocked(ctx.cancellation_token)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+            await self._or_fail(self._park_if_blocked(ctx.cancellation_token))
 
     @event
     async def handle_attempt_failed(self, message: GroupChatAttemptFailed, ctx: MessageContext) -> None:
         """An attempt of a node's turn raised or timed out under a policy: retry it or fail the run."""
-        try:
-            await self._on_attempt_failed(message, ctx.cancellation_token)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+        await self._or_fail(self._on_attempt_failed(message, ctx.cancellation_token))
 
     async def _park_if_blocked(self, token: CancellationToken) -> None:
         """When every node in flight waits for a person: the nodes whose request was answered
@@ -268,8 +248,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         )
         # The agent as stored at the turn's dispatch (its last answer's state, or the run's
         # starting state): nothing of the failed attempt stays in its memory.
-        run_id, store = self._link.run_id, self._link.store
-        state = (await asyncio.to_thread(store.load, run_id)).agent_states.get(name)
+        state = await self._link.turns.stored_state(self._link.run_id, name)
         if state is not None:
             await self._participants[name].load_state(state)
         deadline = asyncio.get_running_loop().time() + wait
@@ -316,6 +295,15 @@ class DurableGraphFlowManager(GraphFlowManager):
         )
         self._link.control.fail(error)
         await self._signal_termination_with_error(SerializableException.from_exception(error))
+
+    async def _or_fail(self, work: Awaitable[None]) -> None:
+        """Await a handler's work; an error it could not record ends the run with it (and goes on
+        to the runtime, as GraphFlow's manager lets it)."""
+        try:
+            await work
+        except Exception as exc:
+            await self._fail(exc)
+            raise
 
     async def _fail(self, exc: Exception) -> None:
         self._link.control.fail(exc)

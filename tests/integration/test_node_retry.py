@@ -19,7 +19,7 @@ from autogen_agentchat.messages import (
 )
 from autogen_core import CancellationToken
 
-from agents import Scripted, chain, close_stores, durable, stored_transcript, wait_for
+from agents import Scripted, chain, close_stores, durable, fan, stored_transcript, wait_for
 from graphflow_durable import DurableGraphFlow, NodeFailedError, NodeRetryEvent, RetryPolicy, TimeoutPolicy
 from graphflow_durable.cli.runs import main
 from graphflow_durable.errors import NodeTimeoutError, UsageError
@@ -290,3 +290,27 @@ async def test_an_interrupt_during_the_back_off_leaves_the_node_to_the_next_driv
     assert stored_transcript(team) == await _reference(store_url)
     # The interrupted back-off dispatched nothing: the next driver's is the second attempt.
     assert [(s.kind, s.attempt) for s in team.history(node="B")] == [("attempt_failed", 1), ("complete", 2)]
+
+
+async def test_a_timeout_cancels_only_its_own_turn_the_batch_siblings_run_on(sqlite_url: str) -> None:
+    async def slow_but_cancellable(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        waiting = asyncio.ensure_future(asyncio.sleep(0.6))
+        assert agent.token is not None
+        agent.token.link_future(waiting)  # as a model call does: the turn's token cancels it
+        await waiting
+
+    hooks = {"B1": hanging(1), "B2": slow_but_cancellable}
+    agents = [Scripted(n, before=hooks.get(n)) for n in ("A", "B1", "B2", "D")]
+    team = durable(
+        agents,
+        fan(*agents),
+        sqlite_url,
+        "run",
+        retry={"B1": FAST},
+        timeout={"B1": TimeoutPolicy(idle_timeout=0.2)},
+    )
+    await asyncio.wait_for(team.run(task="go"), 30)  # a cancelled sibling would leave the batch hanging
+    assert team.run_info().status == "finished"
+    steps = sorted((s.kind, s.node, s.attempt) for s in team.history() if s.node in ("B1", "B2"))
+    assert steps == [("attempt_failed", "B1", 1), ("complete", "B1", 2), ("complete", "B2", 1)]
+    assert [a.turn for a in agents] == [1, 1, 1, 1]

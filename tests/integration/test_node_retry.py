@@ -19,7 +19,17 @@ from autogen_agentchat.messages import (
 )
 from autogen_core import CancellationToken
 
-from agents import Scripted, chain, close_stores, durable, fan, stored_transcript, wait_for
+from agents import (
+    Scripted,
+    chain,
+    close_stores,
+    durable,
+    fan,
+    loop_agents,
+    loop_graph,
+    stored_transcript,
+    wait_for,
+)
 from graphflow_durable import DurableGraphFlow, NodeFailedError, NodeRetryEvent, RetryPolicy, TimeoutPolicy
 from graphflow_durable.cli.runs import main
 from graphflow_durable.errors import NodeTimeoutError, UsageError
@@ -314,3 +324,29 @@ async def test_a_timeout_cancels_only_its_own_turn_the_batch_siblings_run_on(sql
     steps = sorted((s.kind, s.node, s.attempt) for s in team.history() if s.node in ("B1", "B2"))
     assert steps == [("attempt_failed", "B1", 1), ("complete", "B1", 2), ("complete", "B2", 1)]
     assert [a.turn for a in agents] == [1, 1, 1, 1]
+
+
+async def test_a_later_turn_that_fails_is_retried_from_the_agents_state_after_its_last_turn(
+    store_url: str,
+) -> None:
+    def reference_agents() -> dict[str, Scripted]:
+        return loop_agents([])
+
+    reference = reference_agents()
+    await durable(reference, loop_graph(reference), store_url, "reference", max_turns=40).run(task="go")
+
+    left = {"n": 2}
+
+    async def second_turn_drops(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        if agent.turn == 2 and left["n"] > 0:
+            left["n"] -= 1
+            raise ConnectionError("dropped on the second turn")
+
+    agents = loop_agents([], {"R": second_turn_drops})
+    team = durable(agents, loop_graph(agents), store_url, "run", max_turns=40, retry={"R": FAST})
+    await team.run(task="go")
+    assert stored_transcript(team) == stored_transcript(
+        durable(reference, loop_graph(reference), store_url, "reference", max_turns=40)
+    )
+    assert [(f["node"], f["attempt"]) for f in _attempts_failed(team)] == [("R", 1), ("R", 2)]
+    assert agents["R"].turn == reference["R"].turn == 3

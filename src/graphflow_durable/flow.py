@@ -43,8 +43,15 @@ from graphflow_durable._runtime.gate import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
-from graphflow_durable.errors import UsageError
-from graphflow_durable.retry import register_events
+from graphflow_durable.errors import NodeFailedError, UsageError
+from graphflow_durable.retry import (
+    RetryPolicy,
+    TimeoutPolicy,
+    policies_config,
+    register_events,
+    retry_policies,
+    timeout_policies,
+)
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import ENDED_STATUSES, RunRecord, StepInfo, Store
 
@@ -105,10 +112,21 @@ class DurableGraphFlow(GraphFlow):
             ``Store.respond`` or ``graphflow-durable runs respond``), a :class:`HumanInput` (a mode
             with a deadline and a default answer), or a mapping of node names to those (key ``"*"``:
             the others).
+        retry: what a node's turn that raises does (see README, "When an agent fails or hangs"):
+            ``None`` (the default: the run fails, as GraphFlow's does), a :class:`RetryPolicy`, a
+            number of attempts, or a mapping of node names to those (key ``"*"``: the others). A
+            retryable error (:func:`~graphflow_durable.retry.is_retryable`) is recorded as an
+            ``attempt_failed`` step, the agent is restored to its state at the turn's dispatch, and
+            the turn runs again after the policy's back-off; when the attempts are spent the run is
+            ``failed`` and :meth:`run` raises :class:`~graphflow_durable.NodeFailedError`.
+        timeout: how long a node's turn may take: ``None`` (no limit), a :class:`TimeoutPolicy`,
+            seconds (its ``run_timeout``), or a mapping as for ``retry``. A turn past its limit is
+            cancelled and fails with :class:`~graphflow_durable.NodeTimeoutError` (retryable).
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
-        UsageError: (a ``ValueError``) ``run_id`` is not a valid run id.
+        UsageError: (a ``ValueError``) ``run_id`` is not a valid run id; ``retry`` or ``timeout``
+            has a bad value or names a node that is not a participant.
         StoreConfigError: (a ``UsageError``) ``store`` is a URL that is malformed or unsupported,
             or has an unknown option or a bad value (as :class:`Store` says; no password shown).
     """
@@ -134,6 +152,8 @@ class DurableGraphFlow(GraphFlow):
         lease_owner: str | None = None,
         interrupt_grace_seconds: float = 5.0,
         human_input: str | HumanInput | Mapping[str, Any] | None = None,
+        retry: RetryPolicy | int | Mapping[str, Any] | None = None,
+        timeout: TimeoutPolicy | float | Mapping[str, Any] | None = None,
     ) -> None:
         if not math.isfinite(interrupt_grace_seconds) or interrupt_grace_seconds < 0:
             raise UsageError(
@@ -167,6 +187,8 @@ class DurableGraphFlow(GraphFlow):
         self._interrupt_grace = float(interrupt_grace_seconds)
         self._gate = HumanGate(self._session, *human_inputs(human_input, [p.name for p in participants]))
         self._gate.install(participants)
+        names = [p.name for p in participants]
+        self._session.turns.policies(retry_policies(retry, names), timeout_policies(timeout, names))
 
     # -- AutoGen factories -----------------------------------------------------------------------
 
@@ -291,6 +313,8 @@ class DurableGraphFlow(GraphFlow):
             failed = True
             fatal = session.control.fatal
             error = exc if fatal is None else fatal
+            if isinstance(fatal, NodeFailedError) and fatal is not exc:
+                raise fatal from fatal.__cause__  # the failed attempt's exception, not GraphFlow's text
             if fatal is not None and fatal is not exc:
                 raise fatal from exc
             raise
@@ -479,6 +503,8 @@ class DurableGraphFlow(GraphFlow):
             lease_seconds=session.lease_seconds,
             interrupt_grace_seconds=self._interrupt_grace,
             human_input=human_input_config(self._gate.default, self._gate.per_node),
+            retry=policies_config(self._session.turns.retry),
+            timeout=policies_config(self._session.turns.timeout),
         )
 
     @classmethod

@@ -72,7 +72,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Human input in a durable run: how a node asks (:class:`HumanInput`) and what is stored...",
     ),
     "_model/records.py": (
-        250,
+        300,  # 250 -> 300: the node_failed marker (NodeFailure) of a run whose budget ran out
         "The store's value objects: what a commit takes and what a load returns (JSON values, no...",
     ),
     "_model/restore.py": (150, "From a run's stored log to the team's state at the store's head."),
@@ -90,14 +90,17 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The declarative side of DurableGraphFlow: its component config and loading saved states.",
     ),
     "_runtime/container.py": (
-        200,
-        "The durable participant container, and what crosses between the manager and the containers.",
+        300,  # 200 -> 300: a turn's attempt under its node's retry / timeout policies (issue 25)
+        "The durable participant container (a turn, its attempts under the node's policies), and ...",
     ),
     "_runtime/gate.py": (
         250,
         "Human input in a durable run: the input functions of ``UserProxyAgent`` participants, i...",
     ),
-    "_runtime/manager.py": (450, "The durable GraphFlow manager."),
+    "_runtime/manager.py": (  # 450 -> 600: a failed attempt's retry, or the run's failure (issue 25)
+        600,
+        "The durable GraphFlow manager: commits every transition; retries a failed attempt.",
+    ),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),
     "_runtime/session.py": (600, "One team's hold on its stored run: the run session."),
     "_runtime/stops.py": (

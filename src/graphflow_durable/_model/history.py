@@ -38,14 +38,18 @@ class StepInfo:
         round: the round it belongs to: each step of kind ``start`` begins the next round (1, 2...);
             steps before the first round (the run's creation) are round 0.
         kind: what the step records (``created``, ``start``, ``input``, ``resume``, ``complete``,
-            ``interrupt``, ``reset``, ``import``).
-        node: the node whose answer a ``complete`` step records (else ``None``).
+            ``interrupt``, ``reset``, ``import``, ``wait``, ``attempt_failed``).
+        node: the node whose answer a ``complete`` step records, or whose attempt an
+            ``attempt_failed`` step records (else ``None``).
         attempt: for a ``complete`` step, which execution of that turn answered (1, or more when
-            the node was in flight when the run was interrupted and ran again); else ``None``.
+            the node was in flight when the run was interrupted, or its attempt failed, and it ran
+            again); for an ``attempt_failed`` step, the attempt that failed; else ``None``.
         time: when the step was committed (epoch seconds, the writer's clock).
         message_seqs: the seqs (positions in the run's thread) of the messages the step added.
         message_ids: the AutoGen ids (``message.id``) of those messages, where they have one.
         dispatched: the nodes the step selected to run next (or ran again, on a ``resume``).
+        error_type, error, elapsed: for an ``attempt_failed`` step, the error's class name, its
+            message and the seconds the attempt ran; else ``None``.
     """
 
     seq: int
@@ -57,6 +61,9 @@ class StepInfo:
     message_seqs: tuple[int, ...]
     message_ids: tuple[str, ...]
     dispatched: tuple[str, ...]
+    error_type: str | None = None
+    error: str | None = None
+    elapsed: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The step as JSON-ready values (the CLI's ``--json`` line)."""
@@ -70,6 +77,11 @@ class StepInfo:
             "message_seqs": list(self.message_seqs),
             "message_ids": list(self.message_ids),
             "dispatched": list(self.dispatched),
+            **(
+                {"error_type": self.error_type, "error": self.error, "elapsed": self.elapsed}
+                if self.kind == StepKind.ATTEMPT_FAILED.value
+                else {}
+            ),
         }
 
 
@@ -96,6 +108,9 @@ def step_infos(log: RunLog) -> list[StepInfo]:
         dispatched = tuple(str(n) for n in data.get("dispatched", ()))
         redispatched = tuple(str(n) for n in data.get("redispatched", ()))
         attempt = attempts.pop(step.node, 1) if step.kind == StepKind.COMPLETE and step.node else None
+        failed = step.kind == StepKind.ATTEMPT_FAILED
+        if failed:
+            attempt = _int(data.get("attempt"))
         for name in dispatched:
             attempts[name] = 1
         for name in redispatched:
@@ -112,9 +127,20 @@ def step_infos(log: RunLog) -> list[StepInfo]:
                 message_seqs=tuple(m.seq for m in added),
                 message_ids=tuple(str(m.body["id"]) for m in added if m.body.get("id") is not None),
                 dispatched=dispatched or redispatched,
+                error_type=str(data.get("error_type", "")) if failed else None,
+                error=str(data.get("error", "")) if failed else None,
+                elapsed=_number(data.get("elapsed")) if failed else None,
             )
         )
     return infos
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def message_nodes(log: RunLog) -> dict[int, str | None]:

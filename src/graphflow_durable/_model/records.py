@@ -6,7 +6,7 @@ Re-exported by :mod:`graphflow_durable.store`, which is where they are documente
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Literal, get_args
 
@@ -15,6 +15,7 @@ from graphflow_durable._model.human import InputRequest
 __all__ = [
     "StepKind",
     "AgentStateRecord",
+    "NodeFailure",
     "AgentStateRow",
     "MessageRecord",
     "RunLog",
@@ -117,6 +118,56 @@ class StepKind(str, Enum):
     """``load_state()``: a saved state's thread, agent states and scheduler."""
     WAIT = "wait"
     """The round parks: the nodes still in flight wait for human input (data: their request ids)."""
+    ATTEMPT_FAILED = "attempt_failed"
+    """An attempt of a node's turn raised or timed out (data: node, attempt, error type and message,
+    elapsed seconds); the node runs again after its back-off, or the run fails."""
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """Why a run is ``failed`` with a node's budget spent: ``RunRecord.result["node_failed"]``.
+
+    Attributes:
+        node: the node.
+        attempts: the attempts the budget allowed and used.
+        error_type: the last error's class name.
+        error: the last error's message.
+        cause: ``"error"`` (it raised), ``"timeout"`` (a TimeoutPolicy limit) or ``"crash"`` (its
+            process died).
+    """
+
+    node: str
+    attempts: int
+    error_type: str
+    error: str
+    cause: Literal["error", "timeout", "crash"] = "error"
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker as stored in the run's result."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> NodeFailure | None:
+        """The marker :meth:`to_json` wrote, or ``None`` when ``data`` is not one (a run's result
+        from before markers, or of a run that did not fail on a spent budget)."""
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            cause = data.get("cause", "error")
+            return cls(
+                node=str(data["node"]),
+                attempts=int(data["attempts"]),
+                error_type=str(data.get("error_type", "")),
+                error=str(data.get("error", "")),
+                cause=cause if cause in ("error", "timeout", "crash") else "error",
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @classmethod
+    def of_result(cls, result: Any) -> NodeFailure | None:
+        """The marker in a run's result (``RunRecord.result``), if it has one."""
+        return cls.from_json(result.get("node_failed")) if isinstance(result, Mapping) else None
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,8 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     lease_seconds: float = 30.0
     interrupt_grace_seconds: float = 5.0
     human_input: Any = None
+    retry: Any = None
+    timeout: Any = None
 
 
 def refuse_callables(graph: DiGraph) -> None:
@@ -167,5 +169,7 @@ def flow_arguments(config: GraphFlowConfig) -> tuple[list[ChatAgent], DiGraph, d
             "lease_seconds": durable.lease_seconds,
             "interrupt_grace_seconds": durable.interrupt_grace_seconds,
             "human_input": durable.human_input,
+            "retry": durable.retry,
+            "timeout": durable.timeout,
         },
     )

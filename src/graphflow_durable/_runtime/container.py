@@ -5,16 +5,22 @@ durable manager and the containers during a turn.
 The manager dispatches a node's turn and records its :class:`~graphflow_durable.ExecutionContext` in
 :class:`Turns`; the node's container runs the agent inside :meth:`Turns.running`, which makes that
 context (and the run's store, for a nested durable team) visible to the agent's code.
+
+Under a node's retry or timeout policy (:class:`Turns` holds them) the container runs each attempt
+itself: the agent's stream through ``retry.within_limits`` on the turn's own child token, and a
+failed attempt reported to the manager (:class:`GroupChatAttemptFailed`, its exception kept in
+:class:`Turns`) instead of ending the run. With no policy, the turn is GraphFlow's, unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from autogen_agentchat.base import ChatAgent, Team
+from autogen_agentchat.base import ChatAgent, Response, Team
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
 from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
 from autogen_agentchat.teams._group_chat._events import (
@@ -23,26 +29,69 @@ from autogen_agentchat.teams._group_chat._events import (
     GroupChatRequestPublish,
     GroupChatReset,
     GroupChatTeamResponse,
+    SerializableException,
 )
-from autogen_core import DefaultTopicId, MessageContext, event, rpc
+from autogen_core import CancellationToken, DefaultTopicId, MessageContext, event, rpc
+from pydantic import BaseModel
 
 from graphflow_durable import context as _context
 from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
 from graphflow_durable.context import ExecutionContext
+from graphflow_durable.errors import NodeTimeoutError
+from graphflow_durable.retry import RetryPolicy, TimeoutPolicy, within_limits
 from graphflow_durable.store import Store
 
-__all__ = ["DurableChatAgentContainer", "Turns", "answer_delta", "outer_run_store"]
+__all__ = ["DurableChatAgentContainer", "GroupChatAttemptFailed", "Turns", "answer_delta", "outer_run_store"]
 
 _outer_store: ContextVar[Store | None] = ContextVar("graphflow_durable_outer_store", default=None)
 
 
+class GroupChatAttemptFailed(BaseModel):
+    """From a participant container to the manager: an attempt of ``name``'s turn raised (or timed
+    out) under a retry or timeout policy; the exception itself is in :meth:`Turns.take_error`."""
+
+    name: str
+    attempt: int
+    error_type: str
+    error: str
+    elapsed: float
+
+
 class Turns:
-    """The execution contexts of a team's turns in flight: the manager writes, containers read."""
+    """The execution contexts of a team's turns in flight, and the nodes' retry and timeout
+    policies: the manager writes, containers read (and hand a failed attempt's exception back)."""
 
     def __init__(self, store: Callable[[], Store], may_start: Callable[[str], Awaitable[bool]]) -> None:
         self._store = store
         self._may_start = may_start
         self._contexts: dict[str, ExecutionContext] = {}
+        self._errors: dict[str, BaseException] = {}
+        self.retry: dict[str, RetryPolicy | None] = {}
+        self.timeout: dict[str, TimeoutPolicy | None] = {}
+
+    def policies(
+        self, retry: Mapping[str, RetryPolicy | None], timeout: Mapping[str, TimeoutPolicy | None]
+    ) -> None:
+        """Each node's retry and timeout policy (``retry_policies`` / ``timeout_policies``)."""
+        self.retry, self.timeout = dict(retry), dict(timeout)
+
+    def guarded(self, node: str) -> bool:
+        """Whether ``node``'s turns run under a policy (else exactly as GraphFlow runs them)."""
+        return self.retry.get(node) is not None or self.timeout.get(node) is not None
+
+    def failed_with(self, node: str, exc: BaseException) -> None:
+        """An attempt of ``node``'s turn raised ``exc`` (kept, so that the run's error chains it)."""
+        self._errors[node] = exc
+
+    def take_error(self, node: str) -> BaseException | None:
+        """The exception of ``node``'s last failed attempt, forgotten here."""
+        return self._errors.pop(node, None)
+
+    async def stored_state(self, run_id: str, node: str) -> Mapping[str, Any] | None:
+        """``node``'s agent state as stored at the run's head (read in a thread): while its turn
+        is in flight, its state at the step that dispatched the turn (or the run's starting state)."""
+        log = await asyncio.to_thread(self._store().load, run_id)
+        return log.agent_states.get(node)
 
     async def may_start(self, node: str) -> bool:
         """Whether ``node``'s dispatched turn may start now: the lease is still held (by the
@@ -121,7 +170,10 @@ class DurableChatAgentContainer(ChatAgentContainer):
             return  # the node stays in flight: the run's next driver runs this turn
         with self._turns.running(self._agent.name):
             try:
-                await ChatAgentContainer.handle_request(self, message, ctx)
+                if isinstance(self._agent, Team) or not self._turns.guarded(self._agent.name):
+                    await ChatAgentContainer.handle_request(self, message, ctx)
+                elif not await self._attempt(self._agent, ctx):
+                    return  # the manager records the failed attempt; the input stays for the next
             except InputPending as pending:  # the turn waits for a person: its input stays as it is
                 request = pending.request
                 await self.publish_message(
@@ -135,9 +187,73 @@ class DurableChatAgentContainer(ChatAgentContainer):
         self._message_buffer[:0] = self._deferred
         self._deferred = []
 
+    async def _attempt(self, agent: ChatAgent, ctx: MessageContext) -> bool:
+        """One attempt of the agent's turn under its node's policies (ChatAgentContainer's turn, with
+        the time limits on its own token): whether it answered. An exception the retry logic takes
+        (any under a retry policy, a timeout under a timeout policy) goes to the manager as
+        :class:`GroupChatAttemptFailed`; any other takes GraphFlow's path (the run fails)."""
+        name = agent.name
+        execution = _context.current_execution()
+        attempt = execution.attempt if execution is not None else 1
+        # The turn's own token: cancelling the delivered one would stop the batch's sibling turns.
+        token = CancellationToken()
+        ctx.cancellation_token.add_callback(token.cancel)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            response: Response | None = None
+            stream = agent.on_messages_stream(self._message_buffer, token)
+            limits = self._turns.timeout.get(name)
+            async for item in within_limits(
+                stream, limits, node=name, attempt=attempt, cancellation_token=token
+            ):
+                if isinstance(item, Response):
+                    await self._log_message(item.chat_message)
+                    response = item
+                else:
+                    await self._log_message(item)
+            if response is None:
+                raise RuntimeError(
+                    "The agent did not produce a final response. Check the agent's on_messages_stream method."
+                )
+        except InputPending:
+            raise
+        except Exception as exc:
+            if self._turns.retry.get(name) is None and not isinstance(exc, NodeTimeoutError):
+                await self.publish_message(
+                    GroupChatError(error=SerializableException.from_exception(exc)),
+                    topic_id=DefaultTopicId(type=self._parent_topic_type),
+                    cancellation_token=ctx.cancellation_token,
+                )
+                raise  # as GraphFlow's container does
+            self._turns.failed_with(name, exc)
+            await self.publish_message(
+                GroupChatAttemptFailed(
+                    name=name,
+                    attempt=attempt,
+                    error_type=type(exc).__name__,
+                    error=str(exc),
+                    elapsed=loop.time() - started,
+                ),
+                topic_id=DefaultTopicId(type=self._parent_topic_type),
+                cancellation_token=ctx.cancellation_token,
+            )
+            return False
+        self._message_buffer.clear()
+        await self.publish_message(
+            GroupChatAgentResponse(response=response, name=name),
+            topic_id=DefaultTopicId(type=self._parent_topic_type),
+            cancellation_token=ctx.cancellation_token,
+        )
+        return True
+
     @event
     async def handle_input_pending(self, message: GroupChatInputPending, ctx: MessageContext) -> None:
         """Another node waits for a person: that is the manager's business."""
+
+    @event
+    async def handle_attempt_failed(self, message: GroupChatAttemptFailed, ctx: MessageContext) -> None:
+        """Another node's attempt failed: that is the manager's business."""
 
     @event
     async def handle_group_chat_error(self, message: GroupChatError, ctx: MessageContext) -> None:

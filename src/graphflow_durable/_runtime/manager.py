@@ -9,12 +9,18 @@ after its turn.
 When a round stops (termination condition, ``max_turns``, the graph's natural end, every node in
 flight waiting for a person) is decided by its held :class:`~graphflow_durable._runtime.stops.RoundStops`;
 the manager commits the decision and signals it.
+
+A failed attempt under a node's policy (``GroupChatAttemptFailed``) is committed as an
+``attempt_failed`` step; the agent is put back at its stored state and the node dispatched again
+after its back-off, or, with its attempts spent (or a non-retryable error), the run is committed
+``failed`` with its ``node_failed`` marker and ends with :class:`~graphflow_durable.NodeFailedError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -35,12 +41,14 @@ from autogen_core import CancellationToken, DefaultTopicId, MessageContext, even
 
 from graphflow_durable import context as _context
 from graphflow_durable._model.cursor import Cursor, without_one
+from graphflow_durable._model.records import NodeFailure
 from graphflow_durable._model.task import task_key
 from graphflow_durable._runtime.commits import Commits
-from graphflow_durable._runtime.container import Turns, answer_delta
+from graphflow_durable._runtime.container import GroupChatAttemptFailed, Turns, answer_delta
 from graphflow_durable._runtime.gate import GroupChatInputPending
 from graphflow_durable._runtime.stops import RoundStops, RunControl
-from graphflow_durable.errors import StateFormatError
+from graphflow_durable.errors import NodeFailedError, NodeTimeoutError, StateFormatError
+from graphflow_durable.retry import NodeRetryEvent, delay, is_retryable
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
 
@@ -94,7 +102,11 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._batch_delta: list[BaseAgentEvent | BaseChatMessage] = []
         # The round's stop decisions: termination checks, and the in-flight nodes waiting for a person.
         self._stops = RoundStops(self._termination_condition, self._max_turns, self._name, self._spec)
-        self._sequential_message_types = [*self._sequential_message_types, GroupChatInputPending]
+        self._sequential_message_types = [
+            *self._sequential_message_types,
+            GroupChatInputPending,
+            GroupChatAttemptFailed,
+        ]
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -114,34 +126,26 @@ class DurableGraphFlowManager(GraphFlowManager):
     @rpc
     async def handle_start(self, message: GroupChatStart, ctx: MessageContext) -> None:  # type: ignore[override]
         """Start a round, add user input to an unfinished one, or resume an interrupted batch."""
-        try:
-            await self._start(message, ctx)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+        await self._or_fail(self._start(message, ctx))
 
     @event
     async def handle_agent_response(  # type: ignore[override]
         self, message: GroupChatAgentResponse | GroupChatTeamResponse, ctx: MessageContext
     ) -> None:
         """Record one node's answer, and the next selection when its batch is complete, in one commit."""
-        try:
-            await self._on_response(message, ctx)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+        await self._or_fail(self._on_response(message, ctx))
 
     @event
     async def handle_input_pending(self, message: GroupChatInputPending, ctx: MessageContext) -> None:
         """A node's turn waits for human input: park the run once nothing else is running."""
-        try:
-            if message.name not in self._cursor.sched.in_flight:
-                return  # a late signal of a turn that is no longer in flight
+        if message.name in self._cursor.sched.in_flight:  # else a late signal of a turn no longer in flight
             self._stops.parked[message.name] = message
-            await self._park_if_blocked(ctx.cancellation_token)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+            await self._or_fail(self._park_if_blocked(ctx.cancellation_token))
+
+    @event
+    async def handle_attempt_failed(self, message: GroupChatAttemptFailed, ctx: MessageContext) -> None:
+        """An attempt of a node's turn raised or timed out under a policy: retry it or fail the run."""
+        await self._or_fail(self._on_attempt_failed(message, ctx.cancellation_token))
 
     async def _park_if_blocked(self, token: CancellationToken) -> None:
         """When every node in flight waits for a person: the nodes whose request was answered
@@ -154,7 +158,14 @@ class DurableGraphFlowManager(GraphFlowManager):
         reason, ids = waiting
         answered = await self._link.answered(ids)
         if answered:
-            await self._redispatch(self._stops.unpark(answered), token)
+            nodes = self._stops.unpark(answered)
+            logger.info(
+                "run %s: %s answered while the run was driven; re-running %s",
+                self._link.run_id,
+                ", ".join(nodes),
+                ", ".join(nodes),
+            )
+            await self._redispatch(nodes, token)
             return
         self._stop_reason = reason
         # The requests parked on, beside the reason: an answer makes the run resumable once none of
@@ -170,14 +181,8 @@ class DurableGraphFlowManager(GraphFlowManager):
         await self._signal_termination(StopMessage(content=reason, source=self._name))
 
     async def _redispatch(self, nodes: Sequence[str], token: CancellationToken) -> None:
-        """Run parked ``nodes`` again (attempt + 1, same dispatch point and key): their requests
-        were answered while this driver was attached, so their turns take the answers now."""
-        logger.info(
-            "run %s: %s answered while the run was driven; re-running %s",
-            self._link.run_id,
-            ", ".join(nodes),
-            ", ".join(nodes),
-        )
+        """Run in-flight ``nodes`` again (attempt + 1, same dispatch point and key): parked nodes
+        whose requests were answered while this driver was attached, or a failed attempt's node."""
         self._cursor = self._cursor.redispatched(nodes)
         head = await self._commit(
             Step(StepKind.RESUME, None, self._cursor.to_json(self._spec), {"redispatched": list(nodes)}),
@@ -186,6 +191,119 @@ class DurableGraphFlowManager(GraphFlowManager):
             None,
         )
         await self._dispatch(nodes, head, token)
+
+    async def _on_attempt_failed(self, message: GroupChatAttemptFailed, token: CancellationToken) -> None:
+        """Record the failed attempt (``cursor.failed``); then, when the node's retry policy allows
+        another attempt and the error is retryable: put the agent back at its stored state (its
+        input buffer is untouched by a failed turn), wait the back-off holding the lease, and
+        dispatch the node again. Otherwise fail the run with the node's ``node_failed`` marker."""
+        name = message.name
+        exc = self._link.turns.take_error(name)
+        if name not in self._cursor.sched.in_flight:
+            return  # a late signal of a turn that is no longer in flight
+        policy = self._link.turns.retry.get(name)
+        self._cursor = self._cursor.failed(name)
+        used = self._cursor.failures[name]
+        retry = (
+            policy is not None
+            and used < policy.max_attempts
+            and exc is not None
+            and is_retryable(exc, policy)
+        )
+        data: dict[str, Any] = {
+            "node": name,
+            "attempt": message.attempt,
+            "error_type": message.error_type,
+            "error": message.error,
+            "elapsed": round(message.elapsed, 3),
+        }
+        if policy is None or not retry:
+            await self._exhausted(name, used, message, exc, data)
+            return
+        wait = delay(policy, message.attempt, exc)
+        await self._commit(
+            Step(StepKind.ATTEMPT_FAILED, name, self._cursor.to_json(self._spec), {**data, "retry_in": wait}),
+            (),
+            (),
+            None,
+        )
+        logger.warning(
+            "run %s: node %r attempt %d of %d failed (%s: %s); retrying in %.1f s",
+            self._link.run_id,
+            name,
+            message.attempt,
+            policy.max_attempts,
+            message.error_type,
+            message.error.splitlines()[0] if message.error else "",
+            wait,
+        )
+        await self._output_message_queue.put(
+            NodeRetryEvent(
+                source=name,
+                node=name,
+                attempt=message.attempt,
+                error=f"{message.error_type}: {message.error}",
+                retry_in=wait,
+            )
+        )
+        # The agent as stored at the turn's dispatch (its last answer's state, or the run's
+        # starting state): nothing of the failed attempt stays in its memory.
+        state = await self._link.turns.stored_state(self._link.run_id, name)
+        if state is not None:
+            await self._participants[name].load_state(state)
+        deadline = asyncio.get_running_loop().time() + wait
+        while not self._link.control.halted and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.sleep(min(left, 0.25))  # the lease is renewed meanwhile; an interrupt ends it
+        if self._link.control.halted:  # nothing more runs: the node stays in flight for the next driver
+            await self._dispatch([name], self._link.commits.head, token)
+            return
+        await self._redispatch([name], token)
+
+    async def _exhausted(
+        self,
+        name: str,
+        used: int,
+        message: GroupChatAttemptFailed,
+        exc: BaseException | None,
+        data: Mapping[str, Any],
+    ) -> None:
+        """No further attempt: commit the failed attempt and the run ``failed`` with its marker,
+        and end the round with :class:`NodeFailedError` (chaining the attempt's exception)."""
+        error = NodeFailedError(
+            node=name,
+            attempts=used,
+            error_type=message.error_type,
+            error=message.error,
+            run_id=self._link.run_id,
+        )
+        error.__cause__ = exc
+        marker = NodeFailure(
+            name,
+            used,
+            message.error_type,
+            message.error,
+            "timeout" if isinstance(exc, NodeTimeoutError) else "error",
+        )
+        self._stop_reason = str(error)
+        update = RunUpdate(
+            status="failed",
+            result={"stop_reason": self._stop_reason, "node_failed": marker.to_json()},
+            release_lease=True,
+        )
+        await self._link.commits.write(
+            Step(StepKind.ATTEMPT_FAILED, name, self._cursor.to_json(self._spec), data), (), (), update
+        )
+        self._link.control.fail(error)
+        await self._signal_termination_with_error(SerializableException.from_exception(error))
+
+    async def _or_fail(self, work: Awaitable[None]) -> None:
+        """Await a handler's work; an error it could not record ends the run with it (and goes on
+        to the runtime, as GraphFlow's manager lets it)."""
+        try:
+            await work
+        except Exception as exc:
+            await self._fail(exc)
+            raise
 
     async def _fail(self, exc: Exception) -> None:
         self._link.control.fail(exc)

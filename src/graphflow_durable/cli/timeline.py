@@ -42,7 +42,8 @@ EXIT_CONFLICT = 3
 
 EPILOG = """\
   runs history RUN [--round N] [--node NODE]     the run's steps: seq, round, kind, node, attempt,
-                                                 time, the messages each added, what it dispatched
+                                                 time, the messages each added, what it dispatched;
+                                                 a failed attempt: its error and how long it ran
   runs transcript RUN [--round N] [--node NODE]  the run's messages in order
   runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
                                                  agent states) on stdout, or in FILE
@@ -121,9 +122,12 @@ def _history(store: Store, args: SimpleNamespace, out: Callable[[str], None]) ->
         seqs = ",".join(map(str, s.message_seqs)) or "-"
         attempt = "-" if s.attempt is None else str(s.attempt)
         nodes = ",".join(s.dispatched) or "-"
-        out(
-            f"{s.seq:>4} {s.round:>5} {s.kind:<9} {s.node or '-':<12} {attempt:>3} {iso(s.time):<25} {seqs:<9} {nodes}"
-        )
+        line = f"{s.seq:>4} {s.round:>5} {s.kind:<9} {s.node or '-':<12} {attempt:>3} {iso(s.time):<25} {seqs:<9} {nodes}"
+        if s.error_type is not None:  # a failed attempt: what it raised, and how long it ran
+            first = (s.error or "").strip().splitlines()
+            error = f"{s.error_type}: {first[0]}" if first else s.error_type
+            line += f"  {error} (after {s.elapsed or 0:.2f} s)"
+        out(line)
     return 0
 
 

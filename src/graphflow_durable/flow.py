@@ -26,6 +26,7 @@ from autogen_core import AgentRuntime, CancellationToken
 
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
+from graphflow_durable._model.records import NodeFailure
 from graphflow_durable._model.task import task_key, task_messages
 from graphflow_durable._runtime.commits import to_the_end
 from graphflow_durable._runtime.config import (
@@ -105,6 +106,13 @@ class DurableGraphFlow(GraphFlow):
             ``Store.respond`` or ``graphflow-durable runs respond``), a :class:`HumanInput` (a mode
             with a deadline and a default answer), or a mapping of node names to those (key ``"*"``:
             the others).
+        max_crash_attempts: how many times a node's turn may die with its process (SIGKILL, out of
+            memory, a crashing native tool: its dispatch was committed and no answer, failure or
+            interrupt was recorded before the next driver resumed it) before the run ends ``failed``
+            instead of dispatching it again: :meth:`run` and every worker of a pool then leave it
+            alone (``run()`` raises :class:`~graphflow_durable.NodeFailedError`) until
+            ``graphflow-durable runs retry RUN`` gives the node a fresh budget. Default 5; an int
+            1 or more.
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -134,7 +142,17 @@ class DurableGraphFlow(GraphFlow):
         lease_owner: str | None = None,
         interrupt_grace_seconds: float = 5.0,
         human_input: str | HumanInput | Mapping[str, Any] | None = None,
+        max_crash_attempts: int = 5,
     ) -> None:
+        if (
+            isinstance(max_crash_attempts, bool)
+            or not isinstance(max_crash_attempts, int)
+            or max_crash_attempts < 1
+        ):
+            raise UsageError(
+                f"max_crash_attempts must be an int 1 or more, not {max_crash_attempts!r}",
+                option="max_crash_attempts",
+            )
         if not math.isfinite(interrupt_grace_seconds) or interrupt_grace_seconds < 0:
             raise UsageError(
                 f"interrupt_grace_seconds must be a number 0 or more, not {interrupt_grace_seconds}",
@@ -161,6 +179,7 @@ class DurableGraphFlow(GraphFlow):
             allow_graph_change=allow_graph_change,
             spec=GraphSpec.from_digraph(graph),
             graph_description=_graphid.describe_graph(graph, [p.name for p in participants]),
+            max_crash_attempts=max_crash_attempts,
         )
         self._participant_map: dict[str, ChatAgent | Team] = {p.name: p for p in participants}
         self._driven = False  # this object has run (or loaded a state into) the run
@@ -479,6 +498,7 @@ class DurableGraphFlow(GraphFlow):
             lease_seconds=session.lease_seconds,
             interrupt_grace_seconds=self._interrupt_grace,
             human_input=human_input_config(self._gate.default, self._gate.per_node),
+            max_crash_attempts=session.max_crash_attempts,
         )
 
     @classmethod
@@ -506,6 +526,9 @@ async def _opening(
     """
     if run is None:
         return None, messages
+    failure = NodeFailure.of(run)
+    if failure is not None:  # a budget ran out: nothing runs until `runs retry` gives a fresh one
+        raise failure.exception(session.run_id)
     if run.status == "waiting":
         own = messages is not None and run.task == task_key(messages)  # a re-run script's task
         if await on_waiting_run(session.store, run, None if own else messages):

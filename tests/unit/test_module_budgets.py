@@ -72,7 +72,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Human input in a durable run: how a node asks (:class:`HumanInput`) and what is stored...",
     ),
     "_model/records.py": (
-        250,
+        320,
         "The store's value objects: what a commit takes and what a load returns (JSON values, no...",
     ),
     "_model/restore.py": (150, "From a run's stored log to the team's state at the store's head."),
@@ -97,7 +97,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         250,
         "Human input in a durable run: the input functions of ``UserProxyAgent`` participants, i...",
     ),
-    "_runtime/manager.py": (450, "The durable GraphFlow manager."),
+    "_runtime/manager.py": (500, "The durable GraphFlow manager."),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),
     "_runtime/session.py": (600, "One team's hold on its stored run: the run session."),
     "_runtime/stops.py": (

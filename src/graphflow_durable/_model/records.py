@@ -11,16 +11,19 @@ from enum import Enum
 from typing import Any, Literal, get_args
 
 from graphflow_durable._model.human import InputRequest
+from graphflow_durable.errors import NodeFailedError
 
 __all__ = [
     "StepKind",
     "AgentStateRecord",
     "AgentStateRow",
     "MessageRecord",
+    "NodeFailure",
     "RunLog",
     "RunRecord",
     "ENDED_STATUSES",
     "FIRST_FENCING_TOKEN",
+    "FRESH_BUDGET",
     "RUN_STATUSES",
     "RunStatus",
     "RunUpdate",
@@ -148,6 +151,88 @@ class RunUpdate:
     task: Any = None
     result: Any = None
     release_lease: bool = False
+
+
+#: The key of a run's ``result`` that :meth:`Store.retry_run` sets on a run whose budget ran out:
+#: the next resume gives its in-flight nodes a fresh budget (``Cursor.fresh_budget``) and clears it.
+FRESH_BUDGET = "fresh_budget"
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    """Why a run ended ``failed`` because a node's budget ran out: the ``node_failed`` marker of
+    its result (``RunRecord.result == {"stop_reason": ..., "node_failed": ...}``).
+
+    Attributes:
+        node: the node whose turn failed.
+        attempts: the attempts the budget allowed and used.
+        error_type: the last error's class name (``ProcessDied`` for a crash loop).
+        error: the last error's message.
+        cause: ``"error"`` (the agent raised), ``"timeout"`` or ``"crash"`` (the process died).
+    """
+
+    node: str
+    attempts: int
+    error_type: str
+    error: str
+    cause: Literal["error", "timeout", "crash"]
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker as stored in the run's result."""
+        return {
+            "node": self.node,
+            "attempts": self.attempts,
+            "error_type": self.error_type,
+            "error": self.error,
+            "cause": self.cause,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeFailure:
+        """Inverse of :meth:`to_json`."""
+        cause = str(data.get("cause", "error"))
+        return cls(
+            node=str(data["node"]),
+            attempts=int(data["attempts"]),
+            error_type=str(data.get("error_type", "")),
+            error=str(data.get("error", "")),
+            cause=cause if cause in ("error", "timeout", "crash") else "error",  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def of(cls, run: RunRecord) -> NodeFailure | None:
+        """The marker of ``run`` when it is ``failed`` because a budget ran out, else ``None``."""
+        result = run.result
+        if run.status != "failed" or not isinstance(result, Mapping):
+            return None
+        marker = result.get("node_failed")
+        return cls.from_json(marker) if isinstance(marker, Mapping) else None
+
+    @classmethod
+    def crash(cls, node: str, deaths: int) -> NodeFailure:
+        """``node``'s turn died with its process ``deaths`` times (``max_crash_attempts``)."""
+        times = "once" if deaths == 1 else f"{deaths} times"
+        return cls(
+            node, deaths, "ProcessDied", f"the process died {times} during node {node!r}'s turn", "crash"
+        )
+
+    def exception(self, run_id: str) -> NodeFailedError:
+        """The error ``run()`` raises for this failure."""
+        message = None
+        if self.cause == "crash":
+            message = (
+                f"run {run_id}: {self.error} (max_crash_attempts={self.attempts}); it is not dispatched "
+                f"again. Once the cause is fixed (memory, a crashing native tool...), retry it with "
+                f"`graphflow-durable runs retry {run_id}` (or Store.retry_run({run_id!r}))"
+            )
+        return NodeFailedError(
+            message,
+            node=self.node,
+            attempts=self.attempts,
+            error_type=self.error_type,
+            error=self.error,
+            run_id=run_id,
+        )
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     lease_seconds: float = 30.0
     interrupt_grace_seconds: float = 5.0
     human_input: Any = None
+    max_crash_attempts: int = 5
 
 
 def refuse_callables(graph: DiGraph) -> None:
@@ -167,5 +168,6 @@ def flow_arguments(config: GraphFlowConfig) -> tuple[list[ChatAgent], DiGraph, d
             "lease_seconds": durable.lease_seconds,
             "interrupt_grace_seconds": durable.interrupt_grace_seconds,
             "human_input": durable.human_input,
+            "max_crash_attempts": durable.max_crash_attempts,
         },
     )

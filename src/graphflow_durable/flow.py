@@ -352,9 +352,15 @@ class DurableGraphFlow(GraphFlow):
 
     def run_info(self) -> RunRecord | None:
         """The stored run's record (status, head, lease..., its pending requests for human input in
-        ``pending``), or ``None`` before the first run."""
-        run = self.store.get_run(self.run_id)
-        return run if run is None else _replace(run, pending=tuple(self.store.pending_requests(self.run_id)))
+        ``pending``, each in-flight node's attempts, failures and crashes in ``turns``; a run failed
+        because a budget ran out names the node, attempts, cause and last error in
+        ``result["node_failed"]``), or ``None`` before the first run."""
+        store = self.store
+        run = store.get_run(self.run_id)
+        if run is None:
+            return None
+        pending = tuple(store.pending_requests(self.run_id))
+        return _replace(run, pending=pending, turns=store.progress(self.run_id).turns)
 
     async def respond(
         self, answer: str, *, node: str | None = None, request_id: str | None = None

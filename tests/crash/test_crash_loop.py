@@ -13,8 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import crash_loop_worker
 import pytest
 
+from graphflow_durable.cli.runs import main
 from graphflow_durable.store import Store
 from processes import run_script
 
@@ -63,6 +65,43 @@ def test_a_node_that_kills_its_process_runs_max_crash_attempts_times_then_the_ru
             "cause": "crash",
         }
         assert "the process died 3 times" in run.result["stop_reason"]
+
+
+def show(url: str, capsys: pytest.CaptureFixture[str], *json_flag: str) -> str:
+    capsys.readouterr()
+    assert main(["runs", "show", RUN, *json_flag, "--store", url]) == 0
+    return capsys.readouterr().out
+
+
+def test_runs_show_counts_the_in_flight_turns_crashes_and_names_the_failed_node(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "exec.log"
+    for _ in range(2):
+        drive(store_url, log, "kill")
+    shown = json.loads(show(store_url, capsys, "--json"))
+    assert shown["in_flight"] == {"K": {"attempts": 2, "failures": 0, "crashes": 1}}
+    assert shown["node_failed"] is None
+    assert "K: attempt 2, 0 failed, 1 died with the process" in show(store_url, capsys)
+    drive(store_url, log, "kill")
+    drive(store_url, log, "kill")
+    shown = json.loads(show(store_url, capsys, "--json"))
+    assert shown["status"] == "failed"
+    assert shown["in_flight"] == {"K": {"attempts": 3, "failures": 0, "crashes": 3}}
+    assert shown["node_failed"]["node"] == "K" and shown["node_failed"]["cause"] == "crash"
+    text = show(store_url, capsys)
+    assert "node K after 3 attempts (crash): ProcessDied: the process died 3 times" in text
+    assert "last error  ProcessDied: the process died 3 times" in text
+    capsys.readouterr()
+    assert main(["runs", "list", "--status", "failed", "--store", store_url]) == 0
+    assert RUN in capsys.readouterr().out
+    flow = crash_loop_worker.team(store_url, RUN, 3, "kill")
+    try:
+        info = flow.run_info()
+        assert info is not None and info.turns == {"K": {"attempts": 3, "failures": 0, "crashes": 3}}
+        assert info.result["node_failed"]["attempts"] == 3
+    finally:
+        flow.store.close()
 
 
 def test_runs_retry_after_a_crash_loop_gives_the_node_a_fresh_budget(store_url: str, tmp_path: Path) -> None:

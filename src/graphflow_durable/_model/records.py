@@ -30,6 +30,7 @@ __all__ = [
     "Step",
     "StepRecord",
     "StoredMessage",
+    "turn_counts",
 ]
 
 RunStatus = Literal["running", "interrupted", "stopped", "failed", "cancelled", "finished", "waiting"]
@@ -158,6 +159,18 @@ class RunUpdate:
 FRESH_BUDGET = "fresh_budget"
 
 
+def turn_counts(cursor: Any) -> dict[str, dict[str, int]]:
+    """Per in-flight node of a step's stored cursor (``Cursor.to_json``, read without the graph):
+    its turn's ``attempts``, ``failures`` and ``crashes``; empty for anything else."""
+    if not isinstance(cursor, Mapping) or not isinstance(cursor.get("attempts"), Mapping):
+        return {}
+    failures, crashes = cursor.get("failures") or {}, cursor.get("crashes") or {}
+    return {
+        str(n): {"attempts": int(a), "failures": int(failures.get(n, 0)), "crashes": int(crashes.get(n, 0))}
+        for n, a in sorted(cursor["attempts"].items())
+    }
+
+
 @dataclass(frozen=True)
 class NodeFailure:
     """Why a run ended ``failed`` because a node's budget ran out: the ``node_failed`` marker of
@@ -262,6 +275,10 @@ class RunRecord:
     pending: Sequence[InputRequest] = ()
     """The run's pending requests for human input, oldest first, where the
     reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty."""
+    turns: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per node in flight at the head, its turn's ``attempts``, ``failures`` and ``crashes``, where
+    the reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty. A run that failed
+    because a budget ran out names its node in ``result["node_failed"]`` (:class:`NodeFailure`)."""
 
 
 @dataclass(frozen=True)

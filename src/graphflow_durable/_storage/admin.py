@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
 from graphflow_durable._model.codec import dumps, loads
-from graphflow_durable._model.records import ENDED_STATUSES, FRESH_BUDGET, RUN_STATUSES
+from graphflow_durable._model.records import ENDED_STATUSES, FRESH_BUDGET, RUN_STATUSES, turn_counts
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.lease import NOBODY, iso, locked, takeover_reason
 from graphflow_durable._storage.schema import agent_states, input_requests, messages, queue, runs, steps
@@ -245,12 +245,15 @@ class Progress:
         head_kind: the kind of the head step (``None`` before the first step).
         head_node: the node whose answer the head step recorded, if it did.
         head_at: when the head step was committed (epoch seconds), or ``None``.
+        turns: per node in flight at the head, its turn's ``attempts``, ``failures`` (raised or
+            timed out) and ``crashes`` (died with their process).
     """
 
     rounds: int
     head_kind: str | None
     head_node: str | None
     head_at: float | None
+    turns: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 def progress(conn: sa.Connection, run_id: str, head: int) -> Progress:
@@ -259,13 +262,22 @@ def progress(conn: sa.Connection, run_id: str, head: int) -> Progress:
         sa.select(sa.func.count()).where(steps.c.run_id == run_id, steps.c.kind == "start")
     ).scalar_one()
     top = conn.execute(
-        sa.select(steps.c.kind, steps.c.node, steps.c.created_at).where(
+        sa.select(steps.c.kind, steps.c.node, steps.c.created_at, steps.c.scheduler).where(
             steps.c.run_id == run_id, steps.c.seq == head
         )
     ).first()
     if top is None:
         return Progress(int(rounds), None, None, None)
-    return Progress(int(rounds), str(top.kind), top.node, float(top.created_at))
+    return Progress(int(rounds), str(top.kind), top.node, float(top.created_at), _turns(top.scheduler))
+
+
+def _turns(text: Any) -> dict[str, dict[str, int]]:
+    """The in-flight turns' counts of a head step's cursor (a damaged one shows none: ``verify``
+    is where damage is reported)."""
+    try:
+        return turn_counts(loads(text)) if isinstance(text, str) else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 #: The package's tables, children first (the order rows are deleted in).

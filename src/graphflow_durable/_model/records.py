@@ -6,7 +6,7 @@ Re-exported by :mod:`graphflow_durable.store`, which is where they are documente
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Literal, get_args
 
@@ -192,13 +192,7 @@ class NodeFailure:
 
     def to_json(self) -> dict[str, Any]:
         """The marker as stored in the run's result."""
-        return {
-            "node": self.node,
-            "attempts": self.attempts,
-            "error_type": self.error_type,
-            "error": self.error,
-            "cause": self.cause,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeFailure:

@@ -51,7 +51,7 @@ def test_a_node_that_kills_its_process_runs_max_crash_attempts_times_then_the_ru
         assert proc.returncode == 3, proc.stderr
         out = last_line(proc)
         assert out["error"] == "NodeFailedError" and out["node"] == "K" and out["attempts"] == 3
-        assert "the process died 3 times during node 'K'" in str(out["message"])
+        assert "the process died 3 times during node K's turn" in str(out["message"])
         assert f"graphflow-durable runs retry {RUN}" in str(out["message"])
         assert k_turns(log) == 3
     with Store(store_url) as store:
@@ -61,7 +61,7 @@ def test_a_node_that_kills_its_process_runs_max_crash_attempts_times_then_the_ru
             "node": "K",
             "attempts": 3,
             "error_type": "ProcessDied",
-            "error": "the process died 3 times during node 'K''s turn",
+            "error": "the process died 3 times during node K's turn",
             "cause": "crash",
         }
         assert "the process died 3 times" in run.result["stop_reason"]

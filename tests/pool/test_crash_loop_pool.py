@@ -73,5 +73,5 @@ def test_a_poison_run_stops_being_claimed_after_max_crash_attempts_and_the_other
     with Store(store_url) as store:
         run = store.get_run("poison")
         assert run is not None and run.result["node_failed"]["cause"] == "crash"
-        assert "the process died 3 times during node 'K'" in run.result["stop_reason"]
+        assert "the process died 3 times during node K's turn" in run.result["stop_reason"]
     assert all(k_turns(tmp_path)[r] == 1 for r in good)

@@ -220,7 +220,7 @@ class NodeFailure:
         """``node``'s turn died with its process ``deaths`` times (``max_crash_attempts``)."""
         times = "once" if deaths == 1 else f"{deaths} times"
         return cls(
-            node, deaths, "ProcessDied", f"the process died {times} during node {node!r}'s turn", "crash"
+            node, deaths, "ProcessDied", f"the process died {times} during node {node}'s turn", "crash"
         )
 
     def exception(self, run_id: str) -> NodeFailedError:

@@ -26,6 +26,7 @@ from autogen_core import AgentRuntime, CancellationToken
 
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
+from graphflow_durable._model.records import NodeFailure
 from graphflow_durable._model.task import task_key, task_messages
 from graphflow_durable._runtime.commits import to_the_end
 from graphflow_durable._runtime.config import (
@@ -122,6 +123,13 @@ class DurableGraphFlow(GraphFlow):
         timeout: how long a node's turn may take: ``None`` (no limit), a :class:`TimeoutPolicy`,
             seconds (its ``run_timeout``), or a mapping as for ``retry``. A turn past its limit is
             cancelled and fails with :class:`~graphflow_durable.NodeTimeoutError` (retryable).
+        max_crash_attempts: how many times a node's turn may die with its process (SIGKILL, out of
+            memory, a crashing native tool: its dispatch was committed and no answer, failure or
+            interrupt was recorded before the next driver resumed it) before the run ends ``failed``
+            instead of dispatching it again: :meth:`run` and every worker of a pool then leave it
+            alone (``run()`` raises :class:`~graphflow_durable.NodeFailedError`) until
+            ``graphflow-durable runs retry RUN`` gives the node a fresh budget. Default 5; an int
+            1 or more.
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -154,7 +162,17 @@ class DurableGraphFlow(GraphFlow):
         human_input: str | HumanInput | Mapping[str, Any] | None = None,
         retry: RetryPolicy | int | Mapping[str, Any] | None = None,
         timeout: TimeoutPolicy | float | Mapping[str, Any] | None = None,
+        max_crash_attempts: int = 5,
     ) -> None:
+        if (
+            isinstance(max_crash_attempts, bool)
+            or not isinstance(max_crash_attempts, int)
+            or max_crash_attempts < 1
+        ):
+            raise UsageError(
+                f"max_crash_attempts must be an int 1 or more, not {max_crash_attempts!r}",
+                option="max_crash_attempts",
+            )
         if not math.isfinite(interrupt_grace_seconds) or interrupt_grace_seconds < 0:
             raise UsageError(
                 f"interrupt_grace_seconds must be a number 0 or more, not {interrupt_grace_seconds}",
@@ -181,6 +199,7 @@ class DurableGraphFlow(GraphFlow):
             allow_graph_change=allow_graph_change,
             spec=GraphSpec.from_digraph(graph),
             graph_description=_graphid.describe_graph(graph, [p.name for p in participants]),
+            max_crash_attempts=max_crash_attempts,
         )
         self._participant_map: dict[str, ChatAgent | Team] = {p.name: p for p in participants}
         self._driven = False  # this object has run (or loaded a state into) the run
@@ -357,9 +376,15 @@ class DurableGraphFlow(GraphFlow):
 
     def run_info(self) -> RunRecord | None:
         """The stored run's record (status, head, lease..., its pending requests for human input in
-        ``pending``), or ``None`` before the first run."""
-        run = self.store.get_run(self.run_id)
-        return run if run is None else _replace(run, pending=tuple(self.store.pending_requests(self.run_id)))
+        ``pending``, each in-flight node's attempts, failures and crashes in ``turns``; a run failed
+        because a budget ran out names the node, attempts, cause and last error in
+        ``result["node_failed"]``), or ``None`` before the first run."""
+        store = self.store
+        run = store.get_run(self.run_id)
+        if run is None:
+            return None
+        pending = tuple(store.pending_requests(self.run_id))
+        return _replace(run, pending=pending, turns=store.progress(self.run_id).turns)
 
     async def respond(
         self, answer: str, *, node: str | None = None, request_id: str | None = None
@@ -505,6 +530,7 @@ class DurableGraphFlow(GraphFlow):
             human_input=human_input_config(self._gate.default, self._gate.per_node),
             retry=policies_config(self._session.turns.retry),
             timeout=policies_config(self._session.turns.timeout),
+            max_crash_attempts=session.max_crash_attempts,
         )
 
     @classmethod
@@ -532,6 +558,9 @@ async def _opening(
     """
     if run is None:
         return None, messages
+    failure = NodeFailure.of(run)
+    if failure is not None:  # a budget ran out: nothing runs until `runs retry` gives a fresh one
+        raise failure.exception(session.run_id)
     if run.status == "waiting":
         own = messages is not None and run.task == task_key(messages)  # a re-run script's task
         if await on_waiting_run(session.store, run, None if own else messages):

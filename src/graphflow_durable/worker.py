@@ -1,15 +1,17 @@
 """A worker that claims runs from a store and drives them to completion; run several for a pool.
 
 Each worker polls ``store.queue.claim()`` for work its teams can do -- submitted runs (see
-``store.queue.submit()``), interrupted or failed runs, and runs whose driver died (lease expired, or a
+``store.queue.submit()``), interrupted runs, and runs whose driver died (lease expired, or a
 dead process on this host) -- builds the team with its factory and calls ``run()``. Any number of
 workers, in any number of processes and machines, may share one PostgreSQL database (or one SQLite
 file on one machine): a run is driven by one worker at a time (leases with fencing tokens), and a
 crashed worker's runs are taken over by the others.
 
 Guarantees (see docs/worker-pool.md): every committed agent completion is recorded exactly once;
-an agent that was running when its worker died runs again (at-least-once execution); takeover
-happens when the lease expires, or at once when the dead worker was a process on the same host.
+an agent that was running when its worker died runs again (at-least-once execution), at most
+``max_crash_attempts`` times per turn (then the run ends ``failed``); takeover happens when the
+lease expires, or at once when the dead worker was a process on the same host. A failed run is
+never claimed again on its own: ``graphflow-durable runs retry`` (``Store.retry_run``) queues it.
 
 What a worker does when a run raises depends on the error's category (see :mod:`graphflow_durable.errors`):
 
@@ -21,8 +23,9 @@ What a worker does when a run raises depends on the error's category (see :mod:`
 - a caller's mistake or bad configuration (:class:`UsageError`: :class:`GraphMismatchError`, a team
   factory that built another run, a :class:`SchemaVersionError`...): ``"failed"``, retried only
   after ``max_backoff_seconds`` (the same mistake fails the same way: no hot retry loop);
-- anything else (an agent or the team raised, :class:`StoreCorruptError`): ``"failed"``, retried
-  after an exponential back-off.
+- anything else (an agent or the team raised, :class:`StoreCorruptError`): ``"failed"``; a run its
+  team recorded ``failed`` (an agent's error, a spent budget) is left alone until ``runs retry``,
+  one whose status says otherwise is retried after an exponential back-off.
 """
 
 from __future__ import annotations
@@ -92,9 +95,9 @@ class RunOutcome:
     ``graphflow-durable runs respond``, makes the run claimable again); ``"cancelled"``
     (``Store.cancel_run`` stopped it: the pool leaves it alone until ``Store.retry_run``);
     ``"interrupted"`` (the team stopped before the end, e.g. it was
-    halted); ``"failed"`` (the team raised; the run is retried after a back-off, the longest one for
-    a caller's mistake or bad configuration; on a request's deadline with no default answer,
-    ``InputDeadlineError``, it is left alone until answered or retried); ``"lost"`` (another worker
+    halted); ``"failed"`` (the team raised; a run recorded ``failed`` is left alone until
+    ``Store.retry_run``, any other is retried after a back-off, the longest one for a caller's
+    mistake or bad configuration); ``"lost"`` (another worker
     took the run over or got it first: this worker wrote nothing more); ``"deferred"`` (the
     database failed: no attempt was counted against the run, which is claimed again later);
     ``"halted"`` (this worker was stopped and cancelled the run, which is left interrupted for
@@ -207,9 +210,9 @@ class _RunDriver:
 
     Args:
         owner: the worker's id (the team's lease owner, and the log lines').
-        backoff_seconds, max_backoff_seconds: a failed run is retried after
-            ``backoff_seconds * 2 ** attempts``, at most ``max_backoff_seconds``; a caller's mistake
-            after ``max_backoff_seconds``.
+        backoff_seconds, max_backoff_seconds: a run that raised without being recorded ``failed``
+            (e.g. a corrupt store) is retried after ``backoff_seconds * 2 ** attempts``, at most
+            ``max_backoff_seconds``; a caller's mistake after ``max_backoff_seconds``.
         database: the worker's pause after database problems, which a database failure extends.
     """
 
@@ -293,12 +296,19 @@ class _RunDriver:
         return "interrupted", f"status {status}"
 
     def _failed(self, store: Store, claim: Claim, exc: BaseException) -> _Ended:
-        """The run's own failure (its team or an agent raised): count it, retry after a back-off."""
+        """The run's own failure (its team or an agent raised): count it; a run recorded ``failed``
+        waits for ``runs retry`` (the claim query leaves it alone), any other for a back-off."""
         self._give_back(store, claim)
         delay = min(self._backoff * 2**claim.attempts, self._max_backoff)
         error = f"{type(exc).__name__}: {exc}"
         self._record_failure(store, claim, error, delay)
         _log.debug("run %s failed", claim.run_id, exc_info=exc)
+        try:
+            run = store.get_run(claim.run_id)
+        except StoreError:
+            run = None
+        if run is not None and run.status == "failed":
+            return "failed", f"{error} (left alone until 'graphflow-durable runs retry {claim.run_id}')"
         return "failed", f"{error} (retry in {delay:g} s)"
 
     def _give_back(self, store: Store, claim: Claim) -> None:
@@ -389,7 +399,8 @@ class Worker:
             recorded) within the team's ``interrupt_grace_seconds``, then the run is left
             interrupted, its lease released, for another worker. A second :meth:`request_stop`
             with ``halt`` (a second signal) stops waiting for those agents at once.
-        backoff_seconds, max_backoff_seconds: a run whose team raised is retried after
+        backoff_seconds, max_backoff_seconds: a run whose team raised without recording it
+            ``failed`` (a recorded failure waits for ``Store.retry_run``) is retried after
             ``backoff_seconds * 2 ** (failures - 1)``, at most ``max_backoff_seconds``; a run that
             failed on a caller's mistake (:class:`UsageError`) after ``max_backoff_seconds``. After
             a database error the worker claims nothing for the same growing back-off (reset by

@@ -159,13 +159,13 @@ def test_retry_of_a_cancelled_run_makes_it_claimable_again(store: Store) -> None
     assert claim is not None and claim.run_id == "run-1"
 
 
-def test_retry_of_a_failed_submitted_run_clears_its_back_off_and_keeps_its_count(store: Store) -> None:
+def test_retry_of_a_failed_submitted_run_makes_it_claimable_and_keeps_its_count(store: Store) -> None:
     store.queue.submit("run-1", task="go", team="t")
     made(store, "run-1", status="failed")
     store.queue.record_failure("run-1", error="Boom", retry_at=time.time() + 3600)
-    assert store.queue.claim("pool-1", lease_seconds=LEASE, teams=["t"]) is None  # backing off
+    assert store.queue.claim("pool-1", lease_seconds=LEASE, teams=["t"]) is None  # failed: left alone
     done = store.retry_run("run-1")
-    assert (done.previous_status, done.status, done.team) == ("failed", "failed", "t")
+    assert (done.previous_status, done.status, done.team) == ("failed", "interrupted", "t")
     claim = store.queue.claim("pool-1", lease_seconds=LEASE, teams=["t"])
     assert claim is not None and claim.run_id == "run-1" and claim.attempts == 1
 

@@ -224,7 +224,9 @@ async def test_a_run_locked_by_another_worker_is_lost_with_nothing_recorded_and_
     assert store.queue.get_submission("r") is None  # no failure recorded
 
 
-async def test_an_agent_that_raises_fails_the_run_with_a_counted_attempt_and_a_back_off(store: Store) -> None:
+async def test_an_agent_that_raises_fails_the_run_with_a_counted_attempt_and_is_left_alone(
+    store: Store,
+) -> None:
     store.queue.submit("r", task="t", team="t")
 
     def failing(run_id: str, **durable: Any) -> DurableGraphFlow:
@@ -240,10 +242,12 @@ async def test_an_agent_that_raises_fails_the_run_with_a_counted_attempt_and_a_b
     worker = Worker(store, {"t": failing}, poll_interval=0.01, backoff_seconds=30)
     await worker.run_until_idle()
     assert [o.outcome for o in worker.outcomes] == ["failed"]
-    assert "retry in 30 s" in (worker.outcomes[0].error or "")
+    assert "left alone until 'graphflow-durable runs retry r'" in (worker.outcomes[0].error or "")
     sub = store.queue.get_submission("r")
     assert sub is not None and sub.attempts == 1 and "the model is down" in (sub.last_error or "")
-    assert 20 < (sub.not_before or 0) - time.time() <= 30
+    assert store.queue.claim("other", lease_seconds=5) is None  # a failed run: not claimed on its own
+    store.retry_run("r")
+    assert store.queue.claim("other", lease_seconds=5) is not None
 
 
 async def test_a_database_outage_defers_the_run_without_counting_an_attempt_and_the_worker_survives_it(

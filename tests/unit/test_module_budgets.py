@@ -72,7 +72,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Human input in a durable run: how a node asks (:class:`HumanInput`) and what is stored...",
     ),
     "_model/records.py": (
-        300,  # 250 -> 300: the node_failed marker (NodeFailure) of a run whose budget ran out
+        320,  # 250 -> 320: the node_failed marker (NodeFailure) and the in-flight turn counts
         "The store's value objects: what a commit takes and what a load returns (JSON values, no...",
     ),
     "_model/restore.py": (150, "From a run's stored log to the team's state at the store's head."),
@@ -97,8 +97,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         250,
         "Human input in a durable run: the input functions of ``UserProxyAgent`` participants, i...",
     ),
-    "_runtime/manager.py": (  # 450 -> 600: a failed attempt's retry, or the run's failure (issue 25)
-        600,
+    "_runtime/manager.py": (  # 450 -> 650: a failed attempt's retry, the run's failure, crash loops
+        650,
         "The durable GraphFlow manager: commits every transition; retries a failed attempt.",
     ),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, Literal, get_args
 
 from graphflow_durable._model.human import InputRequest
+from graphflow_durable.errors import NodeFailedError
 
 __all__ = [
     "StepKind",
@@ -22,12 +23,14 @@ __all__ = [
     "RunRecord",
     "ENDED_STATUSES",
     "FIRST_FENCING_TOKEN",
+    "FRESH_BUDGET",
     "RUN_STATUSES",
     "RunStatus",
     "RunUpdate",
     "Step",
     "StepRecord",
     "StoredMessage",
+    "turn_counts",
 ]
 
 RunStatus = Literal["running", "interrupted", "stopped", "failed", "cancelled", "finished", "waiting"]
@@ -130,7 +133,7 @@ class NodeFailure:
     Attributes:
         node: the node.
         attempts: the attempts the budget allowed and used.
-        error_type: the last error's class name.
+        error_type: the last error's class name (``ProcessDied`` for a crash loop).
         error: the last error's message.
         cause: ``"error"`` (it raised), ``"timeout"`` (a TimeoutPolicy limit) or ``"crash"`` (its
             process died).
@@ -169,6 +172,40 @@ class NodeFailure:
         """The marker in a run's result (``RunRecord.result``), if it has one."""
         return cls.from_json(result.get("node_failed")) if isinstance(result, Mapping) else None
 
+    @classmethod
+    def of(cls, run: RunRecord) -> NodeFailure | None:
+        """The marker of ``run`` when it is ``failed`` because a budget ran out, else ``None``."""
+        result = run.result
+        if run.status != "failed" or not isinstance(result, Mapping):
+            return None
+        return cls.of_result(result)
+
+    @classmethod
+    def crash(cls, node: str, deaths: int) -> NodeFailure:
+        """``node``'s turn died with its process ``deaths`` times (``max_crash_attempts``)."""
+        times = "once" if deaths == 1 else f"{deaths} times"
+        return cls(
+            node, deaths, "ProcessDied", f"the process died {times} during node {node}'s turn", "crash"
+        )
+
+    def exception(self, run_id: str) -> NodeFailedError:
+        """The error ``run()`` raises for this failure."""
+        message = None
+        if self.cause == "crash":
+            message = (
+                f"run {run_id}: {self.error} (max_crash_attempts={self.attempts}); it is not dispatched "
+                f"again. Once the cause is fixed (memory, a crashing native tool...), retry it with "
+                f"`graphflow-durable runs retry {run_id}` (or Store.retry_run({run_id!r}))"
+            )
+        return NodeFailedError(
+            message,
+            node=self.node,
+            attempts=self.attempts,
+            error_type=self.error_type,
+            error=self.error,
+            run_id=run_id,
+        )
+
 
 @dataclass(frozen=True)
 class Step:
@@ -201,6 +238,23 @@ class RunUpdate:
     release_lease: bool = False
 
 
+#: The key of a run's ``result`` that :meth:`Store.retry_run` sets on a run whose budget ran out:
+#: the next resume gives its in-flight nodes a fresh budget (``Cursor.fresh_budget``) and clears it.
+FRESH_BUDGET = "fresh_budget"
+
+
+def turn_counts(cursor: Any) -> dict[str, dict[str, int]]:
+    """Per in-flight node of a step's stored cursor (``Cursor.to_json``, read without the graph):
+    its turn's ``attempts``, ``failures`` and ``crashes``; empty for anything else."""
+    if not isinstance(cursor, Mapping) or not isinstance(cursor.get("attempts"), Mapping):
+        return {}
+    failures, crashes = cursor.get("failures") or {}, cursor.get("crashes") or {}
+    return {
+        str(n): {"attempts": int(a), "failures": int(failures.get(n, 0)), "crashes": int(crashes.get(n, 0))}
+        for n, a in sorted(cursor["attempts"].items())
+    }
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """A run's row."""
@@ -228,6 +282,10 @@ class RunRecord:
     pending: Sequence[InputRequest] = ()
     """The run's pending requests for human input, oldest first, where the
     reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty."""
+    turns: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per node in flight at the head, its turn's ``attempts``, ``failures`` and ``crashes``, where
+    the reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty. A run that failed
+    because a budget ran out names its node in ``result["node_failed"]`` (:class:`NodeFailure`)."""
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     human_input: Any = None
     retry: Any = None
     timeout: Any = None
+    max_crash_attempts: int = 5
 
 
 def refuse_callables(graph: DiGraph) -> None:
@@ -171,5 +172,6 @@ def flow_arguments(config: GraphFlowConfig) -> tuple[list[ChatAgent], DiGraph, d
             "human_input": durable.human_input,
             "retry": durable.retry,
             "timeout": durable.timeout,
+            "max_crash_attempts": durable.max_crash_attempts,
         },
     )

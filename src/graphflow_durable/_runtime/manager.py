@@ -67,6 +67,7 @@ class ManagerLink(Protocol):
     fingerprint: str
     turns: Turns
     control: RunControl
+    max_crash_attempts: int
 
     @property
     def commits(self) -> Commits: ...
@@ -79,6 +80,10 @@ class ManagerLink(Protocol):
 
     async def parked(self, request_ids: Sequence[str]) -> None:
         """The round parked for human input."""
+
+    def take_resume_budget(self) -> tuple[bool, bool]:
+        """Once per attach: whether the previous driver died with turns in flight, and whether the
+        run was given a fresh budget (``runs retry``)."""
 
 
 class DurableGraphFlowManager(GraphFlowManager):
@@ -340,7 +345,13 @@ class DurableGraphFlowManager(GraphFlowManager):
         self._message_thread.extend(task)
         records = [MessageRecord(cursor.origin + first + i, m.dump(), True) for i, m in enumerate(task)]
 
-        update = RunUpdate(status="running", task=task_key(task) if kind is StepKind.START else None)
+        died, fresh = self._link.take_resume_budget()
+        # A fresh budget's mark is cleared by the commit that applies it (result {}: the run runs).
+        update = RunUpdate(
+            status="running",
+            task=task_key(task) if kind is StepKind.START else None,
+            result={} if fresh else None,
+        )
         stop = await self._stops.condition_stop(task) if task else None
         if stop is not None:
             self._cursor = cursor.ended(cursor.sched, stopped=True)
@@ -360,6 +371,18 @@ class DurableGraphFlowManager(GraphFlowManager):
             # Resumed inside a batch: the nodes that had not answered run again, before anything
             # that became ready meanwhile.
             speakers = cursor.sched.in_flight
+            # The budget, counted before any dispatch and committed with it: the turns of a driver
+            # that died count one crash each; a node that died max_crash_attempts times is not run.
+            cursor = cursor.fresh_budget() if fresh else cursor
+            cursor = cursor.crashed(speakers) if died else cursor
+            spent = [
+                n
+                for n in dict.fromkeys(speakers)
+                if cursor.crashes.get(n, 0) >= self._link.max_crash_attempts
+            ]
+            if spent:
+                await self._crash_loop(cursor, spent[0], records, update)
+                return
             cursor = cursor.redispatched(speakers)
             logger.info(
                 "run %s: resuming after step %d; re-running %s",
@@ -393,6 +416,29 @@ class DurableGraphFlowManager(GraphFlowManager):
             update,
         )
         await self._dispatch(speakers, head, ctx.cancellation_token)
+
+    async def _crash_loop(
+        self, cursor: Cursor, node: str, records: Sequence[MessageRecord], update: RunUpdate
+    ) -> None:
+        """``node``'s turn died with its process ``max_crash_attempts`` times: commit the run
+        ``failed`` with the ``node_failed`` marker (cause ``crash``) and the counts, and raise."""
+        failure = NodeFailure.crash(node, cursor.crashes[node])
+        error = failure.exception(self._link.run_id)
+        self._cursor = cursor
+        self._stop_reason = str(error)
+        logger.error("%s", error)
+        await self._link.commits.write(
+            Step(StepKind.INTERRUPT, None, cursor.to_json(self._spec), {"node_failed": failure.to_json()}),
+            records,
+            (),
+            RunUpdate(
+                status="failed",
+                task=update.task,
+                result={"stop_reason": str(error), "node_failed": failure.to_json()},
+                release_lease=True,
+            ),
+        )
+        raise error
 
     async def _on_response(
         self, message: GroupChatAgentResponse | GroupChatTeamResponse, ctx: MessageContext

@@ -33,7 +33,7 @@ from autogen_agentchat.base import TaskResult
 from graphflow_durable._agentstate.encoder import StateLog
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.cursor import Cursor
-from graphflow_durable._model.records import AgentStateRow, RunLog, RunStatus
+from graphflow_durable._model.records import FRESH_BUDGET, AgentStateRow, RunLog, RunStatus
 from graphflow_durable._model.restore import Plan
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._runtime import team as stored
@@ -72,7 +72,8 @@ class RunSession:
             for a nested team); a URL is checked at once and opened on first use.
         run_id: the run (``None``: a new random id, or the outer turn's run for a nested team).
         owner: the lease owner id (``None``: a new one for this session).
-        lease_seconds, allow_graph_change: as :class:`~graphflow_durable.DurableGraphFlow`.
+        lease_seconds, allow_graph_change, max_crash_attempts: as
+            :class:`~graphflow_durable.DurableGraphFlow`.
         spec: the graph's scheduling rules' view of it.
         graph_description: the graph as :func:`graphid.describe_graph` describes it.
 
@@ -90,6 +91,7 @@ class RunSession:
         allow_graph_change: bool,
         spec: GraphSpec,
         graph_description: dict[str, Any],
+        max_crash_attempts: int = 5,
     ) -> None:
         if isinstance(store, str):
             # Parsed, not opened (no connection, no file): a bad URL fails here, where it is
@@ -120,6 +122,9 @@ class RunSession:
         install_log_filters()  # a lost lease or an outage: no library tracebacks in the ERROR log
         self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
+        self.max_crash_attempts = max_crash_attempts
+        # What the last attach found, for the resume's budget (see take_resume_budget).
+        self._died = self._fresh_budget = False
 
     @property
     def store(self) -> Store:
@@ -231,6 +236,7 @@ class RunSession:
         started = time.monotonic()
         run = store.get_run(self.run_id)
         self.resumed_round = None
+        self._died = self._fresh_budget = False
         self.control.attached()
         commits.attached()
         if run is None:
@@ -259,6 +265,11 @@ class RunSession:
         self.check_graph(run)
         await asyncio.to_thread(lease.take)
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
+        # Still "running" once the lease is ours: the driver before us ended without recording how
+        # (an answer, a failure, an interrupt, a park all record a status), so it died with its
+        # process (see docs/lifecycle.md, "Crash loops").
+        self._died = run.status == "running"
+        self._fresh_budget = isinstance(run.result, Mapping) and bool(run.result.get(FRESH_BUDGET))
         if run.cancel_requested_at is not None and run.status not in ENDED_STATUSES:
             self.control.cancel(run.cancel_requested_at)  # asked of a driver that stopped before it saw it
         stale = not self.synced or commits.head != run.head_seq
@@ -454,6 +465,12 @@ class RunSession:
         self.pending_import = state
         self.synced = True
         return True
+
+    def take_resume_budget(self) -> tuple[bool, bool]:
+        """What the last attach found, once: whether the run's previous driver died with turns in
+        flight (their crashes count), and whether ``runs retry`` gave its nodes a fresh budget."""
+        found, self._died, self._fresh_budget = (self._died, self._fresh_budget), False, False
+        return found
 
     def take_resumed_round(self) -> list[tuple[Mapping[str, Any], bool]]:
         """What the round resumed by the last attach had produced before (message dump, whether it

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from graphflow_durable._model.records import ENDED_STATUSES, RUN_STATUSES
+from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._model.records import ENDED_STATUSES, FRESH_BUDGET, RUN_STATUSES, turn_counts
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.lease import NOBODY, iso, locked, takeover_reason
 from graphflow_durable._storage.schema import agent_states, input_requests, messages, queue, runs, steps
@@ -49,7 +50,9 @@ __all__ = [
 
 _R = runs.c
 
-_SELECT_RUN_STATE = S.SELECT_LEASE_NOW.add_columns(_R.status, _R.cancel_requested_at, _R.parent_run_id)
+_SELECT_RUN_STATE = S.SELECT_LEASE_NOW.add_columns(
+    _R.status, _R.cancel_requested_at, _R.parent_run_id, _R.result
+)
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,10 @@ def cancel(conn: sa.Connection, run_id: str, now: float) -> Cancellation:
 
 
 def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
-    """Queue ``run_id`` again for the worker pool: a cancelled run becomes ``interrupted``; the
-    retry back-off of its queue row (and of a failed submission) is cleared.
+    """Queue ``run_id`` again for the worker pool: a cancelled or failed run becomes ``interrupted``
+    (the pool claims no failed run on its own); one whose budget ran out (the ``node_failed``
+    marker) is marked for a fresh budget, which its next resume gives its nodes (``FRESH_BUDGET``);
+    the retry back-off of its queue row (and of a failed submission) is cleared.
 
     Raises RunNotFoundError; RunLockedError when a live driver holds it; RunStateError when its
     last round ended (stopped, finished).
@@ -182,8 +187,10 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
             )
         if held(row):
             raise locked(run_id, row)
-        status = "interrupted" if row.status == "cancelled" else row.status
-        _free(conn, row, now, status=status)
+        status = "interrupted" if row.status in ("cancelled", "failed") else row.status
+        marker = _node_failed(row)
+        fresh = {} if marker is None else {"result": dumps({FRESH_BUDGET: True, "retried": marker})}
+        _free(conn, row, now, status=status, **fresh)
     if submitted is not None:
         conn.execute(sa.update(queue).where(queue.c.run_id == run_id).values(not_before=None, updated_at=now))
     return Retry(
@@ -193,6 +200,12 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         None if submitted is None else submitted.team,
         () if row is None else _ask_again(conn, run_id, now),
     )
+
+
+def _node_failed(row: Any) -> Any:
+    """The ``node_failed`` marker of a failed run's result (a budget ran out), or ``None``."""
+    result = loads(row.result) if row.status == "failed" and row.result is not None else None
+    return result.get("node_failed") if isinstance(result, Mapping) else None
 
 
 def _ask_again(conn: sa.Connection, run_id: str, now: float) -> tuple[str, ...]:
@@ -232,12 +245,15 @@ class Progress:
         head_kind: the kind of the head step (``None`` before the first step).
         head_node: the node whose answer the head step recorded, if it did.
         head_at: when the head step was committed (epoch seconds), or ``None``.
+        turns: per node in flight at the head, its turn's ``attempts``, ``failures`` (raised or
+            timed out) and ``crashes`` (died with their process).
     """
 
     rounds: int
     head_kind: str | None
     head_node: str | None
     head_at: float | None
+    turns: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 def progress(conn: sa.Connection, run_id: str, head: int) -> Progress:
@@ -246,13 +262,22 @@ def progress(conn: sa.Connection, run_id: str, head: int) -> Progress:
         sa.select(sa.func.count()).where(steps.c.run_id == run_id, steps.c.kind == "start")
     ).scalar_one()
     top = conn.execute(
-        sa.select(steps.c.kind, steps.c.node, steps.c.created_at).where(
+        sa.select(steps.c.kind, steps.c.node, steps.c.created_at, steps.c.scheduler).where(
             steps.c.run_id == run_id, steps.c.seq == head
         )
     ).first()
     if top is None:
         return Progress(int(rounds), None, None, None)
-    return Progress(int(rounds), str(top.kind), top.node, float(top.created_at))
+    return Progress(int(rounds), str(top.kind), top.node, float(top.created_at), _turns(top.scheduler))
+
+
+def _turns(text: Any) -> dict[str, dict[str, int]]:
+    """The in-flight turns' counts of a head step's cursor (a damaged one shows none: ``verify``
+    is where damage is reported)."""
+    try:
+        return turn_counts(loads(text)) if isinstance(text, str) else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 #: The package's tables, children first (the order rows are deleted in).

@@ -140,8 +140,8 @@ def _answer(
     by: str,
     now: float,
 ) -> tuple[InputRequest, str]:
-    """Answer one pending request of ``run_id``; a ``waiting`` run becomes ``interrupted`` (to be
-    resumed) once none of the requests it parked on is pending: while another person's request is,
+    """Answer one pending request of ``run_id``; a ``waiting`` run (or one that failed for this
+    request's deadline) becomes ``interrupted`` (to be resumed) once none of the requests it parked on is pending: while another person's request is,
     it still waits (a resume would only park again). Returns the answered request and the run's
     status after the answer.
 
@@ -208,7 +208,15 @@ def _answer(
         )
     parked = parked_on(None if row.result is None else loads(row.result))
     still = [i for i in ids if i != target.request_id and (parked is None or i in parked)]
-    if status == "waiting" and not still:
+    # A run that failed for this request's deadline (no default answer) gets what it failed for:
+    # resumable again, as a waiting run is (the pool claims no failed run on its own).
+    late = (
+        status == "failed"
+        and target.deadline is not None
+        and target.deadline < now
+        and target.default is None
+    )
+    if (status == "waiting" or late) and not still:
         status = "interrupted"
         conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(status=status, updated_at=now))
     return replace(target, status="answered", answer=text, answered_by=by, answered_at=now), str(status)

@@ -12,8 +12,8 @@ A *submission* (``store.queue.submit()``) is a row of ``graphflow_queue`` naming
 exist yet, the team key that knows how to build it and its task. A worker *claims* one claimable
 item at a time, atomically:
 
-- a run that is not finished and whose lease is free, expired, or held by a process on this host
-  that no longer exists (the run's lease is taken, with a new fencing token);
+- a run that is not finished, failed nor cancelled and whose lease is free, expired, or held by a
+  process on this host that no longer exists (the run's lease is taken, with a new fencing token);
 - a submission whose run does not exist yet and that nobody holds an unexpired claim on (the
   submission's claim is taken; the worker's team then creates the run and its lease).
 
@@ -130,8 +130,9 @@ def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
     )
 
 
-#: Runs the pool never claims: ended rounds, and runs cancelled on request (until retried).
-_NOT_CLAIMED = (*ENDED_STATUSES, "cancelled")
+#: Runs the pool never claims: ended rounds, runs cancelled on request and failed runs (until
+#: retried: ``Store.retry_run`` makes them ``interrupted``).
+_NOT_CLAIMED = (*ENDED_STATUSES, "cancelled", "failed")
 
 
 def local_lease_pids(host: str) -> sa.Select[Any]:
@@ -157,26 +158,23 @@ def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
     return sa.true() if teams is None else _Q.team.in_(list(teams))
 
 
-def _late(now: float, *, without_default: bool = False) -> sa.Exists:
-    """The run has a pending request past its deadline (with no default answer, if asked)."""
-    late = sa.exists().where(
+def _late(now: float) -> sa.Exists:
+    """The run has a pending request past its deadline."""
+    return sa.exists().where(
         input_requests.c.run_id == _R.run_id,
         input_requests.c.status == "pending",
         input_requests.c.deadline < now,
     )
-    return late.where(input_requests.c.default_answer.is_(None)) if without_default else late
 
 
 def _unfinished(now: float) -> sa.ColumnElement[bool]:
-    """A run left to drive: not ended nor cancelled, and not waiting for a person unless a request's deadline
-    passed (the driver then takes the configured default, or fails the run). A run that failed on such a
-    deadline (no default) would fail the same way again: it waits for an answer or a retry, which asks
-    again with a new deadline (``admin.retry``)."""
+    """A run left to drive: not ended, cancelled or failed, and not waiting for a person unless a
+    request's deadline passed (the driver then takes the configured default, or fails the run). A
+    failed run, whatever the cause (an agent's error, a budget of retries or crashes spent, a deadline
+    with no default), would most likely fail the same way again: it waits for ``runs retry``
+    (``admin.retry`` makes it ``interrupted``), never re-claimed on its own."""
     return sa.or_(
-        sa.and_(
-            _R.status.not_in((*_NOT_CLAIMED, "waiting")),
-            sa.or_(_R.status != "failed", ~_late(now, without_default=True)),
-        ),
+        _R.status.not_in((*_NOT_CLAIMED, "waiting")),
         sa.and_(_R.status == "waiting", _late(now)),
     )
 
@@ -351,9 +349,9 @@ class WorkQueue:
     ) -> Claim | None:
         """Atomically take ONE claimable item for ``owner``, or return ``None`` when there is none.
 
-        Claimable, in this order: an unfinished run (running, interrupted or failed) whose lease is
-        free, expired, or held by a process on this host that no longer exists, and whose retry
-        back-off has passed -- its lease is taken with a new fencing token; then a submission whose
+        Claimable, in this order: an unfinished run (running or interrupted; never a failed or
+        cancelled one, until ``Store.retry_run``) whose lease is free, expired, or held by a process
+        on this host that no longer exists, and whose retry back-off has passed -- its lease is taken with a new fencing token; then a submission whose
         run does not exist yet and whose claim is free, expired or dead. Finished runs never are.
         ``teams`` limits both to queue rows with those team keys (``None``: any, including runs
         that were never submitted). A run whose expired lease ``owner`` holds itself is claimable

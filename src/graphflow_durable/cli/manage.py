@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from graphflow_durable._model.records import NodeFailure
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.statements import not_found
@@ -160,6 +161,11 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         "created_at": run.created_at,
         "updated_at": run.updated_at,
     }
+    failure = NodeFailure.of(run)
+    shown["in_flight"] = {node: dict(counts) for node, counts in at.turns.items()}
+    shown["node_failed"] = None if failure is None else failure.to_json()
+    if failure is not None and shown["last_error"] is None:
+        shown["last_error"] = f"{failure.error_type}: {failure.error}"
     asked = store.pending_requests(run.run_id)  # what a waiting run waits for (or a cancelled one asked)
     parked = run.status == "waiting"
     shown["pending"] = [request.to_json() for request in asked]
@@ -186,6 +192,25 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         ("team", shown["team"] or "-"),
         ("attempts", str(shown["attempts"])),
         ("last error", shown["last_error"] or "-"),
+        *(
+            (
+                "in flight",
+                f"{node}: attempt {c['attempts']}, {c['failures']} failed, {c['crashes']} died with the process",
+            )
+            for node, c in at.turns.items()
+        ),
+        *(
+            []
+            if failure is None
+            else [
+                (
+                    "failed",
+                    f"node {failure.node} after {failure.attempts} attempt{'s' if failure.attempts != 1 else ''}"
+                    f" ({failure.cause}): {failure.error_type}: {failure.error}; "
+                    f"'graphflow-durable runs retry {run.run_id}' gives it a fresh budget",
+                )
+            ]
+        ),
         *(
             (
                 "waits for" if parked else "asked",

@@ -1,0 +1,77 @@
+"""A poison run in a worker pool: its node kills the worker process on every turn. Workers (real
+``graphflow-durable worker`` processes, restarted as a supervisor would) claim it at most
+``max_crash_attempts`` times; then it stays ``failed`` and the other runs finish."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from graphflow_durable.store import Store
+
+HERE = Path(__file__).parent
+
+pytestmark = [pytest.mark.slow, pytest.mark.crash]
+
+
+def start_worker(url: str, tmp: Path, n: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "GFD_EXEC_LOG": str(tmp / "exec.log"),
+    }
+    args = [
+        sys.executable, "-m", "graphflow_durable.cli.runs", "worker", "--store", url,
+        "--team", "t=poisonteam:team", "--concurrency", "1", "--lease-seconds", "5",
+        "--poll-interval", "0.05",
+    ]  # fmt: skip
+    with open(tmp / f"worker-{n}.err", "wb") as err:
+        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=env)
+
+
+def k_turns(tmp: Path) -> Counter[str]:
+    log = tmp / "exec.log"
+    return Counter(line.split()[1] for line in log.read_text().splitlines()) if log.exists() else Counter()
+
+
+def test_a_poison_run_stops_being_claimed_after_max_crash_attempts_and_the_others_finish(
+    store_url: str, tmp_path: Path
+) -> None:
+    good = [f"good-{i}" for i in range(3)]
+    with Store(store_url) as store:
+        store.queue.submit("poison", task="go", team="t")
+        for run_id in good:
+            store.queue.submit(run_id, task="go", team="t")
+    procs = [start_worker(store_url, tmp_path, n) for n in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        done = False
+        while time.monotonic() < deadline and not done:
+            for i, proc in enumerate(procs):  # a supervisor restarts a worker that died
+                if proc.poll() is not None:
+                    procs[i] = start_worker(store_url, tmp_path, len(list(tmp_path.glob("worker-*.err"))))
+            with Store(store_url) as store:
+                statuses = {r.run_id: r.status for r in store.list_runs()}
+            done = statuses.get("poison") == "failed" and all(statuses.get(r) == "finished" for r in good)
+            time.sleep(0.2)
+        assert done, statuses
+        time.sleep(2)  # the live workers keep polling: the failed run is claimed no more
+        assert k_turns(tmp_path)["poison"] == 3
+        assert all(proc.poll() is None for proc in procs)  # no fourth death
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+    with Store(store_url) as store:
+        run = store.get_run("poison")
+        assert run is not None and run.result["node_failed"]["cause"] == "crash"
+        assert "the process died 3 times during node K's turn" in run.result["stop_reason"]
+    assert all(k_turns(tmp_path)[r] == 1 for r in good)

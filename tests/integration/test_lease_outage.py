@@ -95,6 +95,12 @@ async def test_lease_renewal_survives_a_postgres_outage_and_keeps_the_run_locked
             await asyncio.sleep(0.05)
         with pytest.raises(RunLockedError):  # no second driver can take the healthy run over
             other._driver.acquire_lease("outage-short", "intruder", lease_seconds=lease)
+    # The renewer logs its recovery once its thread hands the renewal back, a moment after the
+    # database shows it; ending the run before then would cancel the renewer with the log unsaid.
+    deadline = time.monotonic() + lease
+    while not any("renewed again" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "the renewer did not log its recovery"
+        await asyncio.sleep(0.05)
     gate.open()
     result = await asyncio.wait_for(running, 20)
     assert [m.source for m in result.messages] == ["user", "A", "B", "C"]

@@ -295,5 +295,7 @@ def test_takeover_is_at_once_for_a_dead_local_worker_and_after_expiry_for_a_stop
     print(
         f"\ntakeover latency: dead local pid {dead:.3f} s (lease 30 s); stopped worker {expired:.3f} s (lease {lease} s)"
     )
-    assert dead < 1.0
+    # "At once" against "after expiry": a dead worker's run is taken well before its 30 s lease
+    # ends (the bound is loose: a loaded machine takes seconds to start the claiming worker).
+    assert dead < 10.0
     assert lease / 3 <= expired <= lease + 1.0

@@ -8,6 +8,7 @@ the last commit left off.
 from __future__ import annotations
 
 from graphflow_durable._model import exported as _exported
+from graphflow_durable._storage.admin import use_answer_rule as _use_answer_rule
 from graphflow_durable._storage.document import ContentChecks as _ContentChecks
 from graphflow_durable._storage.document import use_content_checks as _use_content_checks
 from graphflow_durable._version import __version__
@@ -42,10 +43,12 @@ from graphflow_durable.store import InputRequest, RunRecord, StepInfo, Store
 from graphflow_durable.worker import Worker
 
 # Storage never imports AutoGen: the package hands the store's import its AutoGen-side checks here,
-# where both are loaded, before any store can be used (``Store.import_run``, ``runs import``).
+# where both are loaded, before any store can be used (``Store.import_run``, ``runs import``), and
+# the scheduler's rule for an operator's answer (``Store.supply_output``, ``runs supply``).
 _use_content_checks(
     _ContentChecks(message=_exported.check_message, graph=_exported.check_graph, head=_exported.check_head)
 )
+_use_answer_rule(_exported.supplied_answer)
 
 __all__ = [
     "ConflictError",

@@ -46,11 +46,12 @@ from graphflow_durable._model.records import (
 )
 from graphflow_durable._storage import admin
 from graphflow_durable._storage import statements as S
-from graphflow_durable._storage.admin import Cancellation, Heartbeat, Progress, Removal, Retry, StoreStats
+from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
+from graphflow_durable._storage.lease import Heartbeat
 from graphflow_durable._storage.migrations import (
     Survey,
     current_version,
@@ -94,6 +95,7 @@ __all__ = [
     "StoreStats",
     "StoredMessage",
     "Submission",
+    "Supply",
     "Verification",
     "WorkQueue",
 ]
@@ -467,6 +469,40 @@ class Store:
         """
         with self._guard(f"retrying run {run_id}", run_id), self._e.write.begin() as conn:
             return admin.retry(conn, run_id, time.time())
+
+    def supply_output(self, run_id: str, node: str, text: str) -> Supply:
+        """Write the answer of the node a failed run failed on, so that the run continues without it.
+
+        Accepted only when the run is ``failed`` because ``node``'s budget ran out (its retries, a
+        timeout, or ``max_crash_attempts``: the ``node_failed`` marker of its result names the node).
+        ``text`` becomes a ``TextMessage`` from ``node``, recorded as that node's completion: one
+        ``complete`` step whose data is ``{"supplied": true}`` (``runs history`` prints "supplied"),
+        moving the scheduler exactly as the node's own answer would (its edges' counts, the nodes
+        they enqueue; its turn's failure and crash counts cleared). The run becomes ``interrupted``,
+        its marker cleared: ``run()`` with no task (or a pool worker) continues it with the next ready
+        node. The node's agent keeps the state stored at its dispatch (no turn of it ran). When the
+        answer was the last of its batch, the resume decides the batch's end (the team's termination
+        condition sees it, ``max_turns`` counts it) before it selects the next nodes.
+
+        One transaction under the run's lock; the run's fencing token is replaced, so a driver that
+        held the run before can no longer commit to it. Everything is checked before anything is
+        written. Returns the :class:`Supply`: the step's number, the answer's ``seq`` in the message
+        log, the run's status, the nodes ready next.
+
+        Raises:
+            UsageError: ``text`` is not text, is empty, or holds a NUL or a lone surrogate; ``node``
+                is not the node the run failed on (the message names that one); or the node's edges
+                have a callable condition (only its team can evaluate it: retry the node instead).
+            RunNotFoundError: no such run.
+            RunStateError: the run is not ``failed``, or failed without a ``node_failed`` marker (an
+                error with no retry policy: ``run()`` resumes it and the node runs again).
+            RunLockedError: a live driver holds the run.
+        """
+        with (
+            self._guard(f"supplying node {node}'s answer to run {run_id}", run_id),
+            self._e.write.begin() as conn,
+        ):
+            return admin.supply(conn, run_id, node, text, time.time(), self._e.url)
 
     def delete_run(self, run_id: str, *, force: bool = False, dry_run: bool = False) -> Removal:
         """Delete a run and everything of it, in one transaction: its steps, messages, agent states,

@@ -55,6 +55,10 @@ class Cursor:
         crashes: per in-flight node, how many attempts of this turn died with their process (what
             ``max_crash_attempts`` counts). Both are committed, so a crash never resets them; a new
             turn starts both at zero, and :meth:`fresh_budget` clears them.
+        end_due: the batch's answers are all recorded but its end (the termination condition on
+            the batch, the turn count, ``max_turns``, the next selection) is not decided: an
+            operator supplied its last answer (``Store.supply_output``), and only the team knows
+            its termination condition. The next driver decides it when it resumes the run.
     """
 
     sched: SchedulerState
@@ -69,6 +73,7 @@ class Cursor:
     keys: Mapping[str, str] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
     crashes: Mapping[str, int] = field(default_factory=dict)
+    end_due: bool = False
 
     @classmethod
     def fresh(cls, sched: SchedulerState, origin: int = 0) -> Cursor:
@@ -133,7 +138,12 @@ class Cursor:
 
     def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
         """The round ends: by a stop (``stopped``, scheduler kept) or by the graph's natural end."""
-        return replace(self, sched=sched, finished=True, stopped=stopped)
+        return replace(self, sched=sched, finished=True, stopped=stopped, end_due=False)
+
+    def supplied(self, name: str, sched: SchedulerState) -> Cursor:
+        """``name``'s answer written by an operator (``sched``: after :func:`~graphflow_durable.scheduler.complete`):
+        its turn ends as an answered one does; when it was the batch's last, the batch's end is due."""
+        return replace(self.answered(name, sched), end_due=not sched.in_flight)
 
     def key(self, run_id: str, node: str) -> str:
         """The idempotency key of ``node``'s in-flight turn (see :class:`~graphflow_durable.ExecutionContext`)."""
@@ -168,6 +178,7 @@ class Cursor:
             "batch_start": self.batch_start,
             "finished": self.finished,
             **({"stopped": True} if self.stopped else {}),
+            **({"end_due": True} if self.end_due else {}),
             **self._in_flight_json(),
         }
 
@@ -192,6 +203,7 @@ class Cursor:
                 keys={n: str(k) for n, k in data.get("keys", {}).items()},
                 failures={n: int(f) for n, f in data.get("failures", {}).items()},
                 crashes={n: int(c) for n, c in data.get("crashes", {}).items()},
+                end_due=bool(data.get("end_due", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
@@ -230,6 +242,7 @@ class Cursor:
             "run_id": run_id,
             **_counts("failures", self.failures, set(self.sched.in_flight)),
             **_counts("crashes", self.crashes, set(self.sched.in_flight)),
+            **({"end_due": True} if self.end_due else {}),
         }
         if graph_fingerprint is not None:
             out["graph_fingerprint"] = graph_fingerprint
@@ -258,6 +271,7 @@ class Cursor:
                 keys={n: str(k) for n, k in ext.get("keys", {}).items()},
                 failures={n: int(f) for n, f in ext.get("failures", {}).items()},
                 crashes={n: int(c) for n, c in ext.get("crashes", {}).items()},
+                end_due=bool(ext.get("end_due", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

@@ -1,10 +1,13 @@
-"""The checks of an exported run's content that need AutoGen, for ``Store.import_run``: each message
-body through AutoGen's message factory, the run's graph description rebuilt as a ``DiGraph``, and
-the head step's scheduler state through the scheduler's own parser against that graph.
+"""What the store does with a run's content that needs AutoGen.
 
-Storage never imports AutoGen, so the store's document reader (``_storage.document``) calls these
-through ``ContentChecks``, which the package installs. Each raises ``ValueError`` saying, in one
-line, what is wrong (the reader adds the path of the field).
+For ``Store.import_run``: each message body through AutoGen's message factory, the run's graph
+description rebuilt as a ``DiGraph``, and the head step's scheduler state through the scheduler's
+own parser against that graph. Storage never imports AutoGen, so the store's document reader
+(``_storage.document``) calls these through ``ContentChecks``, which the package installs. Each
+raises ``ValueError`` saying, in one line, what is wrong (the reader adds the path of the field).
+
+For ``Store.supply_output``: :func:`supplied_answer`, an operator's answer for a node as the
+scheduler records a real one (installed by the package in ``_storage.admin``, likewise).
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from typing import Any
 
 import pydantic
 from autogen_agentchat import messages as _messages
-from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory, TextMessage
 
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._model.graphid import graph_of
 from graphflow_durable.errors import StateFormatError
-from graphflow_durable.scheduler import GraphSpec
+from graphflow_durable.scheduler import GraphSpec, complete
 
-__all__ = ["check_graph", "check_head", "check_message"]
+__all__ = ["check_graph", "check_head", "check_message", "supplied_answer"]
 
 _factory = MessageFactory()
 
@@ -103,3 +106,49 @@ def check_head(scheduler: Mapping[str, Any], description: Mapping[str, Any]) -> 
             )
     if not isinstance(state.get("turn", 0), int) or isinstance(state.get("turn"), bool):
         raise ValueError("is not a scheduler state: s.turn is not an integer")
+
+
+def _spec_with_conditions(description: Mapping[str, Any], node: str) -> GraphSpec:
+    """The graph's spec with the text conditions of ``node``'s edges, which decide which of them an
+    answer fires (:func:`graph_of` leaves conditions out); ``ValueError`` when one is a callable,
+    which only the team that holds it can evaluate."""
+    graph = graph_of(description)
+    stored = description["nodes"][node]["edges"]
+    edges = []
+    for edge, described in zip(graph.nodes[node].edges, stored, strict=True):
+        condition = described.get("condition")
+        if condition is None:
+            edges.append(edge)
+        elif isinstance(condition, str) and condition.startswith("text:"):
+            edges.append(edge.model_copy(update={"condition": condition[len("text:") :]}))
+        else:
+            raise ValueError(
+                f"node {node}'s edge to {edge.target} has a callable condition ({condition}), which only "
+                "its team can evaluate, so which edges the answer fires cannot be decided here"
+            )
+    graph.nodes[node] = graph.nodes[node].model_copy(update={"edges": edges})
+    return GraphSpec.from_digraph(graph)
+
+
+def supplied_answer(
+    description: Mapping[str, Any], head: Mapping[str, Any], node: str, text: str
+) -> tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]:
+    """``text`` as ``node``'s answer, recorded as the scheduler records a real one: a
+    ``TextMessage`` from the node, and the head's cursor (``head``, against the run's graph
+    ``description``) after it: the node leaves the in-flight list, its edges' counts decrement and
+    their targets are enqueued (:func:`~graphflow_durable.scheduler.complete`), its turn's counts
+    are dropped; when it was the batch's last answer, the batch's end is left to the next driver
+    (``Cursor.end_due``). Returns the message's dump, the new cursor's JSON and the nodes ready.
+
+    Raises ``ValueError`` (one line) when the node is not in flight at the head or one of its edges
+    has a callable condition.
+    """
+    spec = _spec_with_conditions(description, node)
+    cursor = Cursor.from_json(head, spec, {})
+    if node not in cursor.sched.in_flight:
+        raise ValueError(
+            f"node {node} is not in flight at the run's head (in flight: {list(cursor.sched.in_flight)})"
+        )
+    message = TextMessage(content=text, source=node)
+    after = cursor.supplied(node, complete(spec, cursor.sched, node, message))
+    return dict(message.dump()), after.to_json(spec), after.sched.ready

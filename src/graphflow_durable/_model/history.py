@@ -50,6 +50,8 @@ class StepInfo:
         dispatched: the nodes the step selected to run next (or ran again, on a ``resume``).
         error_type, error, elapsed: for an ``attempt_failed`` step, the error's class name, its
             message and the seconds the attempt ran; else ``None``.
+        supplied: a ``complete`` step whose answer an operator wrote (``Store.supply_output``) after
+            the node's budget ran out: no attempt of the node produced it (``attempt`` is ``None``).
     """
 
     seq: int
@@ -64,6 +66,7 @@ class StepInfo:
     error_type: str | None = None
     error: str | None = None
     elapsed: float | None = None
+    supplied: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The step as JSON-ready values (the CLI's ``--json`` line)."""
@@ -82,6 +85,7 @@ class StepInfo:
                 if self.kind == StepKind.ATTEMPT_FAILED.value
                 else {}
             ),
+            **({"supplied": True} if self.supplied else {}),
         }
 
 
@@ -111,6 +115,9 @@ def step_infos(log: RunLog) -> list[StepInfo]:
         failed = step.kind == StepKind.ATTEMPT_FAILED
         if failed:
             attempt = _int(data.get("attempt"))
+        supplied = step.kind == StepKind.COMPLETE and data.get("supplied") is True
+        if supplied:
+            attempt = None
         for name in dispatched:
             attempts[name] = 1
         for name in redispatched:
@@ -130,6 +137,7 @@ def step_infos(log: RunLog) -> list[StepInfo]:
                 error_type=str(data.get("error_type", "")) if failed else None,
                 error=str(data.get("error", "")) if failed else None,
                 elapsed=_number(data.get("elapsed")) if failed else None,
+                supplied=supplied,
             )
         )
     return infos

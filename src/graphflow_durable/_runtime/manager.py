@@ -360,6 +360,18 @@ class DurableGraphFlowManager(GraphFlowManager):
             return
 
         resumed = bool(cursor.sched.in_flight)
+        if cursor.end_due and not resumed:
+            # An operator supplied the batch's last answer: its end is decided here, as _on_response
+            # decides it after a batch's last answer (the condition sees the batch's messages).
+            stop, sched, natural = await self._stops.batch_stop(cursor.sched, self._batch_delta)
+            cursor = replace(cursor, sched=sched, end_due=False)
+            if stop is not None:
+                self._cursor = cursor.ended(sched, stopped=not natural)
+                await self._commit(
+                    Step(kind, None, self._cursor.to_json(self._spec)), records, (), stop, update
+                )
+                await self._signal_termination(stop)
+                return
         if kind is StepKind.RESUME and not resumed and self._thread_len():
             logger.info(
                 "run %s: resuming after step %d; nothing in flight, next: %s",

@@ -1,5 +1,5 @@
-"""Operations on runs from outside their driver: cancel, retry, delete, prune (retention), the
-store's statistics, and what ``runs show`` reads.
+"""Operations on runs from outside their driver: cancel, retry, an operator's answer for a failed
+node (supply), delete, prune (retention), the store's statistics, and what ``runs show`` reads.
 
 The store runs each function inside one of its transactions. Nothing here writes to a run that a
 live driver holds (an unexpired lease whose holder is not provably dead), except a cancel
@@ -16,27 +16,38 @@ driver is refused (``delete``) or skipped (``prune``) unless forced.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from graphflow_durable._model.codec import dumps, loads
-from graphflow_durable._model.records import ENDED_STATUSES, FRESH_BUDGET, RUN_STATUSES, turn_counts
+from graphflow_durable._model.codec import dumps, loads, surrogate_problem
+from graphflow_durable._model.records import (
+    ENDED_STATUSES,
+    FRESH_BUDGET,
+    RUN_STATUSES,
+    MessageRecord,
+    NodeFailure,
+    Step,
+    StepKind,
+    turn_counts,
+)
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.driver import CommitRequest, encode_commit
 from graphflow_durable._storage.lease import NOBODY, iso, locked, takeover_reason
+from graphflow_durable._storage.reading import head_scheduler
 from graphflow_durable._storage.schema import agent_states, input_requests, messages, queue, runs, steps
 from graphflow_durable.errors import ConflictError, RunStateError, UsageError
 
 __all__ = [
     "TABLES",
     "Cancellation",
-    "Heartbeat",
     "Progress",
     "Removal",
     "Retry",
     "StoreStats",
+    "Supply",
     "cancel",
     "check_prune",
     "delete",
@@ -46,12 +57,14 @@ __all__ = [
     "retry",
     "run_state",
     "stats",
+    "supply",
+    "use_answer_rule",
 ]
 
 _R = runs.c
 
 _SELECT_RUN_STATE = S.SELECT_LEASE_NOW.add_columns(
-    _R.status, _R.cancel_requested_at, _R.parent_run_id, _R.result
+    _R.status, _R.cancel_requested_at, _R.parent_run_id, _R.result, _R.graph
 )
 
 
@@ -192,7 +205,7 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         fresh = {} if marker is None else {"result": dumps({FRESH_BUDGET: True, "retried": marker})}
         _free(conn, row, now, status=status, **fresh)
     if submitted is not None:
-        conn.execute(sa.update(queue).where(queue.c.run_id == run_id).values(not_before=None, updated_at=now))
+        _due_now(conn, run_id, now)
     return Retry(
         run_id,
         None if row is None else row.status,
@@ -200,6 +213,158 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         None if submitted is None else submitted.team,
         () if row is None else _ask_again(conn, run_id, now),
     )
+
+
+def _due_now(conn: sa.Connection, run_id: str, now: float) -> None:
+    """Clear the retry back-off of the run's queue row (if it has one): any worker may claim it now."""
+    conn.execute(sa.update(queue).where(queue.c.run_id == run_id).values(not_before=None, updated_at=now))
+
+
+@dataclass(frozen=True)
+class Supply:
+    """What :meth:`Store.supply_output` recorded.
+
+    Attributes:
+        run_id: the run.
+        node: the node whose answer was supplied (the node the run failed on).
+        step: the number of the ``complete`` step that records it (its data: ``{"supplied": true}``).
+        message_seq: the answer's position in the run's message log (``Store.transcript``'s ``seq``).
+        status: the run's status now: ``interrupted`` (``run()`` with no task, or a pool worker,
+            continues it).
+        next: the nodes ready to run next (empty when the batch's other nodes are still to run, or
+            the graph is complete; the resume decides the batch's end then).
+    """
+
+    run_id: str
+    node: str
+    step: int
+    message_seq: int
+    status: str
+    next: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "run_id": self.run_id,
+            "node": self.node,
+            "step": self.step,
+            "message_seq": self.message_seq,
+            "status": self.status,
+            "next": list(self.next),
+        }
+
+
+#: The scheduler's rule for a supplied answer: (the run's graph description, the head's cursor JSON,
+#: node, text) -> (the message's dump, the cursor after it, the nodes ready); ``ValueError`` when the
+#: answer cannot be recorded. It needs AutoGen, which storage never imports: the package installs
+#: ``_model.exported.supplied_answer`` (:func:`use_answer_rule`).
+AnswerRule = Callable[
+    [Mapping[str, Any], Mapping[str, Any], str, str],
+    tuple[dict[str, Any], dict[str, Any], tuple[str, ...]],
+]
+_answer_rule: AnswerRule | None = None
+
+
+def use_answer_rule(rule: AnswerRule) -> None:
+    """Install the rule :func:`supply` records an answer by (the package does, in its ``__init__``)."""
+    global _answer_rule
+    _answer_rule = rule
+
+
+def _refuse_text(run_id: str, node: Any, text: Any) -> None:
+    """A :class:`UsageError` for a supplied answer that is not one: not text, empty, holding a NUL
+    or a lone surrogate (neither backend stores those as text)."""
+    shown = run_id.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(run_id, str) else run_id
+    for option, value in (("run_id", run_id), ("node", node), ("text", text)):
+        what = {"run_id": "run id", "node": "node", "text": "answer"}[option]
+        problem = None
+        if not isinstance(value, str):
+            problem = f"it is {type(value).__name__}, not text"
+        elif not value.strip():
+            problem = "it is empty; give the text the node should have answered"
+        elif "\x00" in value:
+            problem = f"it holds a NUL character (at index {value.index(chr(0))}); remove it"
+        else:
+            problem = surrogate_problem(value)
+        if problem is not None:
+            raise UsageError(
+                f"run {shown}: the supplied {what} is refused: {problem}; nothing was changed",
+                run_id=run_id if isinstance(run_id, str) else None,
+                option=option,
+            )
+
+
+def supply(conn: sa.Connection, run_id: str, node: str, text: str, now: float, url: str) -> Supply:
+    """Record ``text`` as the answer of ``node``, the node the failed run ``run_id`` failed on (its
+    budget of retries or crashes spent: the ``node_failed`` marker), as that node's completion: one
+    ``complete`` step marked ``supplied`` with a ``TextMessage`` from the node, the scheduler moved
+    as a real answer moves it (the installed :data:`AnswerRule`), and the run ``interrupted``, its
+    marker cleared, its lease free under a new fencing token (a driver that held the run before
+    can no longer commit to it), its queue back-off cleared. Everything is checked before anything
+    is written; one transaction.
+
+    Raises UsageError (the text, the node), RunNotFoundError, RunStateError (the run is not failed,
+    or failed without a marker), RunLockedError (a live driver holds it).
+    """
+    _refuse_text(run_id, node, text)
+    row = run_state(conn, run_id, now)
+    if row is None:
+        raise S.not_found(run_id)
+    failure = NodeFailure.from_json(_node_failed(row))
+    if row.status != "failed" or failure is None:
+        why = (
+            f"it is {row.status}, not failed"
+            if row.status != "failed"
+            else "it failed, but not on a node whose retry or crash budget ran out (its result names no "
+            "failed node): run() resumes it and the node runs again"
+        )
+        raise RunStateError(
+            f"run {run_id}: an answer is supplied only for the node a failed run failed on, and {why}; "
+            "nothing was changed",
+            run_id=run_id,
+            status=row.status,
+        )
+    if node != failure.node:
+        raise UsageError(
+            f"run {run_id} failed on node {failure.node}, not {node}: supply that node's answer "
+            f"(graphflow-durable runs supply {run_id} {failure.node} TEXT); nothing was changed",
+            run_id=run_id,
+            option="node",
+        )
+    if held(row):
+        raise locked(run_id, row)
+    if _answer_rule is None:  # pragma: no cover - the package installs it on import
+        raise RuntimeError("graphflow_durable was not imported: the answer rule is missing")
+    try:
+        body, cursor, ready = _answer_rule(
+            loads(row.graph), head_scheduler(conn, run_id, url) or {}, node, text
+        )
+    except ValueError as exc:
+        raise UsageError(
+            f"run {run_id}: node {node}'s answer cannot be supplied: {exc}; retry the node instead "
+            f"(graphflow-durable runs retry {run_id}); nothing was changed",
+            run_id=run_id,
+            option="node",
+        ) from None
+    head = int(row.head_seq) + 1
+    seq = int(row.message_count)
+    # Encoded as a driver's commit is (checksums, canonical JSON), written under this transaction's
+    # lock; the run's row then moves as _free moves it: a new token fences off any earlier driver.
+    params = encode_commit(
+        CommitRequest(
+            run_id,
+            expected_head=int(row.head_seq),
+            fencing_token=int(row.fencing_token),
+            step=Step(StepKind.COMPLETE, node, cursor, {"supplied": True}),
+            messages=[MessageRecord(seq, body, True)],
+        ),
+        now,
+    )
+    conn.execute(S.INSERT_STEP, params.step)
+    conn.execute(S.INSERT_MESSAGE, params.messages)
+    _free(conn, row, now, status="interrupted", result=None, head_seq=head, message_count=seq + 1)
+    _due_now(conn, run_id, now)
+    return Supply(run_id, node, head, seq, "interrupted", ready)
 
 
 def _node_failed(row: Any) -> Any:
@@ -220,20 +385,6 @@ def _ask_again(conn: sa.Connection, run_id: str, now: float) -> tuple[str, ...]:
             sa.update(input_requests).where(overdue).values(deadline=now + (r.deadline - r.created_at))
         )
     return ids
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """A lease renewal as its holder sees it (the driver's ``heartbeat``).
-
-    Attributes:
-        expires_at: the lease's new expiry (epoch seconds, by the lease clock).
-        cancel_requested_at: when a cancel of the run was requested (:meth:`Store.cancel_run`), not
-            yet honoured; ``None``: none. The holder stops dispatching and records ``cancelled``.
-    """
-
-    expires_at: float
-    cancel_requested_at: float | None
 
 
 @dataclass(frozen=True)

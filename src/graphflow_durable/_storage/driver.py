@@ -32,10 +32,9 @@ from graphflow_durable._model.records import (
     Step,
     StepKind,
 )
-from graphflow_durable._storage.admin import Heartbeat
 from graphflow_durable._storage.checksum import add_sums
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import acquire, process_identity, release, renew
+from graphflow_durable._storage.lease import Heartbeat, acquire, process_identity, release, renew
 from graphflow_durable._storage.reading import head_scheduler
 from graphflow_durable._storage.writer import CommitParams, CommitWriter, CreateParams
 from graphflow_durable.errors import UsageError
@@ -384,7 +383,7 @@ class Driver:
         Raises what :meth:`renew_lease` raises.
         """
         with self._guard(f"renewing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            return Heartbeat(*renew(conn, run_id, owner, fencing_token, lease_seconds))
+            return renew(conn, run_id, owner, fencing_token, lease_seconds)
 
     def release_lease(self, run_id: str, fencing_token: int) -> bool:
         """Give up the lease if ``fencing_token`` still holds it; return whether it did.

@@ -30,6 +30,7 @@ from graphflow_durable.errors import LeaseLostError, RunLockedError
 
 __all__ = [
     "NOBODY",
+    "Heartbeat",
     "LeaseRow",
     "LeaseRowNow",
     "Takeover",
@@ -309,9 +310,23 @@ def acquire(
     return taken.token, taken.reason, row.lease_owner
 
 
+@dataclass(frozen=True)
+class Heartbeat:
+    """A lease renewal as its holder sees it (the driver's ``heartbeat``).
+
+    Attributes:
+        expires_at: the lease's new expiry (epoch seconds, by the lease clock).
+        cancel_requested_at: when a cancel of the run was requested (:meth:`Store.cancel_run`), not
+            yet honoured; ``None``: none. The holder stops dispatching and records ``cancelled``.
+    """
+
+    expires_at: float
+    cancel_requested_at: float | None
+
+
 def renew(
     conn: sa.Connection, run_id: str, owner: str, fencing_token: int, lease_seconds: float
-) -> tuple[float, float | None]:
+) -> Heartbeat:
     """Extend the lease ``owner`` holds with ``fencing_token``; the new expiry, and when a cancel of
     the run was requested (``None``: it was not), read in the same statement.
 
@@ -331,7 +346,7 @@ def renew(
             raise S.not_found(run_id)
         raise lease_lost(run_id, fencing_token, row, owner)
     cancel = renewed.cancel_requested_at
-    return float(renewed.lease_expires_at), None if cancel is None else float(cancel)
+    return Heartbeat(float(renewed.lease_expires_at), None if cancel is None else float(cancel))
 
 
 def release(conn: sa.Connection, run_id: str, fencing_token: int) -> bool:

@@ -1,7 +1,7 @@
-"""``graphflow-durable runs show|cancel|retry|delete|prune|stats``: looking at and managing runs.
+"""``graphflow-durable runs show|cancel|retry|supply|delete|prune|stats``: looking at and managing runs.
 
 A thin shell over the store's management calls (:meth:`Store.cancel_run`, :meth:`Store.retry_run`,
-:meth:`Store.delete_run`, :meth:`Store.prune`, :meth:`Store.stats`), for :mod:`.runs`: it adds the
+:meth:`Store.supply_output`, :meth:`Store.delete_run`, :meth:`Store.prune`, :meth:`Store.stats`), for :mod:`.runs`: it adds the
 sub-commands to the ``runs`` group, checks their arguments before the store is opened, and prints
 their results (a table or sentences; ``--json``: one JSON object).
 """
@@ -27,10 +27,11 @@ from graphflow_durable.store import RUN_STATUSES, Removal, Store
 __all__ = ["COMMANDS", "EXIT_REFUSED", "add_commands", "check", "older_than", "run"]
 
 #: The run's state does not allow it: ``delete``/``prune`` of a running run without ``--force``,
-#: ``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run.
+#: ``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run,
+#: ``supply`` to a run that did not fail on a node's spent budget.
 EXIT_REFUSED = 5
 
-COMMANDS = ("show", "cancel", "retry", "delete", "prune", "stats")
+COMMANDS = ("show", "cancel", "retry", "supply", "delete", "prune", "stats")
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -79,6 +80,13 @@ def add_commands(runs: click.Group, dispatch: Dispatch) -> None:
     add("cancel", "stop a run (its driver stops within one lease period); run() resumes it")
     add("retry", "queue a failed, cancelled or interrupted run for the workers again")
     add(
+        "supply",
+        "write the answer of the node a failed run failed on; the run continues without it\n\n"
+        "NODE: the node the run failed on ('runs show' names it); TEXT: its answer",
+        click.argument("node", metavar="NODE"),
+        click.argument("text", metavar="TEXT"),
+    )
+    add(
         "delete",
         "delete a run, its rows and its nested runs",
         click.option("--force", is_flag=True, help="delete it even if it is running"),
@@ -115,6 +123,7 @@ def run(store: Store, args: SimpleNamespace, out: Out) -> int:
         "show": _show,
         "cancel": _cancel,
         "retry": _retry,
+        "supply": _supply,
         "delete": _delete,
         "prune": _prune,
         "stats": _stats,
@@ -207,7 +216,8 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
                     "failed",
                     f"node {failure.node} after {failure.attempts} attempt{'s' if failure.attempts != 1 else ''}"
                     f" ({failure.cause}): {failure.error_type}: {failure.error}; "
-                    f"'graphflow-durable runs retry {run.run_id}' gives it a fresh budget",
+                    f"'graphflow-durable runs retry {run.run_id}' gives it a fresh budget, "
+                    f"'graphflow-durable runs supply {run.run_id} {failure.node} TEXT' its answer",
                 )
             ]
         ),
@@ -262,6 +272,18 @@ def _retry(store: Store, args: SimpleNamespace, out: Out) -> None:
     now = done.status or "submitted"
     again = f"; asks again with a new deadline: {', '.join(done.asked_again)}" if done.asked_again else ""
     out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it{again}")
+
+
+def _supply(store: Store, args: SimpleNamespace, out: Out) -> None:
+    done = store.supply_output(args.run_id, args.node, args.text)
+    if args.json:
+        out(json.dumps(done.as_dict(), sort_keys=True))
+        return
+    then = f"with {', '.join(done.next)}" if done.next else "where its batch stands"
+    out(
+        f"run {done.run_id}: node {done.node}'s answer supplied (step {done.step}, message {done.message_seq}); "
+        f"{done.status}: run() with no task, or a worker, continues it {then}"
+    )
 
 
 def _rows(removal: Removal) -> str:

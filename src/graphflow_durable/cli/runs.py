@@ -95,6 +95,10 @@ commands:
   runs cancel RUN [--json]           stop a run: its driver stops within one lease period and
                                      leaves it cancelled (run() with no task resumes it)
   runs retry RUN [--json]            queue a failed, cancelled or interrupted run for workers again
+  runs supply RUN NODE TEXT [--json] write TEXT as the answer of NODE, the node a failed run failed
+                                     on (its retries or crashes spent): recorded as NODE's
+                                     completion ('runs history' prints "supplied"); the run becomes
+                                     interrupted and run() (or a worker) continues it
   runs delete RUN [--force] [--dry-run] [--json]
                                      delete a run, its rows and its nested runs
   runs prune --older-than AGE [--status S ...] [--force] [--dry-run] [--json]
@@ -115,7 +119,7 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
   postgresql://app@db/agents?connect_timeout=5&application_name=worker (see docs/store-urls.md)
 
 exit codes:
-  0  done (listed; shown, cancelled, retried, deleted, pruned, also when nothing was left to
+  0  done (listed; shown, cancelled, retried, supplied, deleted, pruned, also when nothing was left to
      prune; submitted or already submitted with the same task; worker stopped cleanly)
   1  the store failed, or a team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
@@ -130,7 +134,8 @@ exit codes:
      nothing was changed
   4  runs verify: damaged or missing rows were found (each printed on one line)
   5  refused by the run's state: delete/prune of a running run without --force, retry of a run
-     a live worker drives, cancel/retry of a stopped or finished run (nothing was changed)
+     a live worker drives, cancel/retry of a stopped or finished run, supply to a run that did
+     not fail on a node's spent budget (nothing was changed)
 """
 
 #: How the library's errors end the command (first match wins: subclasses first).

@@ -43,7 +43,8 @@ EXIT_CONFLICT = 3
 EPILOG = """\
   runs history RUN [--round N] [--node NODE]     the run's steps: seq, round, kind, node, attempt,
                                                  time, the messages each added, what it dispatched;
-                                                 a failed attempt: its error and how long it ran
+                                                 a failed attempt: its error and how long it ran;
+                                                 an answer written by 'runs supply': "supplied"
   runs transcript RUN [--round N] [--node NODE]  the run's messages in order
   runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
                                                  agent states) on stdout, or in FILE
@@ -127,6 +128,8 @@ def _history(store: Store, args: SimpleNamespace, out: Callable[[str], None]) ->
             first = (s.error or "").strip().splitlines()
             error = f"{s.error_type}: {first[0]}" if first else s.error_type
             line += f"  {error} (after {s.elapsed or 0:.2f} s)"
+        if s.supplied:  # an operator's answer (runs supply), not the node's
+            line += "  supplied"
         out(line)
     return 0
 

@@ -55,16 +55,16 @@ BUDGETS: dict[str, tuple[int, str]] = {
         250,
         "The manager's position in a run: scheduler state plus what resuming needs beyond it.",
     ),
-    "_model/exported.py": (
-        150,
-        "The checks of an exported run's content that need AutoGen, for ``Store.import_run``: ea...",
+    "_model/exported.py": (  # 150 -> 175: a supplied answer's rule (Store.supply_output)
+        175,
+        "What the store does with a run's content that needs AutoGen: an import's checks, a supplied answer.",
     ),
     "_model/graphid.py": (
         150,
         "Graph identity: a canonical description of a team's graph and its fingerprint.",
     ),
-    "_model/history.py": (
-        200,
+    "_model/history.py": (  # 200 -> 250: a supplied step in words
+        250,
         "A run's history read from its step log: the steps in words, the thread filtered, and th...",
     ),
     "_model/human.py": (
@@ -111,9 +111,9 @@ BUDGETS: dict[str, tuple[int, str]] = {
         200,
         "The GraphFlow team as the runtime reaches into it, and the team and its stored run.",
     ),
-    "_storage/admin.py": (
-        500,
-        "Operations on runs from outside their driver: cancel, retry, delete, prune, stats, runs show.",
+    "_storage/admin.py": (  # 500 -> 650: supply (an operator's answer for a failed node)
+        650,
+        "Operations on runs from outside their driver: cancel, retry, supply, delete, prune, stats, runs show.",
     ),
     "_storage/checksum.py": (
         200,

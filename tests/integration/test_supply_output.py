@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from autogen_agentchat.conditions import TextMentionTermination
 from autogen_agentchat.messages import BaseChatMessage
+from autogen_agentchat.teams import DiGraphBuilder
 
-from agents import Scripted, chain, close_stores, durable, stored_transcript
+from agents import Scripted, chain, close_stores, durable, fan, loop_agents, loop_graph, stored_transcript
 from graphflow_durable import NodeFailedError, RetryPolicy, Worker
 from graphflow_durable._storage.driver import CommitRequest
 from graphflow_durable.cli.runs import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
@@ -115,6 +116,7 @@ async def test_a_supplied_answer_continues_a_run_whose_node_spent_its_retries(
     assert thread[2] == ("B", ANSWER)
     assert thread[3][1].startswith("C#1 saw 3:")  # C's input: the task, A's answer and the supplied one
     assert resumed.run_info().status == "finished"  # type: ignore[union-attr]
+    assert resumed.store.verify(["r"]).ok  # every row of the supplied step checked against its checksum
     log = resumed.store.load("r")
     assert log.agent_states["B"] == {"turn": 0}  # no turn of B ran: its state as stored at its dispatch
     step = next(s for s in resumed.store.history("r") if s.seq == done.step)
@@ -340,3 +342,53 @@ async def test_a_supply_while_postgres_is_down_fails_with_a_store_error_and_succ
                 await asyncio.to_thread(server.up)
             assert snapshot(store, "r") == before
             assert store.supply_output("r", "B", ANSWER).status == "interrupted"
+
+
+async def test_a_supplied_answer_fires_the_edges_whose_text_condition_it_meets(sqlite_url: str) -> None:
+    """In the loop S -> (P1, P2) -> J -> R -> J ("again") | E ("done"), R fails on its first turn;
+    the supplied "done" takes the exit edge at once: E runs next, J does not run again."""
+    calls: list[str] = []
+    agents = loop_agents(calls, {"R": unreachable})
+    flow = durable(agents, loop_graph(agents), sqlite_url, "r", retry=ONCE, max_turns=50)
+    with pytest.raises(NodeFailedError):
+        await flow.run(task="go")
+    assert flow.store.supply_output("r", "R", "all good: done").next == ("E",)
+    calls.clear()
+    fresh = loop_agents(calls)
+    await durable(fresh, loop_graph(fresh), sqlite_url, "r", retry=ONCE, max_turns=50).run()
+    assert calls == ["E"]
+    assert [s for s, _ in stored_transcript(flow)][-2:] == ["R", "E"]
+
+
+async def test_a_node_whose_edges_have_a_callable_condition_is_refused(sqlite_url: str) -> None:
+    a, b, c = Scripted("A"), Scripted("B", before=unreachable), Scripted("C")
+    builder = DiGraphBuilder().add_node(a).add_node(b).add_node(c).add_edge(a, b)
+    builder.add_edge(b, c, condition=lambda message: "yes" in message.to_text())
+    flow = durable([a, b, c], builder.build(), sqlite_url, "r", retry=ONCE)
+    with pytest.raises(NodeFailedError):
+        await flow.run(task="go")
+    before = snapshot(flow.store, "r")
+    with pytest.raises(UsageError, match=r"callable condition .*retry the node instead"):
+        flow.store.supply_output("r", "B", "yes")
+    assert snapshot(flow.store, "r") == before
+
+
+async def test_a_supplied_answer_in_a_parallel_batch_joins_its_siblings_and_the_join_runs_once(
+    store_url: str,
+) -> None:
+    calls: list[str] = []
+    a, b1, b2, d = (
+        Scripted(n, calls=calls, before=unreachable if n == "B1" else None) for n in ("A", "B1", "B2", "D")
+    )
+    flow = durable([a, b1, b2, d], fan(a, b1, b2, d), store_url, "r", retry=ONCE)
+    with pytest.raises(NodeFailedError):
+        await flow.run(task="go")
+    flow.store.supply_output("r", "B1", "B1 supplied")
+    calls.clear()
+    fresh = [Scripted(n, calls=calls) for n in ("A", "B1", "B2", "D")]
+    await durable(fresh, fan(*fresh), store_url, "r", retry=ONCE).run()
+    assert calls.count("D") == 1 and "A" not in calls and "B1" not in calls
+    thread = stored_transcript(flow)
+    assert ("B1", "B1 supplied") in thread and [s for s, _ in thread][-1] == "D"
+    assert thread[-1][1].startswith("D#1 saw 4:")  # the task, A, and both siblings' answers
+    assert flow.store.get_run("r").status == "finished"  # type: ignore[union-attr]

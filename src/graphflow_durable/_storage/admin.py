@@ -64,7 +64,7 @@ __all__ = [
 _R = runs.c
 
 _SELECT_RUN_STATE = S.SELECT_LEASE_NOW.add_columns(
-    _R.status, _R.cancel_requested_at, _R.parent_run_id, _R.result, _R.graph
+    _R.status, _R.cancel_requested_at, _R.parent_run_id, _R.result
 )
 
 
@@ -335,10 +335,9 @@ def supply(conn: sa.Connection, run_id: str, node: str, text: str, now: float, u
         raise locked(run_id, row)
     if _answer_rule is None:  # pragma: no cover - the package installs it on import
         raise RuntimeError("graphflow_durable was not imported: the answer rule is missing")
+    graph = loads(conn.execute(sa.select(_R.graph).where(_R.run_id == run_id)).scalar_one())
     try:
-        body, cursor, ready = _answer_rule(
-            loads(row.graph), head_scheduler(conn, run_id, url) or {}, node, text
-        )
+        body, cursor, ready = _answer_rule(graph, head_scheduler(conn, run_id, url) or {}, node, text)
     except ValueError as exc:
         raise UsageError(
             f"run {run_id}: node {node}'s answer cannot be supplied: {exc}; retry the node instead "

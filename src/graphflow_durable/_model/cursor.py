@@ -265,13 +265,13 @@ class Cursor:
                 batch_start=int(ext.get("batch_start", 0)),
                 finished=ext.get("status") in ("finished", "stopped"),
                 stopped=ext.get("status") == "stopped",
+                end_due=bool(ext.get("end_due", False)),
                 dispatches={n: tuple(int(i) for i in v) for n, v in ext.get("dispatches", {}).items()},
                 attempts={n: int(a) for n, a in ext.get("attempts", {}).items()},
                 dispatch_step={n: int(s) for n, s in ext.get("dispatch_step", {}).items()},
                 keys={n: str(k) for n, k in ext.get("keys", {}).items()},
                 failures={n: int(f) for n, f in ext.get("failures", {}).items()},
                 crashes={n: int(c) for n, c in ext.get("crashes", {}).items()},
-                end_due=bool(ext.get("end_due", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -244,14 +244,7 @@ class Supply:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "run_id": self.run_id,
-            "node": self.node,
-            "step": self.step,
-            "message_seq": self.message_seq,
-            "status": self.status,
-            "next": list(self.next),
-        }
+        return {**asdict(self), "next": list(self.next)}
 
 
 #: The scheduler's rule for a supplied answer: (the run's graph description, the head's cursor JSON,
@@ -272,17 +265,21 @@ def use_answer_rule(rule: AnswerRule) -> None:
 
 
 def _refuse_text(run_id: str, node: Any, text: Any) -> None:
-    """A :class:`UsageError` for a supplied answer that is not one: not text, empty, holding a NUL
-    or a lone surrogate (neither backend stores those as text)."""
+    """A :class:`UsageError` for arguments that are not text, and for an answer that is empty or
+    holds a NUL; a lone surrogate in any of them (UTF-8 cannot hold it: a command-line argument
+    that is not UTF-8 arrives as one) is refused too."""
     shown = run_id.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(run_id, str) else run_id
-    for option, value in (("run_id", run_id), ("node", node), ("text", text)):
-        what = {"run_id": "run id", "node": "node", "text": "answer"}[option]
+    for option, what, value in (
+        ("run_id", "run id", run_id),
+        ("node", "node", node),
+        ("text", "answer", text),
+    ):
         problem = None
         if not isinstance(value, str):
             problem = f"it is {type(value).__name__}, not text"
-        elif not value.strip():
+        elif option == "text" and not value.strip():
             problem = "it is empty; give the text the node should have answered"
-        elif "\x00" in value:
+        elif option == "text" and "\x00" in value:
             problem = f"it holds a NUL character (at index {value.index(chr(0))}); remove it"
         else:
             problem = surrogate_problem(value)

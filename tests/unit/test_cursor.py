@@ -111,6 +111,17 @@ def test_a_cursor_with_no_failure_nor_crash_stores_what_it_stored_before_they_we
     assert "failures" not in cursor.extension("r1") and "crashes" not in cursor.extension("r1")
 
 
+def test_a_supplied_answer_makes_the_batchs_end_due_only_when_it_was_the_batchs_last() -> None:
+    cursor = Cursor(initial(SPEC)).dispatched(flying("B", "C"), ["B", "C"], at=2, step=5).failed("B")
+    first = cursor.supplied("B", flying("C"))
+    assert not first.end_due and first.failures == {} and first.attempts == {"C": 1}
+    last = first.supplied("C", flying(ready=("D",)))
+    assert last.end_due and last.to_json(SPEC)["end_due"] is True and last.extension("r1")["end_due"] is True
+    assert "end_due" not in cursor.to_json(SPEC) and "end_due" not in cursor.extension("r1")
+    assert not last.dispatched(flying("D"), ["D"], 4, 9).end_due  # the resume decided the end
+    assert not last.ended(flying(ready=("D",)), stopped=True).end_due
+
+
 def test_answered_forgets_the_bookkeeping_of_the_node_that_answered_only() -> None:
     cursor = replace(
         Cursor(initial(SPEC)).dispatched(flying("B", "C"), ["B", "C"], at=2, step=5),
@@ -197,6 +208,7 @@ def cursors(draw: st.DrawFn) -> Cursor:
         ),
         failures=draw(st.dictionaries(flying_nodes, st.integers(1, 5))),
         crashes=draw(st.dictionaries(flying_nodes, st.integers(1, 5))),
+        end_due=not finished and draw(st.booleans()),  # only a batch of an unended round is due
     )
 
 

@@ -239,11 +239,12 @@ class _RunDriver:
                     run_id=run_id,
                     option="run_id",
                 )
+            team._release_backoffs()  # no worker sits on a run for a retry's back-off
             run = store.get_run(run_id)
             # A submitted task starts the run; once its round has started, resuming needs no task
             # (and the same task again would be recognised and not added twice anyway).
             start = claim.task if claim.task is not None and (run is None or run.task is None) else None
-            await team.run(task=start)
+            outcome = await team.run(task=start)
         except (LeaseLostError, RunLockedError, ConflictError) as exc:
             # Another worker took the run over (this one was paused or too slow) or created it
             # first: the fencing token stopped every write; there is nothing to record here.
@@ -293,7 +294,8 @@ class _RunDriver:
             return "cancelled", "on request; 'graphflow-durable runs retry' queues it again"
         if final is not None and final.lease_owner not in (None, self._owner):
             return "lost", f"run {run_id} is now driven by {final.lease_owner}"
-        return "interrupted", f"status {status}"
+        # A run released for a node's back-off says until when (its stop reason).
+        return "interrupted", outcome.stop_reason or f"status {status}"
 
     def _failed(self, store: Store, claim: Claim, exc: BaseException) -> _Ended:
         """The run's own failure (its team or an agent raised): count it; a run recorded ``failed``

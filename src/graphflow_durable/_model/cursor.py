@@ -19,9 +19,9 @@ __all__ = ["FORMAT", "Cursor", "without_one"]
 FORMAT = 1
 
 
-def _counts(name: str, counts: Mapping[str, int], flying: set[str]) -> dict[str, Any]:
-    """``{name: counts}`` of the nodes in flight, or nothing at all when none counts (so a run
-    with no failure stores, and saves, exactly what it did before these counts existed)."""
+def _counts(name: str, counts: Mapping[str, float], flying: set[str]) -> dict[str, Any]:
+    """``{name: values}`` of the nodes in flight (counts, or back-off times), or nothing at all when
+    none has one (so a run with no failure stores, and saves, exactly what it did before them)."""
     kept = {n: counts[n] for n in sorted(flying) if counts.get(n)}
     return {name: kept} if kept else {}
 
@@ -55,6 +55,10 @@ class Cursor:
         crashes: per in-flight node, how many attempts of this turn died with their process (what
             ``max_crash_attempts`` counts). Both are committed, so a crash never resets them; a new
             turn starts both at zero, and :meth:`fresh_budget` clears them.
+        retry_at: per in-flight node backing off after a failed attempt, when its next attempt may
+            be dispatched (epoch seconds, the driver's ``time.time()``: the clock of the pool
+            queue's ``not_before``). Committed with the ``attempt_failed`` step, so a driver that
+            resumes the run waits out only what is left; cleared by the re-dispatch.
     """
 
     sched: SchedulerState
@@ -69,6 +73,7 @@ class Cursor:
     keys: Mapping[str, str] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
     crashes: Mapping[str, int] = field(default_factory=dict)
+    retry_at: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, sched: SchedulerState, origin: int = 0) -> Cursor:
@@ -97,9 +102,21 @@ class Cursor:
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
-        """``speakers`` (in flight) dispatched again: one more attempt each; the others' unchanged."""
+        """``speakers`` (in flight) dispatched again: one more attempt each, no longer backing off;
+        the others' unchanged."""
         attempts = {**self.attempts, **{n: self.attempts.get(n, 1) + 1 for n in speakers}}
-        return replace(self, attempts=attempts)
+        retry_at = {n: t for n, t in self.retry_at.items() if n not in speakers}
+        return replace(self, attempts=attempts, retry_at=retry_at)
+
+    def backing_off(self, node: str, until: float) -> Cursor:
+        """``node``'s next attempt may be dispatched at ``until`` (epoch seconds), not before."""
+        return replace(self, retry_at={**self.retry_at, node: until})
+
+    def next_attempt_at(self, nodes: Sequence[str]) -> float | None:
+        """When all of ``nodes`` (in flight) may be dispatched again: the latest of their back-offs,
+        or ``None`` when none of them backs off."""
+        times = [self.retry_at[n] for n in nodes if n in self.retry_at]
+        return max(times) if times else None
 
     def failed(self, node: str) -> Cursor:
         """An attempt of ``node``'s turn raised or timed out: one more failure counted."""
@@ -110,8 +127,8 @@ class Cursor:
         return replace(self, crashes={**self.crashes, **{n: self.crashes.get(n, 0) + 1 for n in nodes}})
 
     def fresh_budget(self) -> Cursor:
-        """Failures and crashes forgotten (an operator's retry of a run whose budget ran out)."""
-        return replace(self, failures={}, crashes={})
+        """Failures, crashes and back-offs forgotten (an operator's retry of a run whose budget ran out)."""
+        return replace(self, failures={}, crashes={}, retry_at={})
 
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
         # Constructed directly, not with dataclasses.replace: this runs on every completion.
@@ -129,6 +146,7 @@ class Cursor:
             {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
             {n: f for n, f in self.failures.items() if n in still} if self.failures else self.failures,
             {n: c for n, c in self.crashes.items() if n in still} if self.crashes else self.crashes,
+            {n: t for n, t in self.retry_at.items() if n in still} if self.retry_at else self.retry_at,
         )
 
     def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
@@ -157,6 +175,7 @@ class Cursor:
             **({"keys": {n: self.keys[n] for n in sorted(flying) if n in self.keys}} if self.keys else {}),
             **_counts("failures", self.failures, flying),
             **_counts("crashes", self.crashes, flying),
+            **_counts("retry_at", self.retry_at, flying),
         }
 
     def to_json(self, spec: GraphSpec) -> dict[str, Any]:
@@ -192,6 +211,7 @@ class Cursor:
                 keys={n: str(k) for n, k in data.get("keys", {}).items()},
                 failures={n: int(f) for n, f in data.get("failures", {}).items()},
                 crashes={n: int(c) for n, c in data.get("crashes", {}).items()},
+                retry_at={n: float(t) for n, t in data.get("retry_at", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
@@ -230,6 +250,7 @@ class Cursor:
             "run_id": run_id,
             **_counts("failures", self.failures, set(self.sched.in_flight)),
             **_counts("crashes", self.crashes, set(self.sched.in_flight)),
+            **_counts("retry_at", self.retry_at, set(self.sched.in_flight)),
         }
         if graph_fingerprint is not None:
             out["graph_fingerprint"] = graph_fingerprint
@@ -258,6 +279,7 @@ class Cursor:
                 keys={n: str(k) for n, k in ext.get("keys", {}).items()},
                 failures={n: int(f) for n, f in ext.get("failures", {}).items()},
                 crashes={n: int(c) for n, c in ext.get("crashes", {}).items()},
+                retry_at={n: float(t) for n, t in ext.get("retry_at", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

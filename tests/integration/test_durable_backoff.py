@@ -175,3 +175,46 @@ async def test_a_driver_frozen_during_its_back_off_past_its_lease_writes_nothing
     with Store(store_url) as store:
         resumed = cursor_at(store, "frozen", redispatch.seq)
     assert resumed["attempts"] == {"B": 2} and "crashes" not in resumed and "retry_at" not in resumed
+
+
+async def test_a_pool_worker_resuming_a_run_interrupted_during_its_back_off_releases_it_until_due(
+    store_url: str,
+) -> None:
+    calls: list[str] = []
+    left = {"n": 1}
+
+    def team(run_id: str, **durable_kwargs: Any) -> DurableGraphFlow:
+        agents = [Scripted(n, calls=calls, before=fail_first_call_of("B", left)) for n in "ABC"]
+        return DurableGraphFlow(agents, chain(*agents), run_id=run_id, retry=POLICY, **durable_kwargs)
+
+    with Store(store_url) as store:
+        # run() outside a pool: interrupted (Ctrl+C) while it sleeps out B's back-off.
+        driven = team("job", store=store, lease_owner="script", lease_seconds=30)
+        running = asyncio.ensure_future(driven.run(task="go"))
+        await until(
+            lambda: (
+                store.get_run("job") is not None
+                and bool(store.load("job").steps[-1].kind == "attempt_failed")
+            )
+        )
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        retry_at = attempt_failed(store, "job")["retry_at"]
+        head = store.get_run("job").head_seq  # type: ignore[union-attr]
+        worker = Worker(store, team=team, poll_interval=0.05, owner="worker")
+        driving = asyncio.ensure_future(worker.run_forever())
+        await until(lambda: bool(worker.outcomes))
+        # The worker claimed it, found B backing off, and released it again until due: no dispatch.
+        assert worker.outcomes[0].outcome == "interrupted" and calls == ["A", "B"]
+        run = store.get_run("job")
+        assert run is not None and run.status == "interrupted" and run.lease_owner is None
+        assert run.head_seq == head + 1  # the resume that released it, nothing dispatched
+        queued = store.queue.get_submission("job")
+        assert queued is not None and queued.not_before == retry_at and queued.attempts == 0
+        await until(lambda: any(o.outcome == "finished" for o in worker.outcomes))
+        worker.request_stop()
+        await driving
+        assert calls == ["A", "B", "B", "C"]
+        redispatch = next(s for s in driven.history() if s.kind == "resume" and "B" in s.dispatched)
+        assert redispatch.time >= retry_at

@@ -300,14 +300,27 @@ async def test_an_interrupt_during_the_back_off_leaves_the_rest_of_it_to_the_nex
     assert run.status == "interrupted" and run.lease_owner is None
     assert run.next_attempt_at == retry_at
     assert team.store.load("run").scheduler["s"]["in_flight"] == ["B"]
-    resumed = durable(agents, chain(*agents), store_url, "run", retry=slow)
-    resuming = asyncio.ensure_future(resumed.run())
-    # The next driver holds the run and waits out what is left of the back-off, counting no crash.
-    await wait_for(lambda: team.store.get_run("run").lease_owner == resumed._session.owner)
-    waiting = team.run_info()
-    assert waiting.status == "interrupted" and waiting.next_attempt_at == retry_at
-    assert waiting.turns == {"B": {"attempts": 1, "failures": 1, "crashes": 0}}
-    await resuming
+    for interrupt in (True, False):
+        resumed = durable(agents, chain(*agents), store_url, "run", retry=slow)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="graphflow_durable"):
+            resuming = asyncio.ensure_future(resumed.run())
+            # The next driver holds the run and waits out what is left of the back-off, counting no crash.
+            await wait_for(lambda: any("backing off until" in r.getMessage() for r in caplog.records))
+        assert team.store.get_run("run").lease_owner == resumed._session.owner
+        waiting = team.run_info()
+        assert waiting.status == "interrupted" and waiting.next_attempt_at == retry_at
+        assert waiting.turns == {"B": {"attempts": 1, "failures": 1, "crashes": 0}}
+        if interrupt:  # interrupted again while it waits: nothing dispatched, the lease released
+            resuming.cancel()
+            with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
+                await resuming
+            again = team.run_info()
+            assert again.status == "interrupted" and again.lease_owner is None
+            assert again.next_attempt_at == retry_at and again.turns == waiting.turns
+        else:
+            await resuming
+    assert not [r for r in caplog.records if "interrupt_grace_seconds" in r.getMessage()]
     assert stored_transcript(team) == await _reference(store_url)
     # The interrupted back-off dispatched nothing: the next driver's is the second attempt, and it
     # was dispatched once the recorded time had come, not before.

@@ -218,3 +218,19 @@ async def test_a_pool_worker_resuming_a_run_interrupted_during_its_back_off_rele
         assert calls == ["A", "B", "B", "C"]
         redispatch = next(s for s in driven.history() if s.kind == "resume" and "B" in s.dispatched)
         assert redispatch.time >= retry_at
+
+
+async def test_deferring_a_run_in_the_queue_needs_its_lease_and_counts_no_failure(store_url: str) -> None:
+    agents = [Scripted(n) for n in "AB"]
+    await durable(agents, chain(*agents), store_url, "run").run(task="go")
+    with Store(store_url) as store:
+        token = store._driver.acquire_lease("run", "driver", lease_seconds=30)
+        assert store.queue.defer("run", 1000.0, fencing_token=token)  # a run never submitted, too
+        queued = store.queue.get_submission("run")
+        assert queued is not None and queued.not_before == 1000.0
+        assert (queued.attempts, queued.last_error, queued.task) == (0, None, None)
+        store._driver.release_lease("run", token)
+        store._driver.acquire_lease("run", "successor", lease_seconds=30)
+        # A driver taken over changes nothing (fenced by its token); nor does one without the lease.
+        assert not store.queue.defer("run", 2000.0, fencing_token=token)
+        assert store.queue.get_submission("run").not_before == 1000.0  # type: ignore[union-attr]

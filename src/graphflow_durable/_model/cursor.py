@@ -26,6 +26,23 @@ def _counts(name: str, counts: Mapping[str, float], flying: set[str]) -> dict[st
     return {name: kept} if kept else {}
 
 
+#: The per-node maps of the in-flight turns, by key, with the type of their values (the compact
+#: JSON and the saved state's extension write them alike).
+_TURN_MAPS: dict[str, type[int] | type[str] | type[float]] = {
+    "attempts": int,
+    "dispatch_step": int,
+    "keys": str,
+    "failures": int,
+    "crashes": int,
+    "retry_at": float,
+}
+
+
+def _turn_maps(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-node maps of ``data`` (absent ones empty), their values converted to their type."""
+    return {name: {n: kind(v) for n, v in data.get(name, {}).items()} for name, kind in _TURN_MAPS.items()}
+
+
 def without_one(items: tuple[str, ...], item: str) -> tuple[str, ...]:
     """``items`` without its first occurrence of ``item``."""
     index = items.index(item)
@@ -205,13 +222,8 @@ class Cursor:
                 batch_start=int(data["batch_start"]),
                 finished=bool(data["finished"]),
                 dispatches=merged,
-                attempts={n: int(a) for n, a in data.get("attempts", {}).items()},
-                dispatch_step={n: int(s) for n, s in data.get("dispatch_step", {}).items()},
                 stopped=bool(data.get("stopped", False)),
-                keys={n: str(k) for n, k in data.get("keys", {}).items()},
-                failures={n: int(f) for n, f in data.get("failures", {}).items()},
-                crashes={n: int(c) for n, c in data.get("crashes", {}).items()},
-                retry_at={n: float(t) for n, t in data.get("retry_at", {}).items()},
+                **_turn_maps(data),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"stored cursor has the wrong shape: {exc!r}") from exc
@@ -274,12 +286,7 @@ class Cursor:
                 finished=ext.get("status") in ("finished", "stopped"),
                 stopped=ext.get("status") == "stopped",
                 dispatches={n: tuple(int(i) for i in v) for n, v in ext.get("dispatches", {}).items()},
-                attempts={n: int(a) for n, a in ext.get("attempts", {}).items()},
-                dispatch_step={n: int(s) for n, s in ext.get("dispatch_step", {}).items()},
-                keys={n: str(k) for n, k in ext.get("keys", {}).items()},
-                failures={n: int(f) for n, f in ext.get("failures", {}).items()},
-                crashes={n: int(c) for n, c in ext.get("crashes", {}).items()},
-                retry_at={n: float(t) for n, t in ext.get("retry_at", {}).items()},
+                **_turn_maps(ext),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

@@ -362,6 +362,12 @@ class DurableGraphFlow(GraphFlow):
         factory = self._message_factory
         return [factory.create(body) for body, is_task in round_ if output_task_messages or not is_task]
 
+    def _release_backoffs(self) -> None:
+        """Driven by a pool worker (:class:`~graphflow_durable.Worker` calls this): a retry's
+        back-off of a second or more leaves the run ``interrupted``, its lease released, for any
+        worker to resume once it is due, instead of sleeping it out holding the run."""
+        self._session.releases_backoffs = True
+
     # -- the stored run, outside a run: each method is one call into the store ----------------
 
     @property
@@ -378,13 +384,16 @@ class DurableGraphFlow(GraphFlow):
         """The stored run's record (status, head, lease..., its pending requests for human input in
         ``pending``, each in-flight node's attempts, failures and crashes in ``turns``; a run failed
         because a budget ran out names the node, attempts, cause and last error in
-        ``result["node_failed"]``), or ``None`` before the first run."""
+        ``result["node_failed"]``; while a node backs off after a failed attempt, when its next
+        attempt may be dispatched in ``next_attempt_at``, epoch seconds), or ``None`` before the
+        first run."""
         store = self.store
         run = store.get_run(self.run_id)
         if run is None:
             return None
         pending = tuple(store.pending_requests(self.run_id))
-        return _replace(run, pending=pending, turns=store.progress(self.run_id).turns)
+        at = store.progress(self.run_id)
+        return _replace(run, pending=pending, turns=at.turns, next_attempt_at=at.next_attempt_at)
 
     async def respond(
         self, answer: str, *, node: str | None = None, request_id: str | None = None

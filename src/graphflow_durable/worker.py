@@ -12,6 +12,8 @@ an agent that was running when its worker died runs again (at-least-once executi
 ``max_crash_attempts`` times per turn (then the run ends ``failed``); takeover happens when the
 lease expires, or at once when the dead worker was a process on the same host. A failed run is
 never claimed again on its own: ``graphflow-durable runs retry`` (``Store.retry_run``) queues it.
+No worker sits on a run for a retry's back-off of a second or more: its team leaves the run
+``interrupted`` for it, and any worker claims it once due (``RELEASE_BACKOFF`` in the manager).
 
 What a worker does when a run raises depends on the error's category (see :mod:`graphflow_durable.errors`):
 
@@ -95,7 +97,7 @@ class RunOutcome:
     ``graphflow-durable runs respond``, makes the run claimable again); ``"cancelled"``
     (``Store.cancel_run`` stopped it: the pool leaves it alone until ``Store.retry_run``);
     ``"interrupted"`` (the team stopped before the end, e.g. it was
-    halted); ``"failed"`` (the team raised; a run recorded ``failed`` is left alone until
+    halted, or it released the run for a node's retry back-off: ``error`` says until when); ``"failed"`` (the team raised; a run recorded ``failed`` is left alone until
     ``Store.retry_run``, any other is retried after a back-off, the longest one for a caller's
     mistake or bad configuration); ``"lost"`` (another worker
     took the run over or got it first: this worker wrote nothing more); ``"deferred"`` (the
@@ -239,11 +241,12 @@ class _RunDriver:
                     run_id=run_id,
                     option="run_id",
                 )
+            team._release_backoffs()  # no worker sits on a run for a retry's back-off
             run = store.get_run(run_id)
             # A submitted task starts the run; once its round has started, resuming needs no task
             # (and the same task again would be recognised and not added twice anyway).
             start = claim.task if claim.task is not None and (run is None or run.task is None) else None
-            await team.run(task=start)
+            outcome = await team.run(task=start)
         except (LeaseLostError, RunLockedError, ConflictError) as exc:
             # Another worker took the run over (this one was paused or too slow) or created it
             # first: the fencing token stopped every write; there is nothing to record here.
@@ -293,7 +296,8 @@ class _RunDriver:
             return "cancelled", "on request; 'graphflow-durable runs retry' queues it again"
         if final is not None and final.lease_owner not in (None, self._owner):
             return "lost", f"run {run_id} is now driven by {final.lease_owner}"
-        return "interrupted", f"status {status}"
+        # A run released for a node's back-off says until when (its stop reason).
+        return "interrupted", outcome.stop_reason or f"status {status}"
 
     def _failed(self, store: Store, claim: Claim, exc: BaseException) -> _Ended:
         """The run's own failure (its team or an agent raised): count it; a run recorded ``failed``
@@ -549,7 +553,8 @@ class Worker:
     async def run_until_idle(self) -> None:
         """Claim and drive runs until nothing is claimable and nothing is in flight (or a stop).
 
-        A database problem while claiming pauses the claims; it does not end the loop.
+        A database problem while claiming pauses the claims; it does not end the loop. A run
+        released for a retry's back-off is not claimable until it is due: this returns before it.
         """
         await self._loop(until_idle=True)
 

@@ -281,11 +281,11 @@ async def test_runs_history_shows_each_failed_attempt_with_its_error_and_elapsed
     assert rows == [s.as_dict() for s in team.history(node="B")]
 
 
-async def test_an_interrupt_during_the_back_off_leaves_the_node_to_the_next_driver(
+async def test_an_interrupt_during_the_back_off_leaves_the_rest_of_it_to_the_next_driver(
     store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     agents = [Scripted(n, before=failing(1) if n == "B" else None) for n in "ABC"]
-    slow = RetryPolicy(max_attempts=3, initial_interval=60, jitter=False)
+    slow = RetryPolicy(max_attempts=3, initial_interval=2.0, jitter=False)
     team = durable(agents, chain(*agents), store_url, "run", retry=slow, interrupt_grace_seconds=5)
     running = asyncio.ensure_future(team.run(task="go"))
     await wait_for(lambda: bool(team.store.get_run("run")) and len(_attempts_failed(team)) == 1)
@@ -293,13 +293,41 @@ async def test_an_interrupt_during_the_back_off_leaves_the_node_to_the_next_driv
     with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
         await running
     assert not [r for r in caplog.records if "interrupt_grace_seconds" in r.getMessage()]
+    retry_at = _attempts_failed(team)[0]["retry_at"]
+    assert isinstance(retry_at, float)
     run = team.run_info()
+    # An orderly interrupt: the run is interrupted, not running (the next driver counts no crash).
     assert run.status == "interrupted" and run.lease_owner is None
+    assert run.next_attempt_at == retry_at
     assert team.store.load("run").scheduler["s"]["in_flight"] == ["B"]
-    await durable(agents, chain(*agents), store_url, "run", retry=slow).run()
+    for interrupt in (True, False):
+        resumed = durable(agents, chain(*agents), store_url, "run", retry=slow)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="graphflow_durable"):
+            resuming = asyncio.ensure_future(resumed.run())
+            # The next driver holds the run and waits out what is left of the back-off, counting no crash.
+            await wait_for(lambda: any("backing off until" in r.getMessage() for r in caplog.records))
+        assert team.store.get_run("run").lease_owner == resumed._session.owner
+        waiting = team.run_info()
+        assert waiting.status == "interrupted" and waiting.next_attempt_at == retry_at
+        assert waiting.turns == {"B": {"attempts": 1, "failures": 1, "crashes": 0}}
+        if interrupt:  # interrupted again while it waits: nothing dispatched, the lease released
+            resuming.cancel()
+            with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
+                await resuming
+            again = team.run_info()
+            assert again.status == "interrupted" and again.lease_owner is None
+            assert again.next_attempt_at == retry_at and again.turns == waiting.turns
+        else:
+            await resuming
+    assert not [r for r in caplog.records if "interrupt_grace_seconds" in r.getMessage()]
     assert stored_transcript(team) == await _reference(store_url)
-    # The interrupted back-off dispatched nothing: the next driver's is the second attempt.
+    # The interrupted back-off dispatched nothing: the next driver's is the second attempt, and it
+    # was dispatched once the recorded time had come, not before.
     assert [(s.kind, s.attempt) for s in team.history(node="B")] == [("attempt_failed", 1), ("complete", 2)]
+    redispatch = next(s for s in team.history() if s.kind == "resume" and "B" in s.dispatched)
+    assert redispatch.time >= retry_at
+    assert team.run_info().next_attempt_at is None
 
 
 async def test_a_timeout_cancels_only_its_own_turn_the_batch_siblings_run_on(sqlite_url: str) -> None:

@@ -105,6 +105,20 @@ def test_failures_and_crashes_count_per_turn_until_it_answers_or_a_fresh_budget(
     assert (again.failures, again.crashes) == ({}, {})
 
 
+def test_a_back_off_is_committed_with_the_cursor_until_the_node_is_dispatched_again() -> None:
+    cursor = Cursor.fresh(flying()).dispatched(flying("B", "C"), ["B", "C"], 3, 7)
+    assert cursor.next_attempt_at(["B", "C"]) is None and "retry_at" not in cursor.to_json(SPEC)
+    backing = cursor.failed("B").backing_off("B", 1000.5).failed("C").backing_off("C", 1002.0)
+    back = Cursor.from_json(backing.to_json(SPEC), SPEC, {})
+    assert back.retry_at == {"B": 1000.5, "C": 1002.0}  # a resuming driver reads it from the head
+    assert Cursor.from_extension(backing.extension("r1")).retry_at == back.retry_at  # save_state too
+    assert backing.next_attempt_at(["B"]) == 1000.5 and backing.next_attempt_at(["B", "C"]) == 1002.0
+    again = backing.redispatched(["B"])
+    assert again.retry_at == {"C": 1002.0} and again.attempts["B"] == 2
+    assert backing.answered("C", flying("B")).retry_at == {"B": 1000.5}
+    assert backing.fresh_budget().retry_at == {}
+
+
 def test_a_cursor_with_no_failure_nor_crash_stores_what_it_stored_before_they_were_counted() -> None:
     cursor = Cursor.fresh(flying()).dispatched(flying("B"), ["B"], 3, 7)
     assert "failures" not in cursor.to_json(SPEC) and "crashes" not in cursor.to_json(SPEC)
@@ -209,6 +223,7 @@ def cursors(draw: st.DrawFn) -> Cursor:
         failures=draw(st.dictionaries(flying_nodes, st.integers(1, 5))),
         crashes=draw(st.dictionaries(flying_nodes, st.integers(1, 5))),
         end_due=not finished and draw(st.booleans()),  # only a batch of an unended round is due
+        retry_at=draw(st.dictionaries(flying_nodes, st.floats(1.0, 4e9, allow_nan=False))),
     )
 
 
@@ -227,7 +242,7 @@ def test_the_compact_json_round_trips_with_the_idle_dispatches_from_the_step_log
 def test_the_compact_json_holds_dispatch_bookkeeping_of_in_flight_nodes_only(cursor: Cursor) -> None:
     data = cursor.to_json(SPEC)
     flying_nodes = set(cursor.sched.in_flight)
-    for name in ("dispatches", "attempts", "dispatch_step", "keys", "failures", "crashes"):
+    for name in ("dispatches", "attempts", "dispatch_step", "keys", "failures", "crashes", "retry_at"):
         assert set(data.get(name, {})) <= flying_nodes
     assert ("stopped" in data) is cursor.stopped
 

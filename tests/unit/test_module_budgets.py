@@ -51,8 +51,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The participant buffer rule: what each participant has heard since it last spoke.",
     ),
     "_model/codec.py": (250, "Canonical JSON in and out: the only place where stored bytes are made."),
-    "_model/cursor.py": (
-        250,
+    "_model/cursor.py": (  # 250 -> 300: each in-flight node's durable back-off (retry_at)
+        300,
         "The manager's position in a run: scheduler state plus what resuming needs beyond it.",
     ),
     "_model/exported.py": (  # 150 -> 175: a supplied answer's rule (Store.supply_output)
@@ -97,8 +97,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         250,
         "Human input in a durable run: the input functions of ``UserProxyAgent`` participants, i...",
     ),
-    "_runtime/manager.py": (  # 450 -> 650: a failed attempt's retry, the run's failure, crash loops
-        650,
+    # 450 -> 650: a failed attempt's retry, the run's failure, crash loops; 650 -> 750: the durable
+    # back-off (a pool worker releases the run for it, a resume waits out what is left)
+    "_runtime/manager.py": (
+        750,
         "The durable GraphFlow manager: commits every transition; retries a failed attempt.",
     ),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),

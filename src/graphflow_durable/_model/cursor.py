@@ -19,11 +19,28 @@ __all__ = ["FORMAT", "Cursor", "without_one"]
 FORMAT = 1
 
 
-def _counts(name: str, counts: Mapping[str, int], flying: set[str]) -> dict[str, Any]:
-    """``{name: counts}`` of the nodes in flight, or nothing at all when none counts (so a run
-    with no failure stores, and saves, exactly what it did before these counts existed)."""
+def _counts(name: str, counts: Mapping[str, float], flying: set[str]) -> dict[str, Any]:
+    """``{name: values}`` of the nodes in flight (counts, or back-off times), or nothing at all when
+    none has one (so a run with no failure stores, and saves, exactly what it did before them)."""
     kept = {n: counts[n] for n in sorted(flying) if counts.get(n)}
     return {name: kept} if kept else {}
+
+
+#: The per-node maps of the in-flight turns, by key, with the type of their values (the compact
+#: JSON and the saved state's extension write them alike).
+_TURN_MAPS: dict[str, type[int] | type[str] | type[float]] = {
+    "attempts": int,
+    "dispatch_step": int,
+    "keys": str,
+    "failures": int,
+    "crashes": int,
+    "retry_at": float,
+}
+
+
+def _turn_maps(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-node maps of ``data`` (absent ones empty), their values converted to their type."""
+    return {name: {n: kind(v) for n, v in data.get(name, {}).items()} for name, kind in _TURN_MAPS.items()}
 
 
 def without_one(items: tuple[str, ...], item: str) -> tuple[str, ...]:
@@ -55,6 +72,10 @@ class Cursor:
         crashes: per in-flight node, how many attempts of this turn died with their process (what
             ``max_crash_attempts`` counts). Both are committed, so a crash never resets them; a new
             turn starts both at zero, and :meth:`fresh_budget` clears them.
+        retry_at: per in-flight node backing off after a failed attempt, when its next attempt may
+            be dispatched (epoch seconds, the driver's ``time.time()``: the clock of the pool
+            queue's ``not_before``). Committed with the ``attempt_failed`` step, so a driver that
+            resumes the run waits out only what is left; cleared by the re-dispatch.
         end_due: the batch's answers are all recorded but its end (the termination condition on
             the batch, the turn count, ``max_turns``, the next selection) is not decided: an
             operator supplied its last answer (``Store.supply_output``), and only the team knows
@@ -73,6 +94,7 @@ class Cursor:
     keys: Mapping[str, str] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
     crashes: Mapping[str, int] = field(default_factory=dict)
+    retry_at: Mapping[str, float] = field(default_factory=dict)
     end_due: bool = False
 
     @classmethod
@@ -102,9 +124,21 @@ class Cursor:
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
-        """``speakers`` (in flight) dispatched again: one more attempt each; the others' unchanged."""
+        """``speakers`` (in flight) dispatched again: one more attempt each, no longer backing off;
+        the others' unchanged."""
         attempts = {**self.attempts, **{n: self.attempts.get(n, 1) + 1 for n in speakers}}
-        return replace(self, attempts=attempts)
+        retry_at = {n: t for n, t in self.retry_at.items() if n not in speakers}
+        return replace(self, attempts=attempts, retry_at=retry_at)
+
+    def backing_off(self, node: str, until: float) -> Cursor:
+        """``node``'s next attempt may be dispatched at ``until`` (epoch seconds), not before."""
+        return replace(self, retry_at={**self.retry_at, node: until})
+
+    def next_attempt_at(self, nodes: Sequence[str]) -> float | None:
+        """When all of ``nodes`` (in flight) may be dispatched again: the latest of their back-offs,
+        or ``None`` when none of them backs off."""
+        times = [self.retry_at[n] for n in nodes if n in self.retry_at]
+        return max(times) if times else None
 
     def failed(self, node: str) -> Cursor:
         """An attempt of ``node``'s turn raised or timed out: one more failure counted."""
@@ -115,8 +149,8 @@ class Cursor:
         return replace(self, crashes={**self.crashes, **{n: self.crashes.get(n, 0) + 1 for n in nodes}})
 
     def fresh_budget(self) -> Cursor:
-        """Failures and crashes forgotten (an operator's retry of a run whose budget ran out)."""
-        return replace(self, failures={}, crashes={})
+        """Failures, crashes and back-offs forgotten (an operator's retry of a run whose budget ran out)."""
+        return replace(self, failures={}, crashes={}, retry_at={})
 
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
         # Constructed directly, not with dataclasses.replace: this runs on every completion.
@@ -134,6 +168,7 @@ class Cursor:
             {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
             {n: f for n, f in self.failures.items() if n in still} if self.failures else self.failures,
             {n: c for n, c in self.crashes.items() if n in still} if self.crashes else self.crashes,
+            {n: t for n, t in self.retry_at.items() if n in still} if self.retry_at else self.retry_at,
         )
 
     def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
@@ -167,6 +202,7 @@ class Cursor:
             **({"keys": {n: self.keys[n] for n in sorted(flying) if n in self.keys}} if self.keys else {}),
             **_counts("failures", self.failures, flying),
             **_counts("crashes", self.crashes, flying),
+            **_counts("retry_at", self.retry_at, flying),
         }
 
     def to_json(self, spec: GraphSpec) -> dict[str, Any]:
@@ -197,12 +233,8 @@ class Cursor:
                 batch_start=int(data["batch_start"]),
                 finished=bool(data["finished"]),
                 dispatches=merged,
-                attempts={n: int(a) for n, a in data.get("attempts", {}).items()},
-                dispatch_step={n: int(s) for n, s in data.get("dispatch_step", {}).items()},
                 stopped=bool(data.get("stopped", False)),
-                keys={n: str(k) for n, k in data.get("keys", {}).items()},
-                failures={n: int(f) for n, f in data.get("failures", {}).items()},
-                crashes={n: int(c) for n, c in data.get("crashes", {}).items()},
+                **_turn_maps(data),
                 end_due=bool(data.get("end_due", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
@@ -243,6 +275,7 @@ class Cursor:
             **_counts("failures", self.failures, set(self.sched.in_flight)),
             **_counts("crashes", self.crashes, set(self.sched.in_flight)),
             **({"end_due": True} if self.end_due else {}),
+            **_counts("retry_at", self.retry_at, set(self.sched.in_flight)),
         }
         if graph_fingerprint is not None:
             out["graph_fingerprint"] = graph_fingerprint
@@ -267,11 +300,7 @@ class Cursor:
                 stopped=ext.get("status") == "stopped",
                 end_due=bool(ext.get("end_due", False)),
                 dispatches={n: tuple(int(i) for i in v) for n, v in ext.get("dispatches", {}).items()},
-                attempts={n: int(a) for n, a in ext.get("attempts", {}).items()},
-                dispatch_step={n: int(s) for n, s in ext.get("dispatch_step", {}).items()},
-                keys={n: str(k) for n, k in ext.get("keys", {}).items()},
-                failures={n: int(f) for n, f in ext.get("failures", {}).items()},
-                crashes={n: int(c) for n, c in ext.get("crashes", {}).items()},
+                **_turn_maps(ext),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc

@@ -255,6 +255,13 @@ def turn_counts(cursor: Any) -> dict[str, dict[str, int]]:
     }
 
 
+def next_attempt_at(cursor: Any) -> float | None:
+    """When the next attempt of a node backing off after a failed attempt may be dispatched, by a
+    step's stored cursor (``Cursor.to_json``: its ``retry_at``; the earliest of several), or ``None``."""
+    times = cursor.get("retry_at") if isinstance(cursor, Mapping) else None
+    return min(float(t) for t in times.values()) if isinstance(times, Mapping) and times else None
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """A run's row."""
@@ -286,6 +293,10 @@ class RunRecord:
     """Per node in flight at the head, its turn's ``attempts``, ``failures`` and ``crashes``, where
     the reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty. A run that failed
     because a budget ran out names its node in ``result["node_failed"]`` (:class:`NodeFailure`)."""
+    next_attempt_at: float | None = None
+    """While a node backs off after a failed attempt (a retry policy), when its next attempt may be
+    dispatched (epoch seconds, the driver's wall clock), where the reader asked for it
+    (``DurableGraphFlow.run_info()``); otherwise ``None``."""
 
 
 @dataclass(frozen=True)

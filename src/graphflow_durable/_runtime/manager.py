@@ -14,12 +14,20 @@ A failed attempt under a node's policy (``GroupChatAttemptFailed``) is committed
 ``attempt_failed`` step; the agent is put back at its stored state and the node dispatched again
 after its back-off, or, with its attempts spent (or a non-retryable error), the run is committed
 ``failed`` with its ``node_failed`` marker and ends with :class:`~graphflow_durable.NodeFailedError`.
+
+The back-off is durable: the time the node may run again (``Cursor.retry_at``) is committed with
+the ``attempt_failed`` step. ``run()`` sleeps it out holding the lease; a team driven by a pool
+worker (``ManagerLink.releases_backoffs``) whose back-off is :data:`RELEASE_BACKOFF` seconds or more
+and that has nothing else running leaves the run ``interrupted`` in that same commit, its lease
+released and its queue row due then (``ManagerLink.defer``), so that no worker sits on it. A driver
+that resumes a run backing off waits out only what is left (or, in a pool, releases it again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -47,14 +55,19 @@ from graphflow_durable._runtime.commits import Commits
 from graphflow_durable._runtime.container import GroupChatAttemptFailed, Turns, answer_delta
 from graphflow_durable._runtime.gate import GroupChatInputPending
 from graphflow_durable._runtime.stops import RoundStops, RunControl
+from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import NodeFailedError, NodeTimeoutError, StateFormatError
 from graphflow_durable.retry import NodeRetryEvent, delay, is_retryable
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
 
-__all__ = ["DurableGraphFlowManager", "ManagerLink"]
+__all__ = ["RELEASE_BACKOFF", "DurableGraphFlowManager", "ManagerLink"]
 
 logger = logging.getLogger(__name__)
+
+#: A pool worker releases a run for a back-off of this many seconds or more (a shorter one it sleeps
+#: out: a release, a claim and a restore cost more than that).
+RELEASE_BACKOFF = 1.0
 
 
 class ManagerLink(Protocol):
@@ -68,6 +81,8 @@ class ManagerLink(Protocol):
     turns: Turns
     control: RunControl
     max_crash_attempts: int
+    releases_backoffs: bool
+    """Driven by a pool worker: a back-off of :data:`RELEASE_BACKOFF` seconds or more releases the run."""
 
     @property
     def commits(self) -> Commits: ...
@@ -84,6 +99,9 @@ class ManagerLink(Protocol):
     def take_resume_budget(self) -> tuple[bool, bool]:
         """Once per attach: whether the previous driver died with turns in flight, and whether the
         run was given a fresh budget (``runs retry``)."""
+
+    async def defer(self, until: float) -> None:
+        """While the lease is held: no pool worker claims the run before ``until`` (epoch seconds)."""
 
 
 class DurableGraphFlowManager(GraphFlowManager):
@@ -200,8 +218,9 @@ class DurableGraphFlowManager(GraphFlowManager):
     async def _on_attempt_failed(self, message: GroupChatAttemptFailed, token: CancellationToken) -> None:
         """Record the failed attempt (``cursor.failed``); then, when the node's retry policy allows
         another attempt and the error is retryable: put the agent back at its stored state (its
-        input buffer is untouched by a failed turn), wait the back-off holding the lease, and
-        dispatch the node again. Otherwise fail the run with the node's ``node_failed`` marker."""
+        input buffer is untouched by a failed turn), wait the back-off holding the lease (or, in a
+        pool, release the run for it), and dispatch the node again. Otherwise fail the run with the
+        node's ``node_failed`` marker."""
         name = message.name
         exc = self._link.turns.take_error(name)
         if name not in self._cursor.sched.in_flight:
@@ -226,11 +245,30 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._exhausted(name, used, message, exc, data)
             return
         wait = delay(policy, message.attempt, exc)
+        # The wall clock: the time is durable (another process resumes the run by it) and is the
+        # pool queue's not_before.
+        retry_at = time.time() + wait
+        self._cursor = self._cursor.backing_off(name, retry_at)
+        # A pool worker does not sit on a run for its back-off: with nothing else of the run running,
+        # the queue row is made due then and this commit leaves the run interrupted, lease released.
+        release = (
+            self._link.releases_backoffs
+            and wait >= RELEASE_BACKOFF
+            and set(self._cursor.sched.in_flight) == {name}
+        )
+        if release:
+            await self._link.defer(retry_at)
         await self._commit(
-            Step(StepKind.ATTEMPT_FAILED, name, self._cursor.to_json(self._spec), {**data, "retry_in": wait}),
+            Step(
+                StepKind.ATTEMPT_FAILED,
+                name,
+                self._cursor.to_json(self._spec),
+                {**data, "retry_in": wait, "retry_at": retry_at},
+            ),
             (),
             (),
             None,
+            RunUpdate(status="interrupted", release_lease=True) if release else None,
         )
         logger.warning(
             "run %s: node %r attempt %d of %d failed (%s: %s); retrying in %.1f s",
@@ -256,13 +294,32 @@ class DurableGraphFlowManager(GraphFlowManager):
         state = await self._link.turns.stored_state(self._link.run_id, name)
         if state is not None:
             await self._participants[name].load_state(state)
-        deadline = asyncio.get_running_loop().time() + wait
-        while not self._link.control.halted and (left := deadline - asyncio.get_running_loop().time()) > 0:
-            await asyncio.sleep(min(left, 0.25))  # the lease is renewed meanwhile; an interrupt ends it
-        if self._link.control.halted:  # nothing more runs: the node stays in flight for the next driver
+        if release:
+            await self._released_for_backoff([name], retry_at)
+            return
+        if not await self._backed_off(retry_at):  # nothing more runs: the node stays in flight
             await self._dispatch([name], self._link.commits.head, token)
             return
         await self._redispatch([name], token)
+
+    async def _backed_off(self, until: float) -> bool:
+        """Sleep until ``until`` (epoch seconds) holding the lease (renewed meanwhile); ``False`` when
+        the run was halted meanwhile (an interrupt, a lost lease): nothing is to be dispatched."""
+        while not self._link.control.halted and (left := until - time.time()) > 0:
+            await asyncio.sleep(min(left, 0.25))
+        return not self._link.control.halted
+
+    async def _released_for_backoff(self, nodes: Sequence[str], until: float) -> None:
+        """The run was left ``interrupted`` for ``nodes``' back-off, its lease released: end the
+        round, saying until when (a pool worker claims it again then)."""
+        reason = (
+            f"{', '.join(nodes)} backing off until {iso(until)}: the run is released for the pool "
+            "(any worker resumes it then)"
+        )
+        logger.info("run %s: %s", self._link.run_id, reason)
+        self._stop_reason = reason
+        self._link.control.halt(reason)
+        await self._signal_termination(StopMessage(content=reason, source=self._name))
 
     async def _exhausted(
         self,
@@ -386,7 +443,8 @@ class DurableGraphFlowManager(GraphFlowManager):
             # The budget, counted before any dispatch and committed with it: the turns of a driver
             # that died count one crash each; a node that died max_crash_attempts times is not run.
             cursor = cursor.fresh_budget() if fresh else cursor
-            cursor = cursor.crashed(speakers) if died else cursor
+            # A node backing off had its failure recorded, and was not running: no crash of its.
+            cursor = cursor.crashed([n for n in speakers if n not in cursor.retry_at]) if died else cursor
             spent = [
                 n
                 for n in dict.fromkeys(speakers)
@@ -394,6 +452,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             ]
             if spent:
                 await self._crash_loop(cursor, spent[0], records, update)
+                return
+            due = cursor.next_attempt_at(speakers)
+            if due is not None and not await self._resume_after_backoff(cursor, kind, due, records, update):
                 return
             cursor = cursor.redispatched(speakers)
             logger.info(
@@ -428,6 +489,50 @@ class DurableGraphFlowManager(GraphFlowManager):
             update,
         )
         await self._dispatch(speakers, head, ctx.cancellation_token)
+
+    async def _resume_after_backoff(
+        self,
+        cursor: Cursor,
+        kind: StepKind,
+        due: float,
+        records: Sequence[MessageRecord],
+        update: RunUpdate,
+    ) -> bool:
+        """The resumed nodes back off until ``due`` (the previous driver was interrupted, or released
+        the run, during a back-off): wait out what is left of it holding the lease, and return
+        whether to dispatch them now. A pool worker with :data:`RELEASE_BACKOFF` seconds or more
+        left releases the run again instead (committing what this resume changed, the run left
+        ``interrupted``); a halt during the wait dispatches nothing (nothing was committed)."""
+        left = due - time.time()
+        if left <= 0:
+            return True
+        nodes = [n for n in dict.fromkeys(cursor.sched.in_flight) if n in cursor.retry_at]
+        if not (self._link.releases_backoffs and left >= RELEASE_BACKOFF):
+            logger.info(
+                "run %s: %s backing off until %s; waiting %.1f s",
+                self._link.run_id,
+                ", ".join(nodes),
+                iso(due),
+                left,
+            )
+            if await self._backed_off(due):
+                return True
+            if self._link.control.halt_reason is not None:  # nothing runs now: the round ends, saying why
+                await self._signal_termination(
+                    StopMessage(content=self._link.control.halt_reason, source=self._name)
+                )
+            return False
+        self._cursor = cursor
+        await self._link.defer(due)
+        await self._commit(
+            Step(kind, None, cursor.to_json(self._spec), {"backing_off": nodes, "until": due}),
+            records,
+            (),
+            None,
+            replace(update, status="interrupted", release_lease=True),
+        )
+        await self._released_for_backoff(nodes, due)
+        return False
 
     async def _crash_loop(
         self, cursor: Cursor, node: str, records: Sequence[MessageRecord], update: RunUpdate

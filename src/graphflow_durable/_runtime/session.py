@@ -123,6 +123,7 @@ class RunSession:
         self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
         self.max_crash_attempts = max_crash_attempts
+        self.releases_backoffs = False  # driven by a pool worker: a long back-off releases the run
         # What the last attach found, for the resume's budget (see take_resume_budget).
         self._died = self._fresh_budget = False
 
@@ -471,6 +472,13 @@ class RunSession:
         flight (their crashes count), and whether ``runs retry`` gave its nodes a fresh budget."""
         found, self._died, self._fresh_budget = (self._died, self._fresh_budget), False, False
         return found
+
+    async def defer(self, until: float) -> None:
+        """No pool worker claims the run before ``until`` (epoch seconds, the workers' clock): its
+        queue row's ``not_before``, set while this driver holds the lease (fenced by its token: a
+        driver taken over changes nothing), before the commit that releases it."""
+        queue = self.store.queue
+        await asyncio.to_thread(queue.defer, self.run_id, until, fencing_token=self.fencing_token)
 
     def take_resumed_round(self) -> list[tuple[Mapping[str, Any], bool]]:
         """What the round resumed by the last attach had produced before (message dump, whether it

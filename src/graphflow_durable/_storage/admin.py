@@ -31,6 +31,7 @@ from graphflow_durable._model.records import (
     NodeFailure,
     Step,
     StepKind,
+    next_attempt_at,
     turn_counts,
 )
 from graphflow_durable._storage import statements as S
@@ -394,6 +395,8 @@ class Progress:
         head_at: when the head step was committed (epoch seconds), or ``None``.
         turns: per node in flight at the head, its turn's ``attempts``, ``failures`` (raised or
             timed out) and ``crashes`` (died with their process).
+        next_attempt_at: while a node backs off after a failed attempt, when its next attempt may
+            be dispatched (epoch seconds), else ``None``.
     """
 
     rounds: int
@@ -401,6 +404,7 @@ class Progress:
     head_node: str | None
     head_at: float | None
     turns: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    next_attempt_at: float | None = None
 
 
 def progress(conn: sa.Connection, run_id: str, head: int) -> Progress:
@@ -415,16 +419,18 @@ def progress(conn: sa.Connection, run_id: str, head: int) -> Progress:
     ).first()
     if top is None:
         return Progress(int(rounds), None, None, None)
-    return Progress(int(rounds), str(top.kind), top.node, float(top.created_at), _turns(top.scheduler))
+    turns, due = _turns(top.scheduler)
+    return Progress(int(rounds), str(top.kind), top.node, float(top.created_at), turns, due)
 
 
-def _turns(text: Any) -> dict[str, dict[str, int]]:
-    """The in-flight turns' counts of a head step's cursor (a damaged one shows none: ``verify``
-    is where damage is reported)."""
+def _turns(text: Any) -> tuple[dict[str, dict[str, int]], float | None]:
+    """The in-flight turns' counts of a head step's cursor, and its next attempt's time (a damaged
+    one shows none: ``verify`` is where damage is reported)."""
     try:
-        return turn_counts(loads(text)) if isinstance(text, str) else {}
+        cursor = loads(text) if isinstance(text, str) else None
+        return turn_counts(cursor), next_attempt_at(cursor)
     except (ValueError, TypeError, AttributeError):
-        return {}
+        return {}, None
 
 
 #: The package's tables, children first (the order rows are deleted in).

@@ -465,6 +465,27 @@ class WorkQueue:
         with self._guard(f"recording a failure of run {run_id}", run_id), self._e.write.begin() as conn:
             return _note(conn, run_id, values, count=True)
 
+    def defer(self, run_id: str, until: float, *, fencing_token: int) -> bool:
+        """Keep workers off ``run_id`` until ``until`` (epoch seconds, the workers' clock): its driver
+        releases it for a node's back-off. Counts no attempt and leaves its last error alone (a
+        back-off is not a failure of the pool). Only while the lease is held with ``fencing_token``
+        (a driver taken over changes nothing); returns whether it was. Works for runs that were never
+        submitted, too."""
+        held = (
+            sa.select(runs.c.run_id)
+            .where(
+                runs.c.run_id == run_id,
+                runs.c.fencing_token == fencing_token,
+                runs.c.lease_owner.is_not(None),
+            )
+            .with_for_update()
+        )  # PostgreSQL: no takeover between the check and the update
+        with self._guard(f"deferring run {run_id}", run_id), self._e.write.begin() as conn:
+            if conn.execute(held).first() is None:
+                return False
+            _note(conn, run_id, {"not_before": until}, count=False)
+        return True
+
     def record_error(self, run_id: str, *, error: str) -> None:
         """Keep ``error`` as the run's last error (``runs show``), counting no attempt and leaving its
         back-off alone: a run that failed outside a worker pool. Works for runs that were never

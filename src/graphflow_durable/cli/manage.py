@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -172,6 +173,7 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     }
     failure = NodeFailure.of(run)
     shown["in_flight"] = {node: dict(counts) for node, counts in at.turns.items()}
+    shown["next_attempt_at"] = at.next_attempt_at
     shown["node_failed"] = None if failure is None else failure.to_json()
     if failure is not None and shown["last_error"] is None:
         shown["last_error"] = f"{failure.error_type}: {failure.error}"
@@ -210,6 +212,11 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         ),
         *(
             []
+            if at.next_attempt_at is None
+            else [("next retry", f"{iso(at.next_attempt_at)} ({_from_now(at.next_attempt_at)})")]
+        ),
+        *(
+            []
             if failure is None
             else [
                 (
@@ -235,6 +242,12 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     ]
     for key, value in lines:
         out(f"{key:<11} {value}")
+
+
+def _from_now(at: float) -> str:
+    """``at`` (epoch seconds) from now by this process's clock: "in 12 s", or "due" once past."""
+    left = at - time.time()
+    return f"in {left:.0f} s" if left >= 0.5 else "due"
 
 
 def _open_request_hint(status: str) -> str:

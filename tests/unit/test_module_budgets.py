@@ -51,8 +51,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The participant buffer rule: what each participant has heard since it last spoke.",
     ),
     "_model/codec.py": (250, "Canonical JSON in and out: the only place where stored bytes are made."),
-    "_model/cursor.py": (  # 250 -> 300: each in-flight node's durable back-off (retry_at)
-        300,
+    "_model/cursor.py": (  # 250 -> 325: each node's durable back-off (retry_at), end_due
+        325,
         "The manager's position in a run: scheduler state plus what resuming needs beyond it.",
     ),
     "_model/exported.py": (  # 150 -> 175: a supplied answer's rule (Store.supply_output)
@@ -185,9 +185,9 @@ BUDGETS: dict[str, tuple[int, str]] = {
         150,
         "``graphflow-durable runs list`` and ``runs verify``: what they print, for :mod:`.runs`.",
     ),
-    "cli/manage.py": (
-        300,
-        "``graphflow-durable runs show|cancel|retry|delete|prune|stats``: looking at and managin...",
+    "cli/manage.py": (  # 300 -> 375: runs supply; the next retry time in runs show
+        375,
+        "``graphflow-durable runs show|cancel|retry|supply|delete|prune|stats``: looking at and managin...",
     ),
     "cli/repair.py": (350, "``graphflow-repair``: check a saved GraphFlow team state, and repair it."),
     "cli/runs.py": (

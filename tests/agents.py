@@ -4,7 +4,9 @@ legacy-fixture maker ``tests/fixtures/make_legacy.py`` and the worker-pool team
 
 :class:`Scripted` answers with its name, its turn number and a digest of everything it was given,
 so a lost or duplicated input, or a wrongly restored agent state (the turn number is its saved
-state), shows in the transcript. Hooks let a test make a turn wait, fail or look around.
+state), shows in the transcript. Hooks let a test make a turn wait, fail, hang or look around;
+:class:`Streaming` streams events (or hangs); the worker scripts of ``tests/crash`` and
+``tests/pool`` log their turns with :func:`log_turn` and kill themselves with :func:`die`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import os
+import signal
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from autogen_agentchat.agents import BaseChatAgent
 from autogen_agentchat.base import Response, TerminationCondition
-from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, TextMessage
+from autogen_agentchat.messages import (
+    BaseAgentEvent,
+    BaseChatMessage,
+    ModelClientStreamingChunkEvent,
+    TextMessage,
+)
 from autogen_agentchat.teams import DiGraph, DiGraphBuilder
 from autogen_core import CancellationToken, Component
 from pydantic import BaseModel
@@ -54,7 +63,19 @@ class ScriptedConfig(BaseModel):
     reply: str = "digest"
 
 
-class Scripted(BaseChatAgent, Component[ScriptedConfig]):
+class TextAgent(BaseChatAgent):
+    """A test agent that answers with a :class:`TextMessage` and has nothing to reset: a subclass
+    writes ``on_messages`` (and ``on_reset`` when it holds something to forget)."""
+
+    @property
+    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
+        return (TextMessage,)
+
+    async def on_reset(self, cancellation_token: CancellationToken) -> None:
+        pass
+
+
+class Scripted(TextAgent, Component[ScriptedConfig]):
     """A deterministic agent.
 
     Args:
@@ -88,10 +109,6 @@ class Scripted(BaseChatAgent, Component[ScriptedConfig]):
         self.calls = calls if calls is not None else []
         self.before = before
         self.token: CancellationToken | None = None
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
 
     async def on_messages(
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
@@ -154,6 +171,84 @@ def fail_on_turn(turn: int) -> Hook:
             raise Boom(f"{agent.name} crashed on purpose on turn {turn}")
 
     return hook
+
+
+def failing(times: int, error: type[Exception] = ConnectionError, *, turn: int | None = None) -> Hook:
+    """Raise ``error`` on the agent's first ``times`` calls (only on its ``turn``-th turn, when
+    given), after its turn counter moved, as a half-done model call changes an agent's memory
+    before it fails; pass afterwards."""
+    left = {"n": times}
+
+    async def hook(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        if left["n"] > 0 and (turn is None or agent.turn == turn):
+            left["n"] -= 1
+            raise error(f"{agent.name}: connection reset by peer")
+
+    return hook
+
+
+def hanging(times: int) -> Hook:
+    """Hang (yield nothing, for an hour) on the agent's first ``times`` calls; pass afterwards."""
+    left = {"n": times}
+
+    async def hook(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+        if left["n"] > 0:
+            left["n"] -= 1
+            await asyncio.sleep(3600)
+
+    return hook
+
+
+# -- worker processes -------------------------------------------------------------------------
+
+
+def log_turn(*fields: object) -> None:
+    """Append ``"<pid> <fields...>"`` to the file ``$GFD_EXEC_LOG`` names (if set), durably: the
+    line survives the SIGKILL that may follow it."""
+    path = os.environ.get("GFD_EXEC_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(" ".join(map(str, (os.getpid(), *fields))) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def die() -> None:
+    """SIGKILL this process (as the kernel's OOM killer does: no clean-up runs)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Streaming(TextAgent):
+    """Yields a chunk every ``every`` seconds, ``chunks`` times, then answers ``"done"`` (or, with
+    ``chunks=None``, yields one chunk after ``every`` seconds and then hangs). ``cancelled`` says
+    whether its stream was cancelled."""
+
+    def __init__(self, name: str, *, every: float, chunks: int | None) -> None:
+        super().__init__(name, "streams")
+        self.every = every
+        self.chunks = chunks
+        self.cancelled = False
+
+    async def on_messages(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> Response:
+        raise NotImplementedError("streams only: GraphFlow calls on_messages_stream")
+
+    async def on_messages_stream(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
+        try:
+            if self.chunks is None:
+                await asyncio.sleep(self.every)
+                yield ModelClientStreamingChunkEvent(content="thinking", source=self.name)
+                await asyncio.Event().wait()  # hangs: no event ever again
+            for i in range(self.chunks or 0):
+                await asyncio.sleep(self.every)
+                yield ModelClientStreamingChunkEvent(content=str(i), source=self.name)
+            yield Response(chat_message=TextMessage(content="done", source=self.name))
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
 
 
 class Ticker:

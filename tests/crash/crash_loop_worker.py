@@ -12,37 +12,31 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from autogen_agentchat.messages import BaseChatMessage
-from autogen_agentchat.teams import DiGraphBuilder
 
 from graphflow_durable.errors import NodeFailedError
 from graphflow_durable.flow import DurableGraphFlow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted
+from agents import Scripted, chain, die, log_turn
 
 
 def team(url: str, run_id: str, max_crash_attempts: int, mode: str) -> DurableGraphFlow:
     async def poison(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
-        with open(os.environ["GFD_EXEC_LOG"], "a") as f:
-            f.write(f"{os.getpid()} {agent.name}\n")
-            f.flush()
-            os.fsync(f.fileno())
+        log_turn(agent.name)
         if mode == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+            die()
         if mode == "slow":
             await asyncio.sleep(60)
 
     a, k, b = Scripted("A"), Scripted("K", before=poison), Scripted("B")
-    graph = DiGraphBuilder().add_node(a).add_node(k).add_node(b).add_edge(a, k).add_edge(k, b).build()
     return DurableGraphFlow(
         [a, k, b],
-        graph,
+        chain(a, k, b),
         store=url,
         run_id=run_id,
         max_crash_attempts=max_crash_attempts,

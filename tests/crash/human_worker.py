@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ from autogen_core import CancellationToken
 from graphflow_durable.flow import DurableGraphFlow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted
+from agents import Scripted, die, log_turn
 
 KILL: str | None = None
 URL, RUN_ID = "", ""
@@ -45,21 +44,12 @@ URL, RUN_ID = "", ""
 B_DONE = threading.Event()
 
 
-def log(line: str) -> None:
-    path = os.environ.get("GFD_EXEC_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(f"{os.getpid()} {line}\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
 async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
-    log(agent.name)
+    log_turn(agent.name)
 
 
 def person(prompt: str) -> str:
-    log("ASK")
+    log_turn("ASK")
     B_DONE.wait(30)
     time.sleep(0.2)  # B's answer is on its way to the manager before H's
     if URL.startswith(("sqlite", "postgresql")):  # a durable run: wait until B's answer is committed
@@ -94,7 +84,7 @@ class Human(UserProxyAgent):
     ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
         async for item in super().on_messages_stream(messages, cancellation_token):
             if isinstance(item, Response) and self.name == KILL:
-                os.kill(os.getpid(), signal.SIGKILL)
+                die()
             yield item
 
 

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from autogen_agentchat.agents import BaseChatAgent
 from autogen_agentchat.base import Response
 from autogen_agentchat.messages import BaseChatMessage, TextMessage
 from autogen_core import CancellationToken
@@ -26,33 +23,24 @@ from autogen_core import CancellationToken
 from graphflow_durable import DurableGraphFlow, current_execution
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted, chain  # tests/agents.py
+from agents import Scripted, TextAgent, chain, die, log_turn  # tests/agents.py
 
 KILL = False
 INHERIT = False
 
 
 async def record(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
-    log = os.environ.get("GFD_EXEC_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(f"{os.getpid()} {agent.name} {agent.turn}\n")
-            f.flush()
-            os.fsync(f.fileno())
+    log_turn(agent.name, agent.turn)
     if KILL and agent.name == "I2":
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
 
 
-class TeamAgent(BaseChatAgent):
+class TeamAgent(TextAgent):
     """An agent whose turn is a whole inner durable team, resumable through the execution context."""
 
     def __init__(self, name: str, url: str) -> None:
         super().__init__(name, "runs an inner team")
         self._url = url
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
 
     async def on_messages(
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
@@ -69,9 +57,6 @@ class TeamAgent(BaseChatAgent):
         result = await inner.run(task=list(messages))
         last = result.messages[-1]
         return Response(chat_message=TextMessage(content=f"T got: {last.to_text()}", source=self.name))
-
-    async def on_reset(self, cancellation_token: CancellationToken) -> None:
-        pass
 
 
 async def main(argv: list[str]) -> int:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,20 +22,15 @@ from autogen_agentchat.messages import BaseChatMessage
 from graphflow_durable.flow import DurableGraphFlow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted, chain
+from agents import Scripted, chain, die, log_turn
 
 KILL_NODE: str | None = None
 
 
 async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
-    log = os.environ.get("GFD_EXEC_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(f"{os.getpid()} {agent.name} {agent.turn}\n")
-            f.flush()
-            os.fsync(f.fileno())
+    log_turn(agent.name, agent.turn)
     if agent.name == KILL_NODE:
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
 
 
 async def main(argv: list[str]) -> int:

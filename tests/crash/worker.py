@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,14 +26,10 @@ from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted
+from agents import Scripted, die, log_turn
 
 AGENT_CALLS = 0
 KILL_AGENT_CALL: int | None = None
-
-
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class KillOnCommit:
@@ -58,14 +52,8 @@ async def record_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> N
     """Log every agent turn to $GFD_EXEC_LOG (durably), and die during the KILL_AGENT_CALL-th one."""
     global AGENT_CALLS
     AGENT_CALLS += 1
-    log = os.environ.get("GFD_EXEC_LOG")
-    if log:
-        with open(log, "a") as f:
-            execution = current_execution()
-            run_id = execution.run_id if execution is not None else "-"
-            f.write(f"{os.getpid()} {agent.name} {agent.turn} {run_id}\n")
-            f.flush()
-            os.fsync(f.fileno())
+    execution = current_execution()
+    log_turn(agent.name, agent.turn, execution.run_id if execution is not None else "-")
     if KILL_AGENT_CALL is not None and AGENT_CALLS == KILL_AGENT_CALL:
         die()
 

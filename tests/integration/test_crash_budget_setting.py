@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from autogen_agentchat.teams import DiGraphBuilder
 
-from agents import Scripted
+from agents import Scripted, chain
 from graphflow_durable import DurableGraphFlow
 from graphflow_durable.errors import UsageError
 
 
 def made(url: str, **kw: object) -> DurableGraphFlow:
     a, b = Scripted("A"), Scripted("B")
-    graph = DiGraphBuilder().add_node(a).add_node(b).add_edge(a, b).build()
-    return DurableGraphFlow([a, b], graph, store=url, run_id="r", **kw)  # type: ignore[arg-type]
+    return DurableGraphFlow([a, b], chain(a, b), store=url, run_id="r", **kw)  # type: ignore[arg-type]
 
 
 def test_max_crash_attempts_round_trips_through_the_component_config(sqlite_url: str) -> None:

@@ -22,6 +22,7 @@ EXECUTED_DOCUMENTS = (
     "docs/lifecycle.md",
     "docs/human-in-the-loop.md",
     "docs/operations.md",
+    "docs/retries.md",
 )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from autogen_agentchat.agents import BaseChatAgent, SocietyOfMindAgent
+from autogen_agentchat.agents import SocietyOfMindAgent
 from autogen_agentchat.base import Response, TaskResult
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage, TextMessage
@@ -18,7 +18,7 @@ from autogen_core import CancellationToken
 from autogen_core.models import CreateResult, LLMMessage
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
-from agents import Gate, Hook, Scripted, chain, close_stores, durable, fail_once
+from agents import Gate, Hook, Scripted, TextAgent, chain, close_stores, durable, fail_once
 from graphflow_durable import DurableGraphFlow, current_execution
 from graphflow_durable.flow import DEFAULT_STORE_ENV
 
@@ -29,7 +29,7 @@ def _close_stores() -> Iterator[None]:
     close_stores()
 
 
-class InnerTeamAgent(BaseChatAgent):
+class InnerTeamAgent(TextAgent):
     """An agent whose turn runs an inner durable team built once, given neither store nor run id."""
 
     def __init__(self, name: str, calls: list[str], i2_hook: Hook | None = None) -> None:
@@ -39,10 +39,6 @@ class InnerTeamAgent(BaseChatAgent):
         ]
         self.inner = DurableGraphFlow(self.inner_agents, chain(*self.inner_agents), name="inner")
         self.keys: list[str] = []
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
 
     async def on_messages(
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken

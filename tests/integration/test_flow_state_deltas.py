@@ -9,27 +9,23 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from autogen_agentchat.agents import BaseChatAgent
 from autogen_agentchat.base import Response
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage, TextMessage
 from autogen_agentchat.teams import DiGraphBuilder
 from autogen_core import CancellationToken
 
+from agents import TextAgent
 from graphflow_durable import DurableGraphFlow, Store
 from graphflow_durable.errors import StoreError
 
 
-class Remembering(BaseChatAgent):
+class Remembering(TextAgent):
     """Keeps every message it heard in its state, like a model context; says "again" until told."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name, "remembers everything")
         self.heard: list[dict[str, str]] = []
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
 
     async def on_messages(
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken

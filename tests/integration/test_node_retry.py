@@ -6,25 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
-from autogen_agentchat.agents import BaseChatAgent
-from autogen_agentchat.base import Response, TaskResult
-from autogen_agentchat.messages import (
-    BaseAgentEvent,
-    BaseChatMessage,
-    ModelClientStreamingChunkEvent,
-    TextMessage,
-)
-from autogen_core import CancellationToken
+from autogen_agentchat.base import TaskResult
+from autogen_agentchat.messages import BaseChatMessage
 
 from agents import (
     Scripted,
+    Streaming,
     chain,
     close_stores,
     durable,
+    failing,
     fan,
+    hanging,
     loop_agents,
     loop_graph,
     stored_transcript,
@@ -41,57 +37,6 @@ FAST = RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
 def _close_stores() -> Iterator[None]:
     yield
     close_stores()
-
-
-def failing(times: int, error: type[Exception] = ConnectionError):  # type: ignore[no-untyped-def]
-    """A hook raising ``error`` on the agent's first ``times`` calls (after its turn counter moved,
-    as a half-done model call changes an agent's memory before it fails)."""
-    left = {"n": times}
-
-    async def hook(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
-        if left["n"] > 0:
-            left["n"] -= 1
-            raise error(f"{agent.name}: connection reset by peer")
-
-    return hook
-
-
-def hanging(times: int):  # type: ignore[no-untyped-def]
-    """A hook that hangs (yields nothing, forever) on the agent's first ``times`` calls."""
-    left = {"n": times}
-
-    async def hook(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
-        if left["n"] > 0:
-            left["n"] -= 1
-            await asyncio.sleep(3600)
-
-    return hook
-
-
-class Streamer(BaseChatAgent):
-    """Streams a chunk every ``every`` seconds for ``chunks`` chunks, then answers."""
-
-    def __init__(self, name: str, chunks: int, every: float) -> None:
-        super().__init__(name, "streams steadily")
-        self.chunks, self.every = chunks, every
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
-
-    async def on_messages(self, messages: Sequence[BaseChatMessage], token: CancellationToken) -> Response:
-        raise AssertionError("GraphFlow calls on_messages_stream")
-
-    async def on_messages_stream(
-        self, messages: Sequence[BaseChatMessage], token: CancellationToken
-    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
-        for i in range(self.chunks):
-            await asyncio.sleep(self.every)
-            yield ModelClientStreamingChunkEvent(content=f"{i} ", source=self.name)
-        yield Response(chat_message=TextMessage(content="streamed", source=self.name))
-
-    async def on_reset(self, token: CancellationToken) -> None:
-        pass
 
 
 async def _reference(url: str) -> list[tuple[str, str]]:
@@ -210,15 +155,15 @@ async def test_timeout_without_a_retry_policy_fails_after_one_attempt(sqlite_url
 
 
 async def test_an_agent_streaming_steadily_past_idle_timeout_is_not_stopped(sqlite_url: str) -> None:
-    agent = Streamer("S", chunks=8, every=0.05)
+    agent = Streaming("S", chunks=8, every=0.05)
     team = durable([agent], chain(agent), sqlite_url, "run", timeout=TimeoutPolicy(idle_timeout=0.2))  # type: ignore[list-item, arg-type]
     result = await team.run(task="go")
-    assert result.messages[-1].to_text() == "streamed"
+    assert result.messages[-1].to_text() == "done"
     assert team.run_info().status == "finished"
 
 
 async def test_run_timeout_stops_a_steadily_streaming_agent(sqlite_url: str) -> None:
-    agent = Streamer("S", chunks=40, every=0.05)
+    agent = Streaming("S", chunks=40, every=0.05)
     team = durable(  # type: ignore[arg-type]
         [agent],  # type: ignore[list-item]
         chain(agent),  # type: ignore[arg-type]
@@ -363,14 +308,7 @@ async def test_a_later_turn_that_fails_is_retried_from_the_agents_state_after_it
     reference = reference_agents()
     await durable(reference, loop_graph(reference), store_url, "reference", max_turns=40).run(task="go")
 
-    left = {"n": 2}
-
-    async def second_turn_drops(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
-        if agent.turn == 2 and left["n"] > 0:
-            left["n"] -= 1
-            raise ConnectionError("dropped on the second turn")
-
-    agents = loop_agents([], {"R": second_turn_drops})
+    agents = loop_agents([], {"R": failing(2, turn=2)})  # R's second turn drops twice
     team = durable(agents, loop_graph(agents), store_url, "run", max_turns=40, retry={"R": FAST})
     await team.run(task="go")
     assert stored_transcript(team) == stored_transcript(

@@ -4,37 +4,30 @@ K is appended to ``$GFD_EXEC_LOG`` as ``pid run_id`` before it acts."""
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autogen_agentchat.messages import BaseChatMessage
-from autogen_agentchat.teams import DiGraphBuilder
 
 from graphflow_durable.context import current_execution
 from graphflow_durable.flow import DurableGraphFlow
 
 # Worker processes import this module by ``poisonteam:team`` with only tests/pool on their path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agents import Scripted  # tests/agents.py: the one set of test agents
+from agents import Scripted, chain, die, log_turn  # tests/agents.py: the one set of test agents
 
 
 async def poison(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
     execution = current_execution()
     run_id = execution.run_id if execution is not None else "-"
-    with open(os.environ["GFD_EXEC_LOG"], "a") as f:
-        f.write(f"{os.getpid()} {run_id}\n")
-        f.flush()
-        os.fsync(f.fileno())
+    log_turn(run_id)
     if run_id.startswith("poison"):
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
 
 
 def team(run_id: str, **durable: Any) -> DurableGraphFlow:
     """A -> K -> B; at most 3 deaths per turn."""
     a, k, b = Scripted("A"), Scripted("K", before=poison), Scripted("B")
-    graph = DiGraphBuilder().add_node(a).add_node(k).add_node(b).add_edge(a, k).add_edge(k, b).build()
-    return DurableGraphFlow([a, k, b], graph, run_id=run_id, max_crash_attempts=3, **durable)
+    return DurableGraphFlow([a, k, b], chain(a, k, b), run_id=run_id, max_crash_attempts=3, **durable)

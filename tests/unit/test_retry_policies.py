@@ -16,7 +16,6 @@ from typing import Any
 
 import pydantic
 import pytest
-from autogen_agentchat.agents import BaseChatAgent
 from autogen_agentchat.base import Response
 from autogen_agentchat.messages import (
     BaseAgentEvent,
@@ -29,6 +28,7 @@ from autogen_agentchat.teams import DiGraphBuilder, GraphFlow
 from autogen_core import CancellationToken
 
 import graphflow_durable
+from agents import Streaming, TextAgent
 from graphflow_durable import (
     NodeFailedError,
     NodeRetryEvent,
@@ -341,11 +341,7 @@ def test_retry_on_and_non_retryable_override_the_default_along_the_chain() -> No
 async def failing_graphflow_error(exc: Exception) -> RuntimeError:
     """The exception plain GraphFlow's run() raises when its only agent raises ``exc``."""
 
-    class Failing(BaseChatAgent):
-        @property
-        def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-            return (TextMessage,)
-
+    class Failing(TextAgent):
         async def on_messages(
             self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
         ) -> Response:
@@ -353,9 +349,6 @@ async def failing_graphflow_error(exc: Exception) -> RuntimeError:
                 raise exc
             except Exception as inner:
                 raise RuntimeError("the agent's tool failed") from inner
-
-        async def on_reset(self, cancellation_token: CancellationToken) -> None:
-            pass
 
     agent = Failing("A", "fails")
     builder = DiGraphBuilder()
@@ -499,12 +492,8 @@ def test_a_dumped_node_retry_event_loads_back_through_a_registered_factory() -> 
     assert factory.create(dumped) == event
 
 
-class Reporter(BaseChatAgent):
+class Reporter(TextAgent):
     """Answers with a NodeRetryEvent among its inner messages, so the event is stored in the log."""
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
 
     async def on_messages(
         self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
@@ -514,9 +503,6 @@ class Reporter(BaseChatAgent):
         )
         return Response(chat_message=TextMessage(content="ok", source=self.name), inner_messages=[event])
 
-    async def on_reset(self, cancellation_token: CancellationToken) -> None:
-        pass
-
 
 @pytest.mark.parametrize(
     "custom", [None, [NodeRetryEvent]], ids=["registered by the team", "and by the caller"]
@@ -524,7 +510,7 @@ class Reporter(BaseChatAgent):
 async def test_a_stored_node_retry_event_loads_back_into_a_fresh_durable_team(
     tmp_path: Any, custom: Any
 ) -> None:
-    from tests.agents import close_stores, durable
+    from agents import close_stores, durable
 
     def team() -> graphflow_durable.DurableGraphFlow:
         agent = Reporter("A", "reports")
@@ -544,45 +530,6 @@ async def test_a_stored_node_retry_event_loads_back_into_a_fresh_durable_team(
 
 
 # -- the timeout guard, around real agents ---------------------------------------------------------
-
-
-class Streaming(BaseChatAgent):
-    """Yields a chunk every ``every`` seconds, ``chunks`` times, then answers (or hangs: ``None``
-    chunks and ``every`` = the time before it starts hanging)."""
-
-    def __init__(self, name: str, *, every: float, chunks: int | None) -> None:
-        super().__init__(name, "streams")
-        self.every = every
-        self.chunks = chunks
-        self.cancelled = False
-
-    @property
-    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
-        return (TextMessage,)
-
-    async def on_messages(
-        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
-    ) -> Response:
-        raise NotImplementedError("streams only")
-
-    async def on_messages_stream(
-        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
-    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
-        try:
-            if self.chunks is None:
-                await asyncio.sleep(self.every)
-                yield ModelClientStreamingChunkEvent(content="thinking", source=self.name)
-                await asyncio.Event().wait()  # hangs: no event ever again
-            for i in range(self.chunks or 0):
-                await asyncio.sleep(self.every)
-                yield ModelClientStreamingChunkEvent(content=str(i), source=self.name)
-            yield Response(chat_message=TextMessage(content="done", source=self.name))
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-
-    async def on_reset(self, cancellation_token: CancellationToken) -> None:
-        pass
 
 
 async def run_guarded(agent: Streaming, policy: TimeoutPolicy | None, token: CancellationToken) -> list[Any]:

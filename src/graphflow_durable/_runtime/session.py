@@ -313,9 +313,12 @@ class RunSession:
         if lease.released or not commits.created:
             return  # the round's last commit recorded its end and gave the lease up; or no run of ours
         # The driver before this one died with turns in flight and no commit of this one counted
-        # those crashes (the resume's commit failed): the run is left "running", as that driver
-        # left it, so that the next driver counts them; an end recorded here would forget them.
-        uncounted = self._died_at is not None and self._died_at == commits.head
+        # those crashes (the resume's commit failed), or a failed attempt could not be recorded:
+        # the run is left "running", as a dead driver leaves it, so that the next driver counts
+        # each of those turns once (a crash); an end recorded here would count them not at all.
+        uncounted = commits.failure_unrecorded or (
+            self._died_at is not None and self._died_at == commits.head
+        )
         try:
             # Read in a thread too: the end often follows a database fault, and a read then waits
             # up to the connection's timeouts.

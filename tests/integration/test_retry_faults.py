@@ -1,10 +1,12 @@
 """The write paths of retries and crash-loop protection under real faults.
 
 - a failed attempt's ``attempt_failed`` commit (a node raising a retryable error under a retry
-  policy) while PostgreSQL is stopped, while the commit's own connection is terminated, on a full
-  disk, and by a driver frozen past its lease while another took the run over;
+  policy, with attempts left or its last) with PostgreSQL stopped or on a full disk, for good or
+  only for that commit (the database back for the driver's clean-up); a driver frozen past its
+  lease before that commit or in the back-off after it, while another took the run over; a short
+  PostgreSQL outage in the back-off;
 - the resume step that counts a crash (a resume of a run whose process was SIGKILLed during a
-  turn) under the same faults;
+  turn), and the one that fails the run for a crash loop, under the same faults;
 - ``Store.retry_run`` of a run whose budget ran out, with PostgreSQL stopped and on a full disk.
 
 Each fault is one :class:`StoreError` (or, for the frozen driver, nothing written at all); no step
@@ -259,12 +261,16 @@ def failing_once(agent: Scripted, calls: list[str]) -> Any:
     return hook
 
 
-def retry_team(url: str, calls: list[str], owner: str, *, fail: bool) -> DurableGraphFlow:
-    """A -> B -> C under ``retry=FAST``; with ``fail``, B's first attempt raises a retryable error."""
+def retry_team(
+    url: str, calls: list[str], owner: str, *, fail: bool, retry: RetryPolicy = FAST, lease: float = LEASE
+) -> DurableGraphFlow:
+    """A -> B -> C under ``retry``; with ``fail``, B's first attempt raises a retryable error."""
     agents = [Scripted(n, calls=calls) for n in "ABC"]
     if fail:
         agents[1].before = failing_once(agents[1], calls)
-    return durable(agents, chain(*agents), url, "retried", retry=FAST, lease_seconds=LEASE, lease_owner=owner)
+    return durable(
+        agents, chain(*agents), url, "retried", retry=retry, lease_seconds=lease, lease_owner=owner
+    )
 
 
 async def reference_transcript(url: str) -> list[tuple[str, str]]:
@@ -274,19 +280,26 @@ async def reference_transcript(url: str) -> list[tuple[str, str]]:
     return stored_transcript(team)
 
 
+#: A failed attempt with attempts left (``attempt_failed`` and a retry), and the last one (its
+#: ``attempt_failed`` commit also records the run ``failed`` with its ``node_failed`` marker).
+BUDGETS = [pytest.param(FAST, id="retried"), pytest.param(RetryPolicy(max_attempts=1), id="exhausted")]
+
+
+@pytest.mark.parametrize("policy", BUDGETS)
 @pytest.mark.parametrize("fault", FAULTS)
 async def test_an_attempt_failed_commit_under_a_fault_is_a_store_error_and_the_resume_finishes_once(
-    fault: str, request: pytest.FixtureRequest
+    fault: str, policy: RetryPolicy, request: pytest.FixtureRequest
 ) -> None:
     """B's first attempt raises a retryable error; its ``attempt_failed`` commit cannot be written.
     run() raises the StoreError, B is not retried by that driver and nothing of the failure is
     stored; the run is left ``running`` (also when the database is back for the driver's clean-up),
     so the next driver counts that attempt once (as a turn whose outcome was never recorded: a
     crash, see docs/lifecycle.md), runs B once more and finishes with the transcript of an
-    uninterrupted run."""
+    uninterrupted run. (The exhausted case too: a failure that was never recorded spends no
+    budget.)"""
     f = Fault(fault, request)
     calls: list[str] = []
-    team = retry_team(f.url, calls, "first", fail=True)
+    team = retry_team(f.url, calls, "first", fail=True, retry=policy)
     f.arm(team, StepKind.ATTEMPT_FAILED)
     try:
         with pytest.raises(StoreError):
@@ -301,7 +314,7 @@ async def test_an_attempt_failed_commit_under_a_fault_is_a_store_error_and_the_r
     assert [(kind, node) for kind, node, _ in before][-1] == ("complete", "A")
     assert "attempt_failed" not in [kind for kind, _, _ in before]
     await asyncio.sleep(LEASE + 0.2)
-    again = retry_team(f.url, calls, "next", fail=False)
+    again = retry_team(f.url, calls, "next", fail=False, retry=policy)
     await asyncio.wait_for(again.run(task="go"), 30)
     assert calls == ["A", "B", "B", "C"]
     after = steps(f.url, "retried")
@@ -315,6 +328,77 @@ async def test_an_attempt_failed_commit_under_a_fault_is_a_store_error_and_the_r
     assert resume["attempts"] == {"B": 2} and resume["crashes"] == {"B": 1}, resume
     assert "failures" not in resume
     assert stored_transcript(again) == await reference_transcript(f.url)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("start", ["in-the-back-off", "at-the-state-reload"])
+async def test_a_short_postgres_outage_in_a_retry_back_off_is_slept_out_or_one_store_error(
+    start: str, server: Server, database: str
+) -> None:
+    """B's first attempt fails; its ``attempt_failed`` step is committed, the agent's state is read
+    back, and ``run()`` sleeps out a 3 s back-off holding its lease (4 s: halted only after 2.7 s
+    without a renewal). PostgreSQL stopped for 1.2 s ``in-the-back-off`` (after that read): the
+    renewal retries through it, B runs once more when the back-off ends, and the run finishes as an
+    uninterrupted run, one failure stored, no crash. Stopped ``at-the-state-reload`` (just after the
+    commit): reading the state fails, run() raises that StoreError, and the next driver finishes the
+    run with the stored failure counted once and the unrecorded end once (a crash)."""
+    calls: list[str] = []
+    slow = RetryPolicy(max_attempts=3, initial_interval=3.0, jitter=False)
+    team = retry_team(database, calls, "first", fail=True, retry=slow, lease=4.0)
+    outage: list[asyncio.Future[None]] = []
+
+    async def down_and_up() -> None:
+        await asyncio.to_thread(server.down)
+        await asyncio.sleep(1.2)
+        await asyncio.to_thread(server.up)
+
+    if start == "in-the-back-off":
+        turns = team._session.turns
+        stored_state = turns.stored_state
+
+        async def then_outage(run_id: str, node: str) -> Any:
+            state = await stored_state(run_id, node)
+            outage.append(asyncio.ensure_future(down_and_up()))
+            return state
+
+        turns.stored_state = then_outage  # type: ignore[method-assign]
+    else:
+        commits = team._session.commits
+        write = commits.write
+
+        async def outage_after(step: Any, *args: Any, **how: Any) -> int:
+            head = await write(step, *args, **how)
+            if step.kind is StepKind.ATTEMPT_FAILED:
+                await asyncio.to_thread(server.down)
+                outage.append(asyncio.ensure_future(asyncio.sleep(1.2)))
+            return head
+
+        commits.write = outage_after  # type: ignore[method-assign]
+    try:
+        if start == "in-the-back-off":
+            result = await asyncio.wait_for(team.run(task="go"), 30)
+            assert result.stop_reason is not None and "stopped dispatching" not in result.stop_reason
+        else:
+            with pytest.raises(StoreError, match="loading run retried failed"):
+                await asyncio.wait_for(team.run(task="go"), 30)
+    finally:
+        if outage:
+            await outage[0]
+        if start != "in-the-back-off":
+            server.up()
+    assert outage
+    if start != "in-the-back-off":
+        assert calls == ["A", "B"]
+        await asyncio.sleep(4.2)  # the failed driver's lease expires
+        again = retry_team(database, calls, "next", fail=False, retry=slow, lease=4.0)
+        await asyncio.wait_for(again.run(task="go"), 30)
+    assert calls == ["A", "B", "B", "C"]
+    assert stored_transcript(team) == await reference_transcript(database)
+    found = steps(database, "retried")
+    assert [(kind, node) for kind, node, _ in found].count(("attempt_failed", "B")) == 1
+    resume = next(sched for kind, _, sched in found if kind == "resume")
+    assert resume["attempts"] == {"B": 2} and resume["failures"] == {"B": 1}, resume
+    assert resume.get("crashes", {}) == ({} if start == "in-the-back-off" else {"B": 1}), resume
 
 
 async def _frozen_at_the_failure(url: str, calls: list[str], *, when: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gc
+import inspect
 import itertools
 import os
 import sqlite3
@@ -30,6 +31,17 @@ from autogen_core import CancellationToken
 
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Store
+
+#: The ``+policy`` configurations: a retry and a timeout policy on every node, never triggered (no
+#: agent fails, none comes near 60 s): what a policy costs a transition that does not need it.
+POLICY: dict[str, Any] = {"retry": {"*": 3}, "timeout": {"*": 60.0}}
+
+
+def has_policies() -> bool:
+    """Whether this tree's DurableGraphFlow takes ``retry=``/``timeout=`` (a tree before them,
+    measured with ``PYTHONPATH``, does not: its ``+policy`` column is skipped)."""
+    return "retry" in inspect.signature(DurableGraphFlow.__init__).parameters
+
 
 EXIT_MARK = "!exit!"  # never produced by base64 text; the cycles' exit condition looks for it
 FANOUT_WIDTH = 4
@@ -251,7 +263,8 @@ async def run_graphflow(
     trace_memory: bool = False,
     save_plain_state: bool = False,
 ) -> RunResult:
-    """Run the case once under ``config`` (plain | sqlite-full | sqlite-normal | postgres).
+    """Run the case once under ``config`` (plain | sqlite-full | sqlite-normal | postgres; a durable
+    one with ``+policy``: :data:`POLICY` on every node).
 
     The store is opened (schema created) and the team constructed before the clock starts; the
     clock covers ``team.run()``: run creation, every transition and the final commit.
@@ -261,8 +274,11 @@ async def run_graphflow(
     empty = 0
     run_id = uuid.uuid4().hex
     url = None
+    name = config.replace("+", "-")
+    config, _, extra = config.partition("+")
+    options = POLICY if extra == "policy" else {}
     if config.startswith("sqlite-"):
-        db_path = workdir / f"{config}-{run_id}.db"
+        db_path = workdir / f"{name}-{run_id}.db"
         url = f"sqlite:///{db_path}"
         store = Store(url, synchronous=config.split("-", 1)[1].upper())
         empty = sqlite_bytes(db_path)
@@ -271,7 +287,7 @@ async def run_graphflow(
         url = postgres_url
         store = Store(postgres_url)
         empty = postgres_bytes(store)
-    team = build_team(case, durable=store, run_id=run_id)
+    team = build_team(case, durable=store, run_id=run_id, **options)
     gc.collect()
     if trace_memory:
         tracemalloc.start()

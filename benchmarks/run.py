@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE))
 from harness import (  # noqa: E402
     Case,
     has_langgraph,
+    has_policies,
     has_replay_client,
     raw_commit,
     run_graphflow,
@@ -164,10 +165,14 @@ async def bench_case(
         if config != "plain" and plain_ms and ms is not None:
             row["ratio_to_plain"] = ms / plain_ms
             row["overhead_ms"] = ms - plain_ms
-            sync = "NORMAL" if config == "sqlite-normal" else "FULL"
+            sync = "NORMAL" if config.startswith("sqlite-normal") else "FULL"
             if config.startswith("sqlite-"):
                 row["raw_commit_ms"] = median(raw[sync])
                 row["overhead_minus_raw_ms"] = row["overhead_ms"] - row["raw_commit_ms"]
+        base, _, policy = config.partition("+")
+        if policy and median(samples.get(base, [])):
+            # Same run, same alternation: the cost of a policy that never triggers.
+            row["ratio_to_no_policy"] = ms / median(samples[base])  # type: ignore[operator]
         if "db_bytes" in row and row.get("transitions"):
             row["bytes_per_transition"] = row["db_bytes"] / row["transitions"]
             row["bytes_over_message"] = row["bytes_per_transition"] / case.size
@@ -244,6 +249,7 @@ def markdown(result: dict[str, Any]) -> str:
     for r in rows:
         by.setdefault((r["shape"], r["agent"], r["n"], r["size"]), {})[r["config"]] = r
     pg = any(r["config"] == "postgres" for r in rows)
+    policy = any(r["config"] == "sqlite-normal+policy" for r in rows)
     out = [
         f"Machine: {result['machine']['cpu']}, {result['machine']['cpus']} CPUs, "
         f"Python {result['machine']['python']}, SQLite {result['machine']['sqlite']}; "
@@ -255,6 +261,9 @@ def markdown(result: dict[str, Any]) -> str:
     sep = "|---|---|---:|---:|---:|---:|---:|"
     if pg:
         head += " PostgreSQL (x) |"
+        sep += "---:|"
+    if policy:
+        head += " NORMAL + policy (x plain, x NORMAL) |"
         sep += "---:|"
     head += " raw commit FULL / NORMAL | overhead - raw FULL / NORMAL |"
     sep += "---:|---:|"
@@ -272,6 +281,12 @@ def markdown(result: dict[str, Any]) -> str:
         line += f" {cell('sqlite-full')} | {cell('sqlite-normal')} |"
         if pg:
             line += f" {cell('postgres')} |"
+        if policy:
+            r = c.get("sqlite-normal+policy", {})
+            line += (
+                f" {_f(r.get('per_transition_ms'))} ({_f(r.get('ratio_to_plain'), '{:.2f}')}x,"
+                f" {_f(r.get('ratio_to_no_policy'), '{:.3f}')}x) |"
+            )
         line += (
             f" {_f(c['raw-full']['per_transition_ms'])} / {_f(c['raw-normal']['per_transition_ms'])} |"
             f" {_f(c['sqlite-full'].get('overhead_minus_raw_ms'))} /"
@@ -346,12 +361,19 @@ async def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--concurrency", action="store_true", help="only the concurrency workload (concurrency.py)"
     )
+    p.add_argument(
+        "--no-policy",
+        action="store_true",
+        help="skip the NORMAL + policy column (retry and timeout set on every node, never triggered)",
+    )
     args = p.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 3)
     assistant = has_replay_client()
     shapes = set(args.shapes.split(","))
     cases = [c for c in plan(args.quick, assistant, args.big) if c.shape in shapes]
     configs = ["plain", "sqlite-full", "sqlite-normal"] + (["postgres"] if args.postgres else [])
+    if not args.no_policy and has_policies():
+        configs.append("sqlite-normal+policy")
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gfd-bench-"))
     started = time.time()
@@ -368,6 +390,8 @@ async def main(argv: list[str] | None = None) -> int:
     }
     if not assistant:
         result["skipped"].append("assistant agent (pip install autogen-ext)")
+    if not args.no_policy and not has_policies():
+        result["skipped"].append("NORMAL + policy (this tree has no retry=/timeout=)")
     try:
         for i, case in enumerate(cases, 1):
             t0 = time.perf_counter()

@@ -53,6 +53,12 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
             )
             assert plain["transitions"] == r["transitions"], (r, plain)
 
+    # A policy set on every node but never triggered: its own column, against NORMAL of the same run.
+    policy = [r for r in rows if r["config"] == "sqlite-normal+policy"]
+    assert {(r["shape"], r["n"]) for r in policy} == {(r["shape"], r["n"]) for r in rows}
+    assert all(r["ratio_to_no_policy"] > 0 for r in policy)
+    assert "NORMAL + policy (x plain, x NORMAL)" in (tmp_path / "results.md").read_text()
+
     assert result["resume"], "cold-resume rows missing"
     for r in result["resume"]:
         assert r["durable_ms"] > 0

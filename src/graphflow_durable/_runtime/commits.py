@@ -20,8 +20,8 @@ from graphflow_durable._agentstate.encoder import StateLog
 from graphflow_durable._runtime.runlease import RunKey, RunLease
 from graphflow_durable._runtime.stops import RunControl
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
-from graphflow_durable.errors import LeaseLostError
-from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step
+from graphflow_durable.errors import LeaseLostError, StoreError
+from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step, StepKind
 
 __all__ = ["Commits", "to_the_end"]
 
@@ -57,6 +57,8 @@ class Commits:
         # The commit handed over last: the writer writes in order, so once it is done all are.
         self._last: asyncio.Future[int] | None = None
         self.unrecorded = False  # a commit still handed over as the run ended failed (settle_at_end)
+        # A failed attempt's step could not be written (see RunSession.detach): since the attach.
+        self.failure_unrecorded = False
 
     @property
     def created(self) -> bool:
@@ -68,6 +70,7 @@ class Commits:
     def attached(self) -> None:
         """A new attach: a creation the last one had refused says nothing of the run found now."""
         self._refused = False
+        self.failure_unrecorded = False
 
     def at(self, head: int) -> None:
         """The run's head is ``head`` (read from the store, or written outside this path)."""
@@ -143,7 +146,12 @@ class Commits:
         if not wait and not creating:
             self.head += 1
             return self.head
-        await self.settle()
+        try:
+            await self.settle()
+        except StoreError:
+            if step.kind is StepKind.ATTEMPT_FAILED:
+                self.failure_unrecorded = True
+            raise
         if update is not None and update.release_lease:
             self._lease.given_up()
         return self.head

@@ -124,8 +124,10 @@ class RunSession:
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
         self.max_crash_attempts = max_crash_attempts
         self.releases_backoffs = False  # driven by a pool worker: a long back-off releases the run
-        # What the last attach found, for the resume's budget (see take_resume_budget).
+        # What the last attach found, for the resume's budget (see take_resume_budget); and the head
+        # at which it found the previous driver dead, until a commit of this driver counts it.
         self._died = self._fresh_budget = False
+        self._died_at: int | None = None
 
     @property
     def store(self) -> Store:
@@ -238,6 +240,7 @@ class RunSession:
         run = store.get_run(self.run_id)
         self.resumed_round = None
         self._died = self._fresh_budget = False
+        self._died_at = None
         self.control.attached()
         commits.attached()
         if run is None:
@@ -275,6 +278,7 @@ class RunSession:
             self.control.cancel(run.cancel_requested_at)  # asked of a driver that stopped before it saw it
         stale = not self.synced or commits.head != run.head_seq
         commits.at(run.head_seq)
+        self._died_at = run.head_seq if self._died else None
         if self.pending_import is not None:
             # Another process created the run after load_state() found none: the loaded state
             # becomes the run's new starting point, as load_state() does on an existing run.
@@ -309,10 +313,17 @@ class RunSession:
             self.synced = False
         if lease.released or not commits.created:
             return  # the round's last commit recorded its end and gave the lease up; or no run of ours
+        # The driver before this one died with turns in flight and no commit of this one counted
+        # those crashes (the resume's commit failed), or a failed attempt could not be recorded:
+        # the run is left "running", as a dead driver leaves it, so that the next driver counts
+        # each of those turns once (a crash); an end recorded here would count them not at all.
+        uncounted = commits.failure_unrecorded or (
+            self._died_at is not None and self._died_at == commits.head
+        )
         try:
             # Read in a thread too: the end often follows a database fault, and a read then waits
             # up to the connection's timeouts.
-            run = await asyncio.to_thread(store.get_run, self.run_id)
+            run = None if uncounted else await asyncio.to_thread(store.get_run, self.run_id)
             if run is not None and run.status == "running" and run.fencing_token == lease.token:
                 scheduler = await asyncio.to_thread(store._driver.head_scheduler, self.run_id)
                 commits.at(

@@ -307,7 +307,9 @@ class DurableGraphFlowManager(GraphFlowManager):
         the run was halted meanwhile (an interrupt, a lost lease): nothing is to be dispatched."""
         while not self._link.control.halted and (left := until - time.time()) > 0:
             await asyncio.sleep(min(left, 0.25))
-        return not self._link.control.halted
+        # A driver frozen through its back-off (a paused process) may have lost the run meanwhile,
+        # its renewer not having run: confirm the lease before the re-dispatch commits anything.
+        return not self._link.control.halted and await self._link.may_dispatch()
 
     async def _released_for_backoff(self, nodes: Sequence[str], until: float) -> None:
         """The run was left ``interrupted`` for ``nodes``' back-off, its lease released: end the

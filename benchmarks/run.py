@@ -353,7 +353,7 @@ async def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--postgres", default=os.environ.get(POSTGRES_ENV), help=f"PostgreSQL URL (or ${POSTGRES_ENV})"
     )
-    p.add_argument("--repeats", type=int, default=None, help="repeats per case (default 3 quick, 5 full)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per case (default 2 quick, 3 full)")
     p.add_argument("--no-resume", action="store_true", help="skip the cold-resume subprocesses")
     p.add_argument("--no-langgraph", action="store_true", help="skip LangGraph even if installed")
     p.add_argument("--big", action="store_true", help="also the 500 x 10 KB chain and assistant loop")

@@ -46,7 +46,13 @@ from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
-from graphflow_durable.errors import GraphMismatchError, LeaseLostError, StoreError
+from graphflow_durable.errors import (
+    GraphMismatchError,
+    LeaseLostError,
+    SchemaVersionError,
+    StoreCorruptError,
+    StoreError,
+)
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import ENDED_STATUSES, RunRecord, RunUpdate, Step, StepKind, Store
 
@@ -54,6 +60,11 @@ __all__ = ["RunSession"]
 
 #: The session acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
+
+
+def _database_fault(error: BaseException | None) -> bool:
+    """Whether ``error`` is the database failing (an outage, a full disk), not the run or its data."""
+    return isinstance(error, StoreError) and not isinstance(error, (StoreCorruptError, SchemaVersionError))
 
 
 def _last_error(error: BaseException) -> str:
@@ -333,7 +344,7 @@ class RunSession:
                             expected_head=run.head_seq,
                             fencing_token=lease.token,
                             step=Step(StepKind.INTERRUPT, None, scheduler or {}),
-                            update=RunUpdate(status=self._end_status(failed), release_lease=True),
+                            update=RunUpdate(status=self._end_status(failed, error), release_lease=True),
                         )
                     )
                 )
@@ -366,9 +377,14 @@ class RunSession:
         except StoreError as exc:
             logger.warning("run %s: recording its error failed too (%s)", self.run_id, exc)
 
-    def _end_status(self, failed: bool) -> RunStatus:
-        """The status of a run that ended without the manager recording it."""
-        return "failed" if failed else "interrupted" if self.control.cancelling is None else "cancelled"
+    def _end_status(self, failed: bool, error: BaseException | None) -> RunStatus:
+        """The status of a run that ended without the manager recording it. A database fault (a
+        commit that failed in an outage or on a full disk, the database back by now) is not the
+        run's failure: nothing of it was lost, so it is ``interrupted``, resumable as it is (a pool
+        claims no ``failed`` run on its own: such a run would wait for ``runs retry``)."""
+        if failed and not _database_fault(error):
+            return "failed"
+        return "interrupted" if self.control.cancelling is None else "cancelled"
 
     async def answered(self, request_ids: Sequence[str]) -> list[str]:
         """Which of the run's ``request_ids`` are answered (read in a thread)."""

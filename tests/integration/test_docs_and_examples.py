@@ -94,3 +94,23 @@ def test_human_in_the_loop_example_parks_exits_is_answered_and_finishes_in_three
     assert "answered; the run is interrupted" in second
     assert "[draft]" not in third and "[publish] runs (heard: 'approved')" in third
     assert "status: finished" in third
+
+
+def test_recorded_calls_example_resumes_a_killed_turn_paying_only_for_the_calls_not_yet_answered(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "recorded_calls.py"), "--db", str(tmp_path / "calls.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.split("== worker")[1:3]
+    assert first.count("model called") == 2 and "lookup_order: done" in first
+    assert "worker 1 exited with -9" in first
+    assert second.count("model called") == 1 and "lookup_order" not in second
+    assert "issue_refund: done" in second
+    assert "model calls made: worker 1: 2, worker 2: 1 (worker 2 replayed 2 from the store" in done.stdout
+    assert "lookup_order ran 1 time(s)" in done.stdout and "issue_refund ran 1 time(s)" in done.stdout

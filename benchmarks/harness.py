@@ -358,6 +358,67 @@ def raw_commit(workdir: Path, size: int, synchronous: str, count: int) -> dict[s
     return {"median_ms": statistics.median(times) * 1e3, "mean_ms": statistics.fmean(times) * 1e3}
 
 
+def has_call_records() -> bool:
+    """Whether this tree's store records model and tool calls (``store.calls``)."""
+    return hasattr(Store, "calls")
+
+
+async def recorded_call(
+    config: str, workdir: Path, size: int, count: int, *, postgres_url: str | None = None
+) -> dict[str, float]:
+    """The cost of one recorded model call as a driver writes it: ``store.calls.record`` of a
+    ``size``-character result, fenced by the run's lease token (a row and a commit), ``count`` times
+    in a row on one run (sqlite-full | sqlite-normal | postgres); median and mean per record (ms).
+
+    The run is made by a one-node durable team first (not timed); the lease is then taken as a
+    driver takes it, for its fencing token.
+    """
+    import json
+    import statistics
+
+    from graphflow_durable._model.records import CallRecord
+
+    run_id = uuid.uuid4().hex
+    db_path: Path | None = None
+    if config.startswith("sqlite-"):
+        db_path = workdir / f"calls-{config}-{run_id}.db"
+        store = Store(f"sqlite:///{db_path}", synchronous=config.split("-", 1)[1].upper())
+    else:
+        assert postgres_url
+        store = Store(postgres_url)
+    try:
+        await build_team(Case("chain", 1, 100), durable=store, run_id=run_id).run(task=TASK)
+        token = store._driver.acquire_lease(run_id, "bench", lease_seconds=600)
+        results = [json.dumps({"content": random_text(size), "finish_reason": "stop"}) for _ in range(count)]
+        times = []
+        for ordinal, result in enumerate(results):
+            record = CallRecord(
+                run_id=run_id,
+                turn_key=f"{run_id}/a0/1",
+                node="a0",
+                step=1,
+                attempt=1,
+                kind="model",
+                name="bench-model",
+                ident=str(ordinal),
+                fingerprint=uuid.uuid4().hex * 2,
+                outcome="live",
+                result=result,
+                prompt_tokens=size // 4,
+                completion_tokens=size // 4,
+                created_at=time.time(),
+            )
+            t0 = time.perf_counter()
+            store.calls.record(record, fencing_token=token)
+            times.append(time.perf_counter() - t0)
+    finally:
+        store.close()
+        if db_path is not None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+    return {"median_ms": statistics.median(times) * 1e3, "mean_ms": statistics.fmean(times) * 1e3}
+
+
 # -- LangGraph peer ----------------------------------------------------------------------------------
 
 

@@ -32,10 +32,12 @@ sys.path.insert(0, str(HERE))
 
 from harness import (  # noqa: E402
     Case,
+    has_call_records,
     has_langgraph,
     has_policies,
     has_replay_client,
     raw_commit,
+    recorded_call,
     run_graphflow,
     run_langgraph,
 )
@@ -207,6 +209,42 @@ async def bench_case(
     return rows, resumed
 
 
+async def bench_calls(quick: bool, repeats: int, work: Path, postgres: str | None) -> list[dict[str, Any]]:
+    """One recorded model call (``store.calls.record``: a fenced row and its commit) per backend and
+    result size, beside the raw commit of a row of that size; the configurations interleaved per
+    repeat, as the cases are."""
+    configs = ["sqlite-full", "sqlite-normal"] + (["postgres"] if postgres else [])
+    count = 50 if quick else 200
+    rows = []
+    for size in [100] if quick else [100, KB10]:
+        samples: dict[str, list[float]] = {c: [] for c in configs}
+        raw: dict[str, list[float]] = {"FULL": [], "NORMAL": []}
+        for rep in range(repeats):
+            for config in configs[rep % len(configs) :] + configs[: rep % len(configs)]:
+                measured = await recorded_call(config, work, size, count, postgres_url=postgres)
+                samples[config].append(measured["median_ms"])
+            for sync in raw:
+                raw[sync].append(raw_commit(work, size, sync, count=count)["median_ms"])
+        for config in configs:
+            sync = "NORMAL" if config == "sqlite-normal" else "FULL"
+            raw_ms = median(raw[sync]) if config.startswith("sqlite-") else None
+            rows.append(
+                {
+                    "config": config,
+                    "size": size,
+                    "record_ms": median(samples[config]),
+                    "raw_commit_ms": raw_ms,
+                }
+            )
+        print(
+            f"[calls] size={size}: "
+            + ", ".join(f"{r['config']}={r['record_ms']:.3f}" for r in rows if r["size"] == size)
+            + " ms per record",
+            flush=True,
+        )
+    return rows
+
+
 def _unlink_db(url: str | None) -> None:
     if not url or not url.startswith("sqlite:///"):
         return
@@ -324,6 +362,16 @@ def markdown(result: dict[str, Any]) -> str:
                 f" {_f((r.get('plain_state_bytes') or 0) / 1e6, '{:.2f}')} |"
                 f" {_f(r.get('durable_peak_mb'), '{:.1f}')} / {_f(r.get('plain_peak_mb'), '{:.1f}')} |"
             )
+    if result.get("calls"):
+        out += ["", "### One recorded model call (a row and a commit)", ""]
+        out += [
+            "| backend | result | record ms (median) | raw commit ms (same sync) |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in result["calls"]:
+            out.append(
+                f"| {r['config']} | {r['size']} B | {_f(r['record_ms'])} | {_f(r.get('raw_commit_ms'))} |"
+            )
     if result["langgraph"]:
         out += ["", "### LangGraph + SqliteSaver (two nodes alternating, same message sizes)", ""]
         out += [
@@ -366,6 +414,9 @@ async def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the NORMAL + policy column (retry and timeout set on every node, never triggered)",
     )
+    p.add_argument(
+        "--no-calls", action="store_true", help="skip the cost of one recorded model call (store.calls)"
+    )
     args = p.parse_args(argv)
     repeats = args.repeats or (2 if args.quick else 3)
     assistant = has_replay_client()
@@ -387,6 +438,7 @@ async def main(argv: list[str] | None = None) -> int:
         "results": [],
         "resume": [],
         "langgraph": [],
+        "calls": [],
     }
     if not assistant:
         result["skipped"].append("assistant agent (pip install autogen-ext)")
@@ -410,6 +462,10 @@ async def main(argv: list[str] | None = None) -> int:
             print(
                 f"[{i}/{len(cases)}] {case.key}: {summary} ms ({time.perf_counter() - t0:.1f}s)", flush=True
             )
+        if has_call_records() and not args.no_calls:
+            result["calls"] = await bench_calls(args.quick, repeats, work, args.postgres)
+        elif not has_call_records():
+            result["skipped"].append("recorded model call (this tree has no store.calls)")
         if has_langgraph() and not args.no_langgraph and "loop" in shapes:
             for case in langgraph_plan(args.quick):
                 t0 = time.perf_counter()

@@ -59,6 +59,12 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     assert all(r["ratio_to_no_policy"] > 0 for r in policy)
     assert "NORMAL + policy (x plain, x NORMAL)" in (tmp_path / "results.md").read_text()
 
+    # One recorded model call (a fenced row and its commit), beside a raw commit of its size.
+    calls = result["calls"]
+    assert {r["config"] for r in calls} == {"sqlite-full", "sqlite-normal"}
+    assert all(r["record_ms"] > 0 and r["raw_commit_ms"] > 0 for r in calls)
+    assert "### One recorded model call (a row and a commit)" in (tmp_path / "results.md").read_text()
+
     assert result["resume"], "cold-resume rows missing"
     for r in result["resume"]:
         assert r["durable_ms"] > 0

@@ -23,6 +23,7 @@ EXECUTED_DOCUMENTS = (
     "docs/human-in-the-loop.md",
     "docs/operations.md",
     "docs/retries.md",
+    "docs/recorded-calls.md",
 )
 
 

@@ -12,7 +12,7 @@ worker-pool queue is an object the store holds, :attr:`Store.queue` (a :class:`W
 ``store.queue.submit(...)``, ``store.queue.claim(...)``...), on the store's engines.
 
 :class:`Store` is one class: it opens and closes the store and holds its helpers (the commit
-writer, the work queue, the input requests, over one set of engines); its methods, grouped as runs,
+writer, the work queue, the input requests, the call records, over one set of engines); its methods, grouped as runs,
 history, operations and human input, are thin calls into ``_storage``. What a run's driver calls
 (commits, new runs, leases) is the private driver object it holds (``_storage/driver.py``).
 """
@@ -34,6 +34,8 @@ from graphflow_durable._model.records import (
     FIRST_FENCING_TOKEN,
     RUN_STATUSES,
     AgentStateRecord,
+    CallRecord,
+    CallSummary,
     MessageRecord,
     RunLog,
     RunRecord,
@@ -47,6 +49,7 @@ from graphflow_durable._model.records import (
 from graphflow_durable._storage import admin
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
+from graphflow_durable._storage.calls import CallRecords
 from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.driver import Driver
@@ -73,6 +76,9 @@ __all__ = [
     "FIRST_FENCING_TOKEN",
     "RUN_STATUSES",
     "AgentStateRecord",
+    "CallRecord",
+    "CallRecords",
+    "CallSummary",
     "Cancellation",
     "Claim",
     "Damage",
@@ -115,7 +121,8 @@ class Store:
     What a run's driver calls (new runs, commits, leases) is not on this class: the runtime reaches
     it through the store's private driver object (``_storage/driver.py``).
 
-    The worker-pool queue is :attr:`queue`, held by the store on the same engines.
+    The worker-pool queue is :attr:`queue`, the requests for human input :attr:`requests`, the
+    recorded model and tool calls :attr:`calls`: held by the store on the same engines.
 
     Args:
         url: a SQLAlchemy URL: ``sqlite:///path.db`` (embedded, the default backend),
@@ -166,6 +173,7 @@ class Store:
         self._driver = Driver(self._e, self._writer)  # the runtime's way in: commits, new runs, leases
         self._queue = WorkQueue(self._e)
         self._requests = InputRequests(self._e)
+        self._calls = CallRecords(self._e)
         shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
@@ -212,6 +220,11 @@ class Store:
     def requests(self) -> InputRequests:
         """The requests for human input of this store's runs (record, read, answer, cancel)."""
         return self._requests
+
+    @property
+    def calls(self) -> CallRecords:
+        """The recorded model and tool calls of this store's runs (record, replay, discard, list)."""
+        return self._calls
 
     @property
     def url(self) -> str:

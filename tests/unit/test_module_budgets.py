@@ -72,7 +72,9 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Human input in a durable run: how a node asks (:class:`HumanInput`) and what is stored...",
     ),
     "_model/records.py": (
-        320,  # 250 -> 320: the node_failed marker (NodeFailure) and the in-flight turn counts
+        # 250 -> 320: the node_failed marker (NodeFailure) and the in-flight turn counts;
+        # 320 -> 420: the recorded calls' values (CallRecord, CallSummary)
+        420,
         "The store's value objects: what a commit takes and what a load returns (JSON values, no...",
     ),
     "_model/restore.py": (150, "From a run's stored log to the team's state at the store's head."),
@@ -117,8 +119,12 @@ BUDGETS: dict[str, tuple[int, str]] = {
         650,
         "Operations on runs from outside their driver: cancel, retry, supply, delete, prune, stats, runs show.",
     ),
+    "_storage/calls.py": (
+        300,
+        "Recorded model and tool calls (schema version 12): :class:`CallRecords`, held by a stor...",
+    ),
     "_storage/checksum.py": (
-        200,
+        250,  # 200 -> 250: the call records' checksum (call_sum)
         "Row checksums (schema version 6): what a commit stores beside each step, message and ag...",
     ),
     "_storage/document.py": (
@@ -150,7 +156,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Requests for human input (schema version 8): :class:`InputRequests`, held by a store as...",
     ),
     "_storage/schema.py": (
-        200,
+        250,  # 200 -> 250: the call records' table
         "SQLAlchemy Core tables: the single source of the schema the store reads and writes.",
     ),
     "_storage/statements.py": (

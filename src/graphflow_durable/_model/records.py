@@ -14,6 +14,12 @@ from graphflow_durable._model.human import InputRequest
 from graphflow_durable.errors import NodeFailedError
 
 __all__ = [
+    "CALL_KINDS",
+    "CALL_OUTCOMES",
+    "CallKind",
+    "CallOutcome",
+    "CallRecord",
+    "CallSummary",
     "StepKind",
     "AgentStateRecord",
     "NodeFailure",
@@ -330,3 +336,78 @@ class RunLog:
     scheduler: Mapping[str, Any] | None
     agent_states: Mapping[str, Mapping[str, Any]]
     agent_state_steps: Mapping[str, int] = field(default_factory=dict)
+
+
+CallKind = Literal["model", "tool"]
+"""What a recorded call called: a model client's ``create``/``create_stream``, or a workbench's tool."""
+
+CallOutcome = Literal["live", "replayed"]
+"""``live``: the call was made and its result recorded; ``replayed``: a recorded result was returned
+instead of calling out (the row keeps the usage it saved, no result)."""
+
+CALL_KINDS: tuple[CallKind, ...] = get_args(CallKind)
+CALL_OUTCOMES: tuple[CallOutcome, ...] = get_args(CallOutcome)
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A model or tool call made inside a durable turn, as recorded (schema version 12).
+
+    A call is identified within its turn by ``(kind, ident)``: ``ident`` is the model call's ordinal
+    (``"0"``, ``"1"``...; counted from 0 on each attempt) or the tool call's ``call_id``. The store
+    treats ``fingerprint`` and ``result`` as opaque text (the wrappers compute and decode them).
+
+    Attributes:
+        run_id: the run.
+        turn_key: the turn's idempotency key (equal on every attempt of the turn).
+        node: the node whose turn made the call.
+        step: the step that dispatched the turn.
+        attempt: the attempt of the turn that made (or replayed) the call.
+        kind: ``"model"`` or ``"tool"``.
+        name: the model's name or the tool's name.
+        ident: the model call's ordinal, or the tool call's id.
+        fingerprint: a digest of the request (what a replay must match).
+        outcome: ``"live"`` or ``"replayed"``.
+        result: the recorded result as JSON text (``None`` on a replayed row).
+        prompt_tokens: the call's prompt tokens (a replayed row: the tokens it saved), if known.
+        completion_tokens: the same for completion tokens.
+        created_at: when the record was written (epoch seconds).
+        seq: the record's place in the run's records, 1, 2, 3... in write order (set by the store).
+        discarded: a later divergence of its turn voided it (kept for audit, never replayed).
+    """
+
+    run_id: str
+    turn_key: str
+    node: str
+    step: int
+    attempt: int
+    kind: str
+    name: str
+    ident: str
+    fingerprint: str
+    outcome: str
+    result: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    created_at: float
+    seq: int = 0
+    discarded: bool = False
+
+
+@dataclass(frozen=True)
+class CallSummary:
+    """A run's recorded calls in three numbers (``runs show``, ``runs stats``).
+
+    Attributes:
+        calls_live: calls made (rows with outcome ``live``, discarded ones included: they were paid).
+        calls_replayed: calls answered from a record instead (outcome ``replayed``).
+        tokens_saved: the prompt and completion tokens of the replayed calls, summed.
+    """
+
+    calls_live: int = 0
+    calls_replayed: int = 0
+    tokens_saved: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """A JSON-ready dict with the three fields."""
+        return asdict(self)

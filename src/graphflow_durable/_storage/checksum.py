@@ -26,10 +26,13 @@ from graphflow_durable._model.codec import dumps
 from graphflow_durable.errors import StoreCorruptError
 
 __all__ = [
+    "CALLS",
+    "CALL_SUMMED",
     "MESSAGES",
     "STATES",
     "STEPS",
     "Damage",
+    "call_sum",
     "message_sum",
     "run_sum",
     "state_sum",
@@ -39,6 +42,7 @@ __all__ = [
     "corrupt",
 ]
 
+CALLS = "graphflow_call_records"
 MESSAGES = "graphflow_messages"
 STATES = "graphflow_agent_states"
 STEPS = "graphflow_steps"
@@ -72,6 +76,40 @@ def state_sum(run_id: str, node: str, step_seq: int, base_step: int | None, body
     """The checksum of an agent-state row."""
     key = f"{_s(run_id)}|{_s(node)}|{step_seq}|{base_step}|"
     return zlib.crc32(_b(body), zlib.crc32(_b(key)))
+
+
+#: The columns of a call record its checksum covers after the run id, in order (version 12): every
+#: column but ``created_at``, the ``discarded`` flag included (a record flipped back to live by damage
+#: would be replayed).
+CALL_SUMMED = (
+    "seq",
+    "turn_key",
+    "node",
+    "step",
+    "attempt",
+    "kind",
+    "name",
+    "ident",
+    "fingerprint",
+    "outcome",
+    "prompt_tokens",
+    "completion_tokens",
+    "discarded",
+)
+
+
+def _field(value: Any) -> str:
+    """A call record's key or number as checksummed: ``-`` for ``None``, a flag as 0/1."""
+    if value is None or isinstance(value, str):
+        return _s(value)
+    return str(int(value))
+
+
+def call_sum(run_id: str, row: Mapping[Any, Any]) -> int:
+    """The checksum of a call record (a row or a mapping with its columns): the columns
+    :data:`CALL_SUMMED` as its keys, then its ``result`` text."""
+    key = "|".join(_field(row[column]) for column in CALL_SUMMED)
+    return zlib.crc32(_b(_s(row["result"])), zlib.crc32(_b(f"{_s(run_id)}|{key}|")))
 
 
 def _step_low(run_id: str, seq: int, kind: str, node: str | None, data: str, high: int) -> int:
@@ -125,11 +163,13 @@ class Damage:
 
     Attributes:
         run_id: the run.
-        table: ``"graphflow_steps"``, ``"graphflow_messages"`` or ``"graphflow_agent_states"``.
+        table: ``"graphflow_steps"``, ``"graphflow_messages"``, ``"graphflow_agent_states"`` or
+            ``"graphflow_call_records"``.
         step: the step the row belongs to (a step row: its own seq; a missing message: the step of
-            the message after the gap, else of the one before it, else 0).
-        seq: a message row's seq in the thread (``None`` for other rows).
-        node: an agent-state row's node, or a step row's node (``None`` if it has none).
+            the message after the gap, else of the one before it, else 0; a call record: the step
+            that dispatched its turn).
+        seq: a message row's seq in the thread, or a call record's seq (``None`` for other rows).
+        node: an agent-state row's node, or a step row's or call record's node (``None`` if it has none).
         column: what does not match, when known: ``"scheduler"`` for a step whose scheduler text
             changed, else ``None`` (the row's keys or content).
         problem: for a gap, what is wrong in words (``"step 4 is missing (steps 1..6 expected)"``);
@@ -151,6 +191,8 @@ class Damage:
             return f"message {self.seq} (step {self.step})"
         if self.table == STATES:
             return f"the state of node {self.node!r} saved at step {self.step}"
+        if self.table == CALLS:
+            return f"call record {self.seq} (node {self.node!r}, step {self.step})"
         what = f"step {self.step}"
         return f"{what} (its scheduler state)" if self.column == "scheduler" else what
 

@@ -35,6 +35,7 @@ __all__ = [
     "LeaseRowNow",
     "Takeover",
     "acquire",
+    "fenced",
     "holder_gone",
     "iso",
     "lease_lost",
@@ -236,6 +237,22 @@ def lease_lost(run_id: str, fencing_token: int, row: LeaseRow, owner: str | None
         owner=row.lease_owner,
         expires_at=None if row.lease_owner is None else row.lease_expires_at,
     )
+
+
+def fenced(conn: sa.Connection, run_id: str, fencing_token: int | None, *, lock: bool = False) -> None:
+    """A driver's write that is not a commit (an input request, an answer, a call record): refused,
+    before anything is written, unless ``fencing_token`` is still the run's (``None``: not a
+    driver's write, nothing checked unless ``lock``). Checked, the run's row stays locked to the end
+    of the transaction (PostgreSQL ``FOR UPDATE``; SQLite: the write lock), and a missing run is
+    :class:`RunNotFoundError`; ``lock`` does the same without a token (a write that must be
+    serialised with the run's other writes, e.g. to number its rows)."""
+    if fencing_token is None and not lock:
+        return
+    row = conn.execute(S.SELECT_LEASE.with_for_update(), {"p_run_id": run_id}).first()
+    if row is None:
+        raise S.not_found(run_id)
+    if fencing_token is not None and row.fencing_token != fencing_token:
+        raise lease_lost(run_id, fencing_token, row)
 
 
 @dataclass(frozen=True)

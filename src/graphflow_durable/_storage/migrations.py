@@ -318,6 +318,40 @@ def _m0011_nested_run_parents(conn: Connection) -> None:
         )
 
 
+def _m0012_call_records(conn: Connection) -> None:
+    """Version 12: ``graphflow_call_records``, the model and tool calls made inside durable turns
+    (recorded, replayed, discarded), each row checksummed; frozen copy."""
+    md = sa.MetaData()
+    sa.Table("graphflow_runs", md, sa.Column("run_id", sa.String, primary_key=True))  # the FK's target
+    sa.Table(
+        "graphflow_call_records",
+        md,
+        sa.Column(
+            "run_id",
+            sa.String,
+            sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("turn_key", sa.String, nullable=False),
+        sa.Column("node", sa.String, nullable=False),
+        sa.Column("step", sa.Integer, nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("kind", sa.String, nullable=False),
+        sa.Column("name", sa.String, nullable=False),
+        sa.Column("ident", sa.String, nullable=False),
+        sa.Column("fingerprint", sa.String, nullable=False),
+        sa.Column("outcome", sa.String, nullable=False),
+        sa.Column("result", sa.Text, nullable=True),
+        sa.Column("prompt_tokens", sa.Integer, nullable=True),
+        sa.Column("completion_tokens", sa.Integer, nullable=True),
+        sa.Column("discarded", sa.Boolean, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+        sa.Column("checksum", sa.BigInteger, nullable=False),
+        sa.Index("graphflow_call_records_turn", "run_id", "turn_key"),
+    ).create(conn)
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -336,6 +370,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     (10, "fencing tokens from one store-wide counter, never repeated for a run id", _m0010_fencing_tokens),
     (11, "a nested team's run records its outer run (parent_run_id)", _m0011_nested_run_parents),
+    (12, "create the records of model and tool calls made inside turns", _m0012_call_records),
 )
 
 #: The schema version this package writes.

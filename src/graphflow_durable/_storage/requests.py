@@ -21,7 +21,7 @@ from graphflow_durable._model.codec import dumps, loads, surrogate_problem
 from graphflow_durable._model.human import InputRequest, parked_on
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import lease_lost
+from graphflow_durable._storage.lease import fenced
 from graphflow_durable._storage.schema import input_requests, runs
 from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError
 
@@ -85,19 +85,6 @@ def _find(conn: Connection, run_id: str, request_id: str) -> InputRequest | None
         .first()
     )
     return None if row is None else _request(row)
-
-
-def _fenced(conn: Connection, run_id: str, fencing_token: int | None) -> None:
-    """A driver's write (its input function's request or answer): refused, before anything is
-    written, unless ``fencing_token`` is still the run's (``None``: not a driver's write). The run's
-    row stays locked to the end of the transaction (SQLite: the write lock)."""
-    if fencing_token is None:
-        return
-    row = conn.execute(S.SELECT_LEASE.with_for_update(), {"p_run_id": run_id}).first()
-    if row is None:
-        raise S.not_found(run_id)
-    if row.fencing_token != fencing_token:
-        raise lease_lost(run_id, fencing_token, row)
 
 
 def _insert(conn: Connection, request: InputRequest) -> InputRequest:
@@ -239,10 +226,10 @@ def _wake_if_answered(
     pending = sa.exists().where(
         _I.run_id == run_id, _I.request_id.in_(list(request_ids)), _I.status == "pending"
     )
-    fenced = sa.true() if fencing_token is None else runs.c.fencing_token == fencing_token
+    by_token = sa.true() if fencing_token is None else runs.c.fencing_token == fencing_token
     changed = conn.execute(
         sa.update(runs)
-        .where(runs.c.run_id == run_id, runs.c.status == "waiting", ~pending, fenced)
+        .where(runs.c.run_id == run_id, runs.c.status == "waiting", ~pending, by_token)
         .values(status="interrupted", updated_at=now)
     ).rowcount
     return bool(changed)
@@ -306,7 +293,7 @@ class InputRequests:
         for _attempt in range(2):
             try:
                 with self._guard("recording an input request", run_id), self._e.write.begin() as conn:
-                    _fenced(conn, run_id, fencing_token)
+                    fenced(conn, run_id, fencing_token)
                     found = _find(conn, run_id, request.request_id)
                     return found if found is not None else _insert(conn, request)
             except StoreError as exc:
@@ -333,7 +320,7 @@ class InputRequests:
             raise UsageError(f"an answer is text, not {type(text).__name__}", run_id=run_id, option="answer")
         _refuse_surrogates(run_id, {"run_id": run_id, "answer": text, "node": node, "request_id": request_id})
         with self._guard("answering an input request", run_id), self._e.write.begin() as conn:
-            _fenced(conn, run_id, fencing_token)
+            fenced(conn, run_id, fencing_token)
             done, status = _answer(
                 conn, run_id, text, node=node, request_id=request_id, by=by, now=time.time()
             )

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 __all__ = [
     "FENCING_SEQUENCE",
     "agent_states",
+    "call_records",
     "declared_tables",
     "fencing_tokens",
     "input_requests",
@@ -178,6 +179,40 @@ input_requests = sa.Table(
     sa.Column("deadline", sa.Double, nullable=True),
     sa.Column("default_answer", sa.Text, nullable=True),
     sa.Index("graphflow_input_requests_status", "status", "deadline"),
+)
+
+#: Model and tool calls made inside durable turns (schema version 12): one row per call recorded
+#: (``outcome`` ``live``: made, ``result`` holds it) or replayed from a record (``replayed``: no
+#: result, the usage it saved), ``seq`` 1, 2, 3... per run in write order. A turn's records are
+#: found by its idempotency key (``turn_key``); ``discarded`` rows were voided by a later divergence
+#: of their turn and are kept for audit. ``result`` is the wrappers' JSON text, opaque to the store.
+call_records = sa.Table(
+    "graphflow_call_records",
+    metadata,
+    sa.Column(
+        "run_id",
+        sa.String,
+        sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("turn_key", sa.String, nullable=False),
+    sa.Column("node", sa.String, nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String, nullable=False),
+    sa.Column("name", sa.String, nullable=False),
+    sa.Column("ident", sa.String, nullable=False),
+    sa.Column("fingerprint", sa.String, nullable=False),
+    sa.Column("outcome", sa.String, nullable=False),
+    sa.Column("result", sa.Text, nullable=True),
+    sa.Column("prompt_tokens", sa.Integer, nullable=True),
+    sa.Column("completion_tokens", sa.Integer, nullable=True),
+    sa.Column("discarded", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    # CRC of the row's keys and content, discarded flag included; see _storage/checksum
+    sa.Column("checksum", sa.BigInteger, nullable=False),
+    sa.Index("graphflow_call_records_turn", "run_id", "turn_key"),
 )
 
 #: Where fencing tokens come from (schema version 10): one store-wide counter, so that a token never

@@ -38,6 +38,12 @@ from graphflow_durable.errors import (
 )
 from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, HumanInput, default_store_url
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
+from graphflow_durable.recorded import (
+    RecordedChatCompletionClient,
+    RecordedStreamWorkbench,
+    RecordedWorkbench,
+    recorded,
+)
 from graphflow_durable.retry import NodeRetryEvent, RetryPolicy, TimeoutPolicy
 from graphflow_durable.store import InputRequest, RunRecord, StepInfo, Store
 from graphflow_durable.worker import Worker
@@ -67,6 +73,9 @@ __all__ = [
     "NodeTimeoutError",
     "NotSerializableError",
     "NotWaitingError",
+    "RecordedChatCompletionClient",
+    "RecordedStreamWorkbench",
+    "RecordedWorkbench",
     "RepairResult",
     "ReplayError",
     "RetryPolicy",
@@ -90,6 +99,7 @@ __all__ = [
     "__version__",
     "current_execution",
     "default_store_url",
+    "recorded",
     "repair_state",
     "validate_state",
 ]

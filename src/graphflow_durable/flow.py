@@ -44,6 +44,7 @@ from graphflow_durable._runtime.gate import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
+from graphflow_durable._runtime.team import record_calls as record_calls_of
 from graphflow_durable.errors import NodeFailedError, UsageError
 from graphflow_durable.retry import (
     RetryPolicy,
@@ -130,6 +131,12 @@ class DurableGraphFlow(GraphFlow):
             alone (``run()`` raises :class:`~graphflow_durable.NodeFailedError`) until
             ``graphflow-durable runs retry RUN`` gives the node a fresh budget. Default 5; an int
             1 or more.
+        record_calls: record every model call and tool call the participants make inside their
+            turns (:func:`~graphflow_durable.recorded`, wrapped here: each participant's model
+            client and workbenches, AssistantAgent and its subclasses, SocietyOfMindAgent, and the
+            agents of nested teams), so that a turn that runs again -- resumed after a crash, or
+            retried -- replays the calls it already made instead of paying for them or repeating a
+            tool's side effect. See README, "Recorded model and tool calls". Default ``False``.
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -163,6 +170,7 @@ class DurableGraphFlow(GraphFlow):
         retry: RetryPolicy | int | Mapping[str, Any] | None = None,
         timeout: TimeoutPolicy | float | Mapping[str, Any] | None = None,
         max_crash_attempts: int = 5,
+        record_calls: bool = False,
     ) -> None:
         if (
             isinstance(max_crash_attempts, bool)
@@ -189,6 +197,9 @@ class DurableGraphFlow(GraphFlow):
             custom_message_types=custom_message_types,
         )
         register_events(self._message_factory)  # a stored NodeRetryEvent loads back on every team
+        self._record_calls = bool(record_calls)
+        if self._record_calls:
+            record_calls_of(participants)
         self._team_view = TeamView(self)
         self._session = RunSession(
             self._team_view,
@@ -540,6 +551,7 @@ class DurableGraphFlow(GraphFlow):
             retry=policies_config(self._session.turns.retry),
             timeout=policies_config(self._session.turns.timeout),
             max_crash_attempts=session.max_crash_attempts,
+            record_calls=self._record_calls,
         )
 
     @classmethod

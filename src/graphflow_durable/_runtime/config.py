@@ -84,6 +84,7 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     retry: Any = None
     timeout: Any = None
     max_crash_attempts: int = 5
+    record_calls: bool = False
 
 
 def refuse_callables(graph: DiGraph) -> None:
@@ -173,5 +174,6 @@ def flow_arguments(config: GraphFlowConfig) -> tuple[list[ChatAgent], DiGraph, d
             "retry": durable.retry,
             "timeout": durable.timeout,
             "max_crash_attempts": durable.max_crash_attempts,
+            "record_calls": durable.record_calls,
         },
     )

@@ -38,6 +38,7 @@ from graphflow_durable import context as _context
 from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
 from graphflow_durable.context import ExecutionContext
 from graphflow_durable.errors import NodeTimeoutError
+from graphflow_durable.recorded import CallLink, recording
 from graphflow_durable.retry import RetryPolicy, TimeoutPolicy, within_limits
 from graphflow_durable.store import Store
 
@@ -61,8 +62,8 @@ class Turns:
     """The execution contexts of a team's turns in flight, and the nodes' retry and timeout
     policies: the manager writes, containers read (and hand a failed attempt's exception back)."""
 
-    def __init__(self, store: Callable[[], Store], may_start: Callable[[str], Awaitable[bool]]) -> None:
-        self._store = store
+    def __init__(self, link: CallLink, may_start: Callable[[str], Awaitable[bool]]) -> None:
+        self._link = link
         self._may_start = may_start
         self._contexts: dict[str, ExecutionContext] = {}
         self._errors: dict[str, BaseException] = {}
@@ -90,7 +91,7 @@ class Turns:
     async def stored_state(self, run_id: str, node: str) -> Mapping[str, Any] | None:
         """``node``'s agent state as stored at the run's head (read in a thread): while its turn
         is in flight, its state at the step that dispatched the turn (or the run's starting state)."""
-        log = await asyncio.to_thread(self._store().load, run_id)
+        log = await asyncio.to_thread(self._link.store.load, run_id)
         return log.agent_states.get(node)
 
     async def may_start(self, node: str) -> bool:
@@ -112,11 +113,13 @@ class Turns:
 
     @contextmanager
     def running(self, node: str) -> Iterator[None]:
-        """While ``node``'s agent runs: its execution context, and the run's store for nested teams."""
+        """While ``node``'s agent runs: its execution context, the run's store for nested teams, and
+        the run's link for recorded model and tool calls (each entry is one attempt of the turn)."""
         context = _context._current.set(self._contexts.get(node))
-        store = _outer_store.set(self._store())
+        store = _outer_store.set(self._link.store)
         try:
-            yield
+            with recording(self._link):
+                yield
         finally:
             _outer_store.reset(store)
             _context._current.reset(context)

@@ -129,7 +129,7 @@ class RunSession:
         self._key: RunKey | None = None
         self._lease: RunLease | None = None
         self._commits: Commits | None = None
-        self.turns = Turns(lambda: self.store, lambda node: self.lease.may_start(node))
+        self.turns = Turns(self, lambda node: self.lease.may_start(node))
         install_log_filters()  # a lost lease or an outage: no library tracebacks in the ERROR log
         self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None

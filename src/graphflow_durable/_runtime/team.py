@@ -5,6 +5,8 @@ its stored run, each made from the other.
 states, its message factory, and a way to put the team at a stored position -- without the
 session knowing AutoGen's private attribute names.
 
+:func:`record_calls` wraps the participants' model clients and workbenches (``record_calls=True``).
+
 The functions below (they hold nothing; each takes what it needs) put the team at the store's
 head (:func:`restore`), turn a loaded state into the commit that makes it a run's new starting
 point (:func:`imported`), and read the team's state or last result from the store. The session
@@ -14,14 +16,16 @@ calls them as it attaches, loads and restarts; the flow reads results and states
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from autogen_agentchat.base import TaskResult
+from autogen_agentchat.base import ChatAgent, TaskResult, Team
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from autogen_agentchat.teams import GraphFlow
 from autogen_core import AgentId, SingleThreadedAgentRuntime
+from autogen_core.models import ChatCompletionClient
+from autogen_core.tools import Workbench
 
 from graphflow_durable._agentstate.encoder import StateLog
 from graphflow_durable._model.cursor import Cursor
@@ -29,10 +33,15 @@ from graphflow_durable._model.records import RunLog, RunRecord, RunStatus
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
+from graphflow_durable.recorded import recorded
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind, Store
 
-__all__ = ["TeamView", "imported", "last_round", "restore", "state_of", "stored_result"]
+__all__ = ["TeamView", "imported", "last_round", "record_calls", "restore", "state_of", "stored_result"]
+
+#: Where AutoGen's agents and teams hold the agents and teams inside them: a SocietyOfMindAgent's
+#: inner team, a group chat's participants, a MessageFilterAgent's wrapped agent.
+_INNER = ("_team", "_participants", "_wrapped_agent")
 
 
 class TeamView:
@@ -174,3 +183,29 @@ async def state_of(
     }
     result = log.run.result if isinstance(log.run.result, Mapping) else {}
     return at.team_state(run_id, team.manager_name, states, fingerprint, result.get("stop_reason"))
+
+
+def record_calls(participants: Sequence[ChatAgent | Team]) -> None:
+    """Wrap the model client (``_model_client``: AssistantAgent and its subclasses,
+    SocietyOfMindAgent, CodeExecutorAgent) and the workbenches (``_workbench``) of every
+    participant, and of the agents inside nested teams and SocietyOfMindAgents, with
+    :func:`~graphflow_durable.recorded`; a wrapper is never wrapped again."""
+    seen: set[int] = set()
+    pending: list[Any] = list(participants)
+    while pending:
+        agent = pending.pop()
+        if id(agent) in seen:
+            continue
+        seen.add(id(agent))
+        client = getattr(agent, "_model_client", None)
+        if isinstance(client, ChatCompletionClient):
+            agent._model_client = recorded(client)
+        benches = getattr(agent, "_workbench", None)
+        if isinstance(benches, Sequence) and benches and all(isinstance(w, Workbench) for w in benches):
+            agent._workbench = [recorded(w) for w in benches]
+        for attribute in _INNER:
+            inner = getattr(agent, attribute, None)
+            if isinstance(inner, (ChatAgent, Team)):
+                pending.append(inner)
+            elif isinstance(inner, Sequence) and not isinstance(inner, str):
+                pending.extend(p for p in inner if isinstance(p, (ChatAgent, Team)))

@@ -1,0 +1,653 @@
+"""Recorded model and tool calls: a turn that runs again replays the calls it already made.
+
+:func:`recorded` wraps a ``ChatCompletionClient`` or a ``Workbench`` in a wrapper of the same kind
+(an AutoGen Component: a team holding it still dumps and loads). Inside a durable turn, each call
+the wrapper makes is committed to the run's store as soon as it returns (``store.calls``, fenced by
+the driver's lease token), before its result reaches the agent; when the turn runs again (resumed
+after a crash, or retried), a call with the same identity and request returns its recorded result
+instead of calling out. ``DurableGraphFlow(..., record_calls=True)`` wraps every participant's
+client and workbench itself. Outside a durable turn a wrapper calls straight through.
+
+- A call's identity within its turn (``ExecutionContext.idempotency_key``): ``("model", ordinal)``,
+  the ordinal counted from 0 on each attempt; ``("tool", call_id)`` (stable once the model result
+  that named it is replayed). A tool called without a ``call_id`` is never recorded.
+- A request's fingerprint: the digest of the canonical JSON of the messages, tool schemas, tool
+  choice, output schema, extra create args and model name (a model call); of the tool's name and
+  arguments (a tool call). A recorded call of equal identity and fingerprint is replayed: a
+  ``CreateResult`` with ``cached=True`` and its recorded usage, a stream's recorded chunks with the
+  same boundaries and then its result, a tool's ``ToolResult`` (errors included); a ``replayed``
+  row is written for it.
+- A different fingerprint is a divergence: that record and every later one of the turn are
+  discarded (kept for audit), the call goes live, one INFO line says "diverged", and nothing more
+  is replayed in that attempt. A call that raises is not recorded (the next attempt makes it
+  again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded live).
+
+The container of a durable team sets the link (:func:`recording`) while a node's agent runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Literal, Protocol, overload
+
+import pydantic_core
+from autogen_core import CancellationToken, Component, ComponentModel
+from autogen_core.models import (
+    ChatCompletionClient,
+    CreateResult,
+    LLMMessage,
+    ModelCapabilities,
+    ModelInfo,
+    RequestUsage,
+)
+from autogen_core.tools import StaticStreamWorkbench, Tool, ToolResult, ToolSchema, Workbench
+from pydantic import BaseModel
+from typing_extensions import Self
+
+from graphflow_durable._model import codec
+from graphflow_durable.context import ExecutionContext, current_execution
+from graphflow_durable.errors import UsageError
+from graphflow_durable.store import CallRecord, Store
+
+__all__ = [
+    "CallLink",
+    "RecordedChatCompletionClient",
+    "RecordedStreamWorkbench",
+    "RecordedWorkbench",
+    "recorded",
+    "recording",
+]
+
+logger = logging.getLogger("graphflow_durable.flow")
+
+
+class _Streaming(Protocol):
+    """A streaming workbench (autogen-core's ``StreamWorkbench``, which it does not export)."""
+
+    def call_tool_stream(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        cancellation_token: CancellationToken | None = None,
+        call_id: str | None = None,
+    ) -> AsyncGenerator[Any, None]: ...
+
+
+def _streaming(workbench: Workbench) -> _Streaming | None:
+    stream = getattr(workbench, "call_tool_stream", None)
+    return workbench if callable(stream) else None  # type: ignore[return-value]
+
+
+class CallLink(Protocol):
+    """What a wrapper needs of the durable run whose turn is running (the run session gives it)."""
+
+    run_id: str
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def fencing_token(self) -> int: ...
+
+
+class _TurnCalls:
+    """One attempt of one turn's recorded calls, shared by every wrapper the turn calls through:
+    the records it may replay (read once), its model-call ordinal, whether it diverged."""
+
+    def __init__(self, link: CallLink, ctx: ExecutionContext) -> None:
+        self.link = link
+        self.ctx = ctx
+        self.key = ctx.idempotency_key
+        self._records: dict[tuple[str, str], CallRecord] | None = None
+        self._loading = asyncio.Lock()
+        self._ordinal = 0
+        self.diverged = False
+
+    def next_ordinal(self) -> int:
+        """The next model call's ordinal in this attempt (0, 1, 2...), taken before it awaits."""
+        ordinal, self._ordinal = self._ordinal, self._ordinal + 1
+        return ordinal
+
+    def _token(self) -> int | None:
+        # Fenced as the driver's commits are (a stale driver writes no record); only the run it drives.
+        return self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
+
+    async def replayable(self, kind: str, ident: str, fingerprint: str) -> CallRecord | None:
+        """The live record this call replays, or ``None`` (it goes live). A record of the same
+        identity and another fingerprint is a divergence: it and every later record of the turn
+        are discarded, and nothing more is replayed in this attempt."""
+        async with self._loading:
+            if self._records is None:
+                found = await asyncio.to_thread(self.link.store.calls.for_turn, self.ctx.run_id, self.key)
+                self._records = {(r.kind, r.ident): r for r in found}  # seq order: the latest wins
+            if self.diverged:
+                return None
+            record = self._records.get((kind, ident))
+            if record is None:
+                return None
+            if record.fingerprint == fingerprint:
+                return record
+            self.diverged = True
+            self._records = {}
+            discarded = await asyncio.to_thread(
+                self.link.store.calls.discard_from,
+                self.ctx.run_id,
+                self.key,
+                record.seq,
+                fencing_token=self._token(),
+            )
+        ctx = self.ctx
+        logger.info(
+            "run %s: %s's turn (step %d, attempt %d) diverged at %s call %s: the request differs from the "
+            "recorded one; %d recorded call(s) discarded, this and later calls go live",
+            ctx.run_id,
+            ctx.node,
+            ctx.step,
+            ctx.attempt,
+            kind,
+            ident,
+            discarded,
+        )
+        return None
+
+    async def write(
+        self,
+        kind: str,
+        name: str,
+        ident: str,
+        fingerprint: str,
+        *,
+        result: str | None,
+        usage: RequestUsage | None,
+    ) -> None:
+        """Commit one record (``result`` ``None``: a replay) before the call's result goes on."""
+        ctx = self.ctx
+        record = CallRecord(
+            run_id=ctx.run_id,
+            turn_key=self.key,
+            node=ctx.node,
+            step=ctx.step,
+            attempt=ctx.attempt,
+            kind=kind,
+            name=name,
+            ident=ident,
+            fingerprint=fingerprint,
+            outcome="live" if result is not None else "replayed",
+            result=result,
+            prompt_tokens=None if usage is None else usage.prompt_tokens,
+            completion_tokens=None if usage is None else usage.completion_tokens,
+            created_at=time.time(),
+        )
+        await asyncio.to_thread(self.link.store.calls.record, record, fencing_token=self._token())
+
+
+class _Scope:
+    """The link a container set while a node's agent runs, and that attempt's calls (made on the
+    first recorded call, for the execution context current then)."""
+
+    def __init__(self, link: CallLink) -> None:
+        self.link = link
+        self._turn: _TurnCalls | None = None
+
+    def turn(self, ctx: ExecutionContext) -> _TurnCalls:
+        turn = self._turn
+        if turn is None or turn.ctx != ctx:
+            turn = self._turn = _TurnCalls(self.link, ctx)
+        return turn
+
+
+_scope: ContextVar[_Scope | None] = ContextVar("graphflow_durable_recorded_calls", default=None)
+
+
+@contextmanager
+def recording(link: CallLink) -> Iterator[None]:
+    """While a node's agent runs (the container's ``running(node)``): the wrappers it calls through
+    record in ``link``'s store. Each entry is one attempt (its ordinals start at 0)."""
+    token = _scope.set(_Scope(link))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def _current_turn() -> _TurnCalls | None:
+    """The calls of the durable turn running in this task, or ``None`` (calls pass straight through)."""
+    scope, ctx = _scope.get(), current_execution()
+    if scope is None or ctx is None:
+        return None
+    return scope.turn(ctx)
+
+
+# -- fingerprints and encodings -----------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain JSON types (pydantic models and dataclasses dumped); what JSON cannot hold
+    is its type's name, so such a request never matches by accident of its ``repr``."""
+    return pydantic_core.to_jsonable_python(value, fallback=lambda v: f"<{type(v).__qualname__}>")
+
+
+def _digest(value: Any) -> str:
+    return codec.digest(codec.dumps(_plain(value), where="request"))
+
+
+def _tool_schema(tool: Tool | ToolSchema) -> Any:
+    return tool if isinstance(tool, Mapping) else tool.schema
+
+
+def _model_fingerprint(
+    model: str,
+    messages: Sequence[LLMMessage],
+    tools: Sequence[Tool | ToolSchema],
+    tool_choice: Tool | Literal["auto", "required", "none"],
+    json_output: bool | type[BaseModel] | None,
+    extra_create_args: Mapping[str, Any],
+) -> str:
+    if isinstance(json_output, type):
+        output: Any = {"name": json_output.__name__, "schema": json_output.model_json_schema()}
+    else:
+        output = json_output
+    return _digest(
+        {
+            "model": model,
+            "messages": list(messages),
+            "tools": [_tool_schema(t) for t in tools],
+            "tool_choice": tool_choice if isinstance(tool_choice, str) else _tool_schema(tool_choice),
+            "json_output": output,
+            "extra_create_args": dict(extra_create_args),
+        }
+    )
+
+
+def _tool_fingerprint(name: str, arguments: Mapping[str, Any] | None) -> str:
+    return _digest({"name": name, "arguments": dict(arguments or {})})
+
+
+def _model_name(client: ChatCompletionClient) -> str:
+    """The model a client calls: its ``model`` create argument (OpenAI, Azure, Anthropic, Ollama
+    clients hold it there), else its model family, else its class name."""
+    create_args = getattr(client, "_create_args", None)
+    if isinstance(create_args, Mapping) and isinstance(create_args.get("model"), str):
+        return str(create_args["model"])
+    family = client.model_info.get("family")
+    return str(family) if family and family != "unknown" else type(client).__name__
+
+
+def _result_text(result: CreateResult, chunks: Sequence[str] | None) -> str:
+    body: dict[str, Any] = {"result": result.model_dump(mode="json")}
+    if chunks is not None:
+        body["chunks"] = list(chunks)
+    return codec.dumps(body, where="model result")
+
+
+def _replayed_result(record: CallRecord) -> tuple[CreateResult, list[str]]:
+    body = codec.loads(record.result or "{}")
+    result = CreateResult.model_validate(body["result"]).model_copy(update={"cached": True})
+    return result, list(body.get("chunks", []))
+
+
+def _recorded_usage(record: CallRecord) -> RequestUsage:
+    return RequestUsage(
+        prompt_tokens=record.prompt_tokens or 0, completion_tokens=record.completion_tokens or 0
+    )
+
+
+# -- the model client ---------------------------------------------------------------------------
+
+
+class RecordedChatCompletionClientConfig(BaseModel):
+    """The component config of :class:`RecordedChatCompletionClient`: the wrapped client's."""
+
+    client: ComponentModel
+
+
+class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatCompletionClientConfig]):
+    """A ``ChatCompletionClient`` whose calls inside a durable turn are recorded and replayed (see
+    the module's text). Everything else (model info, token counts, usage, close) is the wrapped
+    client's. Make one with :func:`recorded`."""
+
+    component_type = "model"
+    component_provider_override = "graphflow_durable.recorded.RecordedChatCompletionClient"
+    component_config_schema = RecordedChatCompletionClientConfig
+
+    def __init__(self, client: ChatCompletionClient) -> None:
+        self._inner = client
+
+    @property
+    def inner(self) -> ChatCompletionClient:
+        """The wrapped client."""
+        return self._inner
+
+    def _request(
+        self,
+        turn: _TurnCalls,
+        messages: Sequence[LLMMessage],
+        tools: Sequence[Tool | ToolSchema],
+        tool_choice: Tool | Literal["auto", "required", "none"],
+        json_output: bool | type[BaseModel] | None,
+        extra_create_args: Mapping[str, Any],
+    ) -> tuple[str, str, str]:
+        """The call's model name, identity (its ordinal) and fingerprint."""
+        name = _model_name(self._inner)
+        ident = str(turn.next_ordinal())
+        fingerprint = _model_fingerprint(name, messages, tools, tool_choice, json_output, extra_create_args)
+        return name, ident, fingerprint
+
+    async def create(
+        self,
+        messages: Sequence[LLMMessage],
+        *,
+        tools: Sequence[Tool | ToolSchema] = [],
+        tool_choice: Tool | Literal["auto", "required", "none"] = "auto",
+        json_output: bool | type[BaseModel] | None = None,
+        extra_create_args: Mapping[str, Any] = {},
+        cancellation_token: CancellationToken | None = None,
+    ) -> CreateResult:
+        """The wrapped client's ``create``; inside a durable turn, recorded or replayed."""
+        turn = _current_turn()
+        args: dict[str, Any] = {
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "json_output": json_output,
+            "extra_create_args": extra_create_args,
+        }
+        if turn is None:
+            return await self._inner.create(messages, **args, cancellation_token=cancellation_token)
+        name, ident, fingerprint = self._request(
+            turn, messages, tools, tool_choice, json_output, extra_create_args
+        )
+        record = await turn.replayable("model", ident, fingerprint)
+        if record is not None:
+            result, _ = _replayed_result(record)
+            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
+            return result
+        result = await self._inner.create(messages, **args, cancellation_token=cancellation_token)
+        text = _result_text(result, None)
+        await turn.write("model", name, ident, fingerprint, result=text, usage=result.usage)
+        return result
+
+    async def create_stream(
+        self,
+        messages: Sequence[LLMMessage],
+        *,
+        tools: Sequence[Tool | ToolSchema] = [],
+        tool_choice: Tool | Literal["auto", "required", "none"] = "auto",
+        json_output: bool | type[BaseModel] | None = None,
+        extra_create_args: Mapping[str, Any] = {},
+        cancellation_token: CancellationToken | None = None,
+    ) -> AsyncGenerator[str | CreateResult, None]:
+        """The wrapped client's ``create_stream``; inside a durable turn, recorded (its chunks with
+        their boundaries) or replayed (the recorded chunks, then the result)."""
+        turn = _current_turn()
+        args: dict[str, Any] = {
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "json_output": json_output,
+            "extra_create_args": extra_create_args,
+            "cancellation_token": cancellation_token,
+        }
+        if turn is None:
+            async for item in self._inner.create_stream(messages, **args):
+                yield item
+            return
+        name, ident, fingerprint = self._request(
+            turn, messages, tools, tool_choice, json_output, extra_create_args
+        )
+        record = await turn.replayable("model", ident, fingerprint)
+        if record is not None:
+            result, recorded_chunks = _replayed_result(record)
+            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
+            for chunk in recorded_chunks:
+                yield chunk
+            yield result
+            return
+        chunks: list[str] = []
+        async for item in self._inner.create_stream(messages, **args):
+            if isinstance(item, CreateResult):
+                await turn.write(
+                    "model", name, ident, fingerprint, result=_result_text(item, chunks), usage=item.usage
+                )
+            else:
+                chunks.append(item)
+            yield item
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def actual_usage(self) -> RequestUsage:
+        return self._inner.actual_usage()
+
+    def total_usage(self) -> RequestUsage:
+        return self._inner.total_usage()
+
+    def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
+        return self._inner.count_tokens(messages, tools=tools)
+
+    def remaining_tokens(
+        self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []
+    ) -> int:
+        return self._inner.remaining_tokens(messages, tools=tools)
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        return self._inner.capabilities
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._inner.model_info
+
+    def _to_config(self) -> RecordedChatCompletionClientConfig:
+        return RecordedChatCompletionClientConfig(client=self._inner.dump_component())
+
+    @classmethod
+    def _from_config(cls, config: RecordedChatCompletionClientConfig) -> Self:
+        return cls(ChatCompletionClient.load_component(config.client))
+
+
+# -- the workbenches ----------------------------------------------------------------------------
+
+
+class RecordedWorkbenchConfig(BaseModel):
+    """The component config of the recorded workbenches: the wrapped workbench's, and the tools
+    that always run."""
+
+    workbench: ComponentModel
+    rerun: list[str] = []
+
+
+def _tool_result(record: CallRecord) -> ToolResult:
+    return ToolResult.model_validate(codec.loads(record.result or "{}"))
+
+
+class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
+    """A ``Workbench`` whose tool calls inside a durable turn are recorded and replayed (see the
+    module's text), except the tools named in ``rerun``, which always run. Everything else is the
+    wrapped workbench's. Make one with :func:`recorded`."""
+
+    component_type = "workbench"
+    component_provider_override = "graphflow_durable.recorded.RecordedWorkbench"
+    component_config_schema = RecordedWorkbenchConfig
+
+    def __init__(self, workbench: Workbench, rerun: Collection[str] = ()) -> None:
+        self._inner = workbench
+        self._rerun = frozenset(rerun)
+
+    @property
+    def inner(self) -> Workbench:
+        """The wrapped workbench."""
+        return self._inner
+
+    @property
+    def rerun(self) -> frozenset[str]:
+        """The tools that always run (recorded live each time)."""
+        return self._rerun
+
+    async def _replay(
+        self, name: str, arguments: Mapping[str, Any] | None, call_id: str | None
+    ) -> tuple[_TurnCalls | None, str, ToolResult | None]:
+        """The turn that records this call (``None``: it is not recorded), its fingerprint, and the
+        recorded result it replays (its ``replayed`` row written), if any."""
+        turn = _current_turn()
+        if turn is None or call_id is None:
+            return None, "", None
+        fingerprint = _tool_fingerprint(name, arguments)
+        if name in self._rerun:
+            return turn, fingerprint, None
+        record = await turn.replayable("tool", call_id, fingerprint)
+        if record is None:
+            return turn, fingerprint, None
+        await turn.write("tool", name, call_id, fingerprint, result=None, usage=None)
+        return turn, fingerprint, _tool_result(record)
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        cancellation_token: CancellationToken | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        """The wrapped workbench's ``call_tool``; inside a durable turn, recorded or replayed."""
+        turn, fingerprint, replayed = await self._replay(name, arguments, call_id)
+        if replayed is not None:
+            return replayed
+        result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
+        if turn is not None and call_id is not None:
+            text = codec.dumps(result.model_dump(mode="json"), where="tool result")
+            await turn.write("tool", name, call_id, fingerprint, result=text, usage=None)
+        return result
+
+    async def list_tools(self) -> list[ToolSchema]:
+        return await self._inner.list_tools()
+
+    async def start(self) -> None:
+        await self._inner.start()
+
+    async def stop(self) -> None:
+        await self._inner.stop()
+
+    async def reset(self) -> None:
+        await self._inner.reset()
+
+    async def save_state(self) -> Mapping[str, Any]:
+        return await self._inner.save_state()
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        await self._inner.load_state(state)
+
+    def _to_config(self) -> RecordedWorkbenchConfig:
+        return RecordedWorkbenchConfig(workbench=self._inner.dump_component(), rerun=sorted(self._rerun))
+
+    @classmethod
+    def _from_config(cls, config: RecordedWorkbenchConfig) -> Self:
+        return cls(Workbench.load_component(config.workbench), config.rerun)
+
+
+class RecordedStreamWorkbench(RecordedWorkbench, StaticStreamWorkbench):  # type: ignore[misc]  # its own config
+    """The recorded wrapper of a streaming workbench (the ``StaticStreamWorkbench`` that
+    ``AssistantAgent`` builds from ``tools=[...]``): itself a ``StaticStreamWorkbench``, because
+    ``AssistantAgent`` takes its streaming tool path only for that class. A replayed call yields its
+    recorded ``ToolResult`` only (a streaming tool's intermediate events are not recorded)."""
+
+    component_provider_override = "graphflow_durable.recorded.RecordedStreamWorkbench"
+    component_config_schema = RecordedWorkbenchConfig  # type: ignore[assignment]  # its own, nesting the inner
+
+    def __init__(self, workbench: Workbench, rerun: Collection[str] = ()) -> None:
+        stream = _streaming(workbench)
+        if stream is None:
+            raise UsageError(
+                f"RecordedStreamWorkbench wraps a streaming workbench, not {type(workbench).__name__}; "
+                "use recorded(workbench)",
+                option="workbench",
+            )
+        RecordedWorkbench.__init__(self, workbench, rerun)
+        self._stream_inner = stream
+        # StaticWorkbench's own fields: nothing here reads them, but they exist for code that does.
+        self._tools = []
+        self._tool_overrides = {}
+        self._override_name_to_original = {}
+
+    async def call_tool_stream(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        cancellation_token: CancellationToken | None = None,
+        call_id: str | None = None,
+    ) -> AsyncGenerator[Any | ToolResult, None]:
+        """The wrapped workbench's ``call_tool_stream``; inside a durable turn, its result recorded,
+        or the recorded result yielded alone."""
+        turn, fingerprint, replayed = await self._replay(name, arguments, call_id)
+        if replayed is not None:
+            yield replayed
+            return
+        async for item in self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id):
+            if isinstance(item, ToolResult) and turn is not None and call_id is not None:
+                text = codec.dumps(item.model_dump(mode="json"), where="tool result")
+                await turn.write("tool", name, call_id, fingerprint, result=text, usage=None)
+            yield item
+
+    @classmethod
+    def _from_config(cls, config: RecordedWorkbenchConfig) -> Self:  # type: ignore[override]
+        return cls(Workbench.load_component(config.workbench), config.rerun)
+
+
+# -- recorded() ---------------------------------------------------------------------------------
+
+
+@overload
+def recorded(x: ChatCompletionClient) -> RecordedChatCompletionClient: ...
+
+
+@overload
+def recorded(
+    x: StaticStreamWorkbench, *, rerun: Collection[str] | None = None
+) -> RecordedStreamWorkbench: ...
+
+
+@overload
+def recorded(x: Workbench, *, rerun: Collection[str] | None = None) -> RecordedWorkbench: ...
+
+
+def recorded(
+    x: ChatCompletionClient | Workbench, *, rerun: Collection[str] | None = None
+) -> RecordedChatCompletionClient | RecordedWorkbench:
+    """``x``'s calls recorded inside durable turns, replayed when the turn runs again.
+
+    A ``ChatCompletionClient`` gives a :class:`RecordedChatCompletionClient`; a streaming workbench
+    (``StaticStreamWorkbench``, what ``AssistantAgent(tools=[...])`` builds) a
+    :class:`RecordedStreamWorkbench`, itself a ``StaticStreamWorkbench``; another ``Workbench`` a
+    :class:`RecordedWorkbench`. A wrapper is returned as it is (never wrapped twice), unless
+    ``rerun`` names other tools. Outside a durable turn the wrapper calls straight through.
+
+    Args:
+        x: the model client or workbench.
+        rerun: a workbench's tools that always run (e.g. ``{"get_time"}``), recorded live each time.
+
+    Raises:
+        UsageError: ``x`` is neither, or ``rerun`` is given for a model client.
+    """
+    if isinstance(x, ChatCompletionClient):
+        if rerun is not None:
+            raise UsageError(
+                "recorded(): rerun= names tools of a workbench; a model client takes no rerun", option="rerun"
+            )
+        return x if isinstance(x, RecordedChatCompletionClient) else RecordedChatCompletionClient(x)
+    if not isinstance(x, Workbench):
+        raise UsageError(
+            f"recorded() takes a ChatCompletionClient or a Workbench, not {type(x).__name__}", option="x"
+        )
+    if isinstance(rerun, str):
+        raise UsageError(
+            f"recorded(): rerun= is a set of tool names, not the string {rerun!r}", option="rerun"
+        )
+    if isinstance(x, RecordedWorkbench):
+        if rerun is None or frozenset(rerun) == x.rerun:
+            return x
+        x = x.inner
+    if _streaming(x) is not None:
+        return RecordedStreamWorkbench(x, rerun or ())
+    return RecordedWorkbench(x, rerun or ())

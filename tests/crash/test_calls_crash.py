@@ -145,7 +145,7 @@ def test_a_driver_frozen_past_its_lease_writes_no_call_record_when_it_wakes(
     log = tmp_path / "exec.log"
     frozen = subprocess.Popen(
         [sys.executable, str(WORKER), store_url, RUN, "--lease", "1", "--hold-tool", "issue_refund:2"],
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "GFD_EXEC_LOG": str(log)},
@@ -153,7 +153,7 @@ def test_a_driver_frozen_past_its_lease_writes_no_call_record_when_it_wakes(
     try:
         deadline = time.monotonic() + 60
         while not (log.exists() and "start issue_refund" in log.read_text()):
-            assert frozen.poll() is None and time.monotonic() < deadline, frozen.stderr
+            assert frozen.poll() is None and time.monotonic() < deadline, "issue_refund never started"
             time.sleep(0.02)
         frozen.send_signal(signal.SIGSTOP)
         time.sleep(2.0)  # past its lease (1 s)
@@ -161,12 +161,13 @@ def test_a_driver_frozen_past_its_lease_writes_no_call_record_when_it_wakes(
         assert successor["transcript"] == reference[False]["transcript"]
         before = clerk_records(store_url)
         frozen.send_signal(signal.SIGCONT)
-        frozen.wait(60)
+        _, errors = frozen.communicate(timeout=60)  # it ends (an agent waiting forever would not)
     finally:
-        frozen.send_signal(signal.SIGCONT)
         if frozen.poll() is None:
+            frozen.send_signal(signal.SIGCONT)
             frozen.kill()
-        frozen.wait()
+            frozen.communicate()
+    assert frozen.returncode != 0 and "LeaseLostError" in errors, errors
     after = clerk_records(store_url)
     assert after == before, "the frozen driver wrote a call record after it lost the run"
     woke = [line for line in log.read_text().splitlines() if line.startswith(f"{frozen.pid} issue_refund")]

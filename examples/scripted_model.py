@@ -72,6 +72,7 @@ class ScriptedModel(ChatCompletionClient, Component[ScriptedModelConfig]):
         self.script = [s if isinstance(s, str) else (s[0], dict(s[1])) for s in script]
         self.log = None if log is None else str(log)
         self.live_calls = 0
+        self._create_args = {"model": "scripted-model"}  # where real clients keep their model's name
         self._usage = RequestUsage(prompt_tokens=0, completion_tokens=0)
 
     # -- the answer --------------------------------------------------------------------------------

@@ -38,7 +38,15 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.driver import CommitRequest, encode_commit
 from graphflow_durable._storage.lease import NOBODY, iso, locked, takeover_reason
 from graphflow_durable._storage.reading import head_scheduler
-from graphflow_durable._storage.schema import agent_states, input_requests, messages, queue, runs, steps
+from graphflow_durable._storage.schema import (
+    agent_states,
+    call_records,
+    input_requests,
+    messages,
+    queue,
+    runs,
+    steps,
+)
 from graphflow_durable.errors import ConflictError, RunStateError, UsageError
 
 __all__ = [
@@ -434,7 +442,7 @@ def _turns(text: Any) -> tuple[dict[str, dict[str, int]], float | None]:
 
 
 #: The package's tables, children first (the order rows are deleted in).
-TABLES: tuple[sa.Table, ...] = (agent_states, messages, steps, input_requests, queue, runs)
+TABLES: tuple[sa.Table, ...] = (agent_states, messages, steps, input_requests, call_records, queue, runs)
 #: Statuses whose runs are never picked by ``prune`` or ``delete`` without ``force``.
 _ACTIVE = "running"
 #: At most this many run ids per ``IN (...)`` list (SQLite's parameter limit is far above it).

@@ -28,7 +28,7 @@ from graphflow_durable._storage.lease import fenced
 from graphflow_durable._storage.schema import call_records
 from graphflow_durable.errors import UsageError
 
-__all__ = ["CallRecords", "call_row", "refuse_bad_record"]
+__all__ = ["CallRecords", "call_row", "checked", "refuse_bad_record", "summarise"]
 
 _C = call_records.c
 

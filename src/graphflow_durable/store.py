@@ -360,6 +360,25 @@ class Store:
         """
         return transcript_of(self.load(run_id), round, node)
 
+    def call_history(
+        self, run_id: str, *, round: int | None = None, node: str | None = None
+    ) -> list[CallRecord]:
+        """The run's recorded model and tool calls in write order (``runs history --calls``): every
+        record, live, replayed and discarded alike, each checked against its checksum; only those of
+        turns dispatched in round ``round`` and/or of node ``node`` if given. What they sum to is
+        ``store.calls.summary(run_id)``.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        if self.get_run(run_id) is None:
+            raise S.not_found(run_id)
+        records = [r for r in self._calls.list(run_id) if node is None or r.node == node]
+        if round is not None:
+            rounds = {info.seq: info.round for info in self.history(run_id)}
+            records = [r for r in records if rounds.get(r.step) == round]
+        return records
+
     def cut(self, run_id: str, at: int) -> RunLog:
         """The run as it stood once step ``at`` was committed: its steps, messages and agent states
         up to that step, the step's scheduler state, and the run's row as it was then (status from

@@ -27,6 +27,7 @@ from graphflow_durable._model.records import (
     ENDED_STATUSES,
     FRESH_BUDGET,
     RUN_STATUSES,
+    CallSummary,
     MessageRecord,
     NodeFailure,
     Step,
@@ -35,6 +36,7 @@ from graphflow_durable._model.records import (
     turn_counts,
 )
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.calls import summarise
 from graphflow_durable._storage.driver import CommitRequest, encode_commit
 from graphflow_durable._storage.lease import NOBODY, iso, locked, takeover_reason
 from graphflow_durable._storage.reading import head_scheduler
@@ -487,20 +489,24 @@ class StoreStats:
         bytes: bytes per table, its indexes included (SQLite: pages of the ``dbstat`` table;
             PostgreSQL: ``pg_total_relation_size``); ``None`` where the database cannot say
             (SQLite built without ``dbstat``).
+        calls: the recorded model and tool calls of every run: made, replayed, tokens saved.
     """
 
     runs: Mapping[str, int]
     submissions: int
     rows: Mapping[str, int]
     bytes: Mapping[str, int | None]
+    calls: CallSummary = field(default_factory=CallSummary)
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
+        """A JSON-ready dict (the recorded calls' sums as ``calls_live``, ``calls_replayed``,
+        ``tokens_saved``)."""
         return {
             "runs": dict(self.runs),
             "submissions": self.submissions,
             "rows": dict(self.rows),
             "bytes": dict(self.bytes),
+            **self.calls.as_dict(),
         }
 
 
@@ -630,7 +636,9 @@ def stats(conn: sa.Connection) -> StoreStats:
         sa.select(sa.func.count()).select_from(queue).where(~sa.exists().where(_R.run_id == queue.c.run_id))
     )
     rows = {t.name: int(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()) for t in TABLES}
-    return StoreStats(per_status, int(conn.execute(waiting).scalar_one()), rows, _bytes(conn))
+    return StoreStats(
+        per_status, int(conn.execute(waiting).scalar_one()), rows, _bytes(conn), summarise(conn, None)
+    )
 
 
 _SQLITE_BYTES = sa.text(

@@ -12,6 +12,7 @@ row and checks the checksum whenever a row is read.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -45,6 +46,8 @@ _TEXTS = {
     "result": "result",
 }
 _NUMBERS = ("step", "attempt", "prompt_tokens", "completion_tokens")
+#: The largest value of an INTEGER column on both backends (PostgreSQL's is 32 bits).
+_INT_MAX = 2**31 - 1
 
 
 def refuse_bad_record(record: CallRecord) -> None:
@@ -78,10 +81,13 @@ def refuse_bad_record(record: CallRecord) -> None:
         value = getattr(record, field)
         if value is None and field.endswith("_tokens"):
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(field, f"{field.replace('_', ' ')} must be an integer >= 0, not {value!r}")
-    if not isinstance(record.created_at, (int, float)) or isinstance(record.created_at, bool):
-        raise bad("created_at", f"created_at must be epoch seconds, not {record.created_at!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
+            raise bad(
+                field, f"{field.replace('_', ' ')} must be an integer from 0 to {_INT_MAX}, not {value!r}"
+            )
+    when = record.created_at
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or not math.isfinite(when) or when < 0:
+        raise bad("created_at", f"created_at must be epoch seconds, not {when!r}")
 
 
 def call_row(record: CallRecord, *, run_id: str | None = None) -> dict[str, Any]:

@@ -129,7 +129,8 @@ def test_a_record_for_an_unknown_run_is_refused(store: Store) -> None:
         ({"completion_tokens": 2**31}, "completion tokens must be an integer from 0 to 2147483647"),
         ({"attempt": "2"}, "attempt must be an integer from 0"),
         ({"created_at": float("nan")}, "created_at must be epoch seconds, not nan"),
-        ({"outcome": "replayed"}, "a replayed row holds no result"),
+        ({"outcome": "replayed"}, "a replayed one none"),
+        ({"result": None}, "a live record holds its result"),
     ],
 )
 def test_a_record_the_store_cannot_hold_is_refused_naming_the_field(

@@ -53,8 +53,8 @@ _INT_MAX = 2**31 - 1
 def refuse_bad_record(record: CallRecord) -> None:
     """A :class:`UsageError` naming the first field of ``record`` the store cannot hold as given: an
     unknown kind or outcome, a text that is not text or holds a NUL or a lone surrogate (neither
-    backend stores those alike), a step, attempt or token count that is not an integer >= 0, a
-    replayed row with a result."""
+    backend stores those alike), a step, attempt or token count that is not an INTEGER >= 0, a time
+    that is not one, a live record without a result or a replayed one with one."""
     where = f"call record of run {record.run_id!r}"
 
     def bad(field: str, problem: str) -> UsageError:
@@ -75,8 +75,12 @@ def refuse_bad_record(record: CallRecord) -> None:
         raise bad("kind", f"kind must be one of {', '.join(CALL_KINDS)}, not {record.kind!r}")
     if record.outcome not in CALL_OUTCOMES:
         raise bad("outcome", f"outcome must be one of {', '.join(CALL_OUTCOMES)}, not {record.outcome!r}")
-    if record.outcome == "replayed" and record.result is not None:
-        raise bad("result", "a replayed row holds no result (the live record it replayed holds it)")
+    if (record.result is None) != (record.outcome == "replayed"):
+        raise bad(
+            "result",
+            "a live record holds its result (JSON text), a replayed one none (the live record it "
+            "replayed holds it)",
+        )
     for field in _NUMBERS:
         value = getattr(record, field)
         if value is None and field.endswith("_tokens"):

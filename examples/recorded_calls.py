@@ -18,8 +18,8 @@ What happens:
    task. The clerk's turn runs again, but its recorded calls are replayed from the store: the model
    is called only for the call it had not answered yet, ``lookup_order`` does not run again, and
    ``issue_refund`` (killed before it acted) acts once.
-3. The store's call records show which calls were live and which replayed
-   (``graphflow-durable runs history RUN --calls`` prints the same).
+3. ``graphflow-durable runs history RUN --calls`` lists the clerk's calls: which were made live,
+   which replayed, and the tokens of each.
 
 ``--db PATH`` keeps the SQLite file (default: a temporary directory).
 """
@@ -132,13 +132,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         live["worker 2"] = output.count("model called")
 
-        print("\n== the clerk's calls, as recorded (graphflow-durable runs history RUN --calls)")
-        with Store(f"sqlite:///{db}") as store:
+        print("\n== the clerk's calls, as recorded: graphflow-durable runs history RUN --calls")
+        url = f"sqlite:///{db}"
+        history = [sys.executable, "-m", "graphflow_durable.cli.runs", "runs", "history", RUN_ID, "--calls"]
+        sys.stdout.flush()  # the command writes to the same stdout
+        subprocess.run([*history, "--store", url], check=True)
+        with Store(url) as store:
             records = store.calls.list(RUN_ID)
             summary = store.calls.summary(RUN_ID)
-        for r in records:
-            tokens = "" if r.prompt_tokens is None else f"  tokens {r.prompt_tokens}+{r.completion_tokens}"
-            print(f"  attempt {r.attempt}  {r.kind:5}  {r.name:12}  {r.ident:22}  {r.outcome}{tokens}")
 
         acted = [line.split()[1] for line in ledger.read_text().splitlines()]
         replayed_models = sum(1 for r in records if r.kind == "model" and r.outcome == "replayed")

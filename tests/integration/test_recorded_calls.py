@@ -15,7 +15,7 @@ from typing import Any, Literal
 import pytest
 from autogen_agentchat.agents import AssistantAgent, SocietyOfMindAgent
 from autogen_agentchat.conditions import MaxMessageTermination
-from autogen_agentchat.messages import ModelClientStreamingChunkEvent
+from autogen_agentchat.messages import ModelClientStreamingChunkEvent, ToolCallExecutionEvent
 from autogen_agentchat.teams import DiGraphBuilder, RoundRobinGroupChat
 from autogen_core import CancellationToken, FunctionCall
 from autogen_core.models import (
@@ -37,6 +37,7 @@ from graphflow_durable import (
     RecordedChatCompletionClient,
     RecordedStreamWorkbench,
     RecordedWorkbench,
+    RetryPolicy,
     Store,
     recorded,
 )
@@ -68,14 +69,18 @@ class ScriptedModel(ChatCompletionClient):
     """Answers from :data:`SCRIPT` by how many tool results the request holds, so a fresh client
     answers a resumed turn as the first one did; ``calls`` counts the calls that reached it."""
 
-    def __init__(self, calls: list[int], *, crash_on: int | None = None) -> None:
+    def __init__(
+        self, calls: list[int], *, crash_on: int | None = None, error: type[Exception] = RuntimeError
+    ) -> None:
         self.calls = calls
-        self.crash_on = crash_on  # the position whose call dies instead of answering
+        self.crash_on = crash_on  # the position whose first call dies instead of answering
+        self.error = error
 
     def _answer(self, messages: Sequence[LLMMessage]) -> CreateResult:
         position = sum(isinstance(m, FunctionExecutionResultMessage) for m in messages)
         if position == self.crash_on:
-            raise Crash(f"model call {position}")
+            self.crash_on = None
+            raise self.error(f"model call {position}")
         self.calls.append(position)
         answer = SCRIPT[position]
         usage = RequestUsage(prompt_tokens=100 + position, completion_tokens=10 + position)
@@ -188,10 +193,11 @@ def assistant(
     system: str = "You are helpful.",
     stream: bool = False,
     crash_on: int | None = None,
+    error: type[Exception] = RuntimeError,
 ) -> AssistantAgent:
     return AssistantAgent(
         "A",
-        model_client=ScriptedModel(calls, crash_on=crash_on),
+        model_client=ScriptedModel(calls, crash_on=crash_on, error=error),
         tools=ran.tools(),
         system_message=system,
         max_tool_iterations=5,
@@ -338,6 +344,61 @@ async def test_a_replayed_stream_yields_the_recorded_chunks_with_their_boundarie
     chunks = [e.content async for e in team.run_stream() if isinstance(e, ModelClientStreamingChunkEvent)]
     assert again == [], "every model call of the turn is replayed"
     assert chunks == ref_chunks
+
+
+async def test_a_retried_attempt_replays_the_calls_before_the_failed_one_and_makes_it_again(
+    store_url: str,
+) -> None:
+    calls: list[int] = []
+    ran = Ran()
+    agent = assistant(calls, ran, crash_on=2, error=ConnectionError)  # retryable, once
+    team = team_of(agent, store_url, retry=RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False))
+    await team.run(task="go")
+    assert calls == [0, 1, 2], "calls 0 and 1 are made once: the retry replays them"
+    assert ran.runs == ["add", "charge"]
+    assert [(a, k, i, o) for a, k, i, o, _ in rows(team)] == [
+        (1, "model", "0", "live"),
+        (1, "tool", "call-0", "live"),
+        (1, "model", "1", "live"),
+        (1, "tool", "call-1", "live"),
+        (2, "model", "0", "replayed"),
+        (2, "tool", "call-0", "replayed"),
+        (2, "model", "1", "replayed"),
+        (2, "tool", "call-1", "replayed"),
+        (2, "model", "2", "live"),
+    ]
+
+
+async def test_a_tool_error_result_is_recorded_and_replayed_as_an_error(store_url: str) -> None:
+    calls: list[int] = []
+    runs: list[str] = []
+
+    async def charge(amount: int) -> str:
+        """Charge a card (declined)."""
+        runs.append("charge")
+        raise ValueError("card declined")
+
+    async def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        runs.append("add")
+        return a + b
+
+    def agent(model_calls: list[int]) -> AssistantAgent:
+        return AssistantAgent(
+            "A",
+            model_client=ScriptedModel(model_calls),
+            tools=[FunctionTool(add, "Add."), FunctionTool(charge, "Charge.")],
+            max_tool_iterations=5,
+        )
+
+    await crashed(team_of(agent(calls), store_url), "model", "2")
+    team = team_of(agent([]), store_url)
+    result = await team.run()
+    assert runs == ["add", "charge"], "the failed charge is replayed, not tried again"
+    errors = [
+        c for m in result.messages if isinstance(m, ToolCallExecutionEvent) for c in m.content if c.is_error
+    ]
+    assert [e.content for e in errors] == ["card declined"]
 
 
 # -- divergence, identity, opt-outs -----------------------------------------------------------

@@ -39,6 +39,7 @@ from graphflow_durable import (
     RecordedWorkbench,
     RetryPolicy,
     Store,
+    UsageError,
     recorded,
 )
 from graphflow_durable.recorded import recording
@@ -591,3 +592,24 @@ async def test_with_record_calls_off_nothing_is_wrapped_and_no_record_is_written
     assert agent._model_client is client and type(agent._workbench[0]) is StaticStreamWorkbench
     assert calls == [0, 1, 2]
     assert team.store.calls.list("off") == []
+
+
+def test_a_record_calls_that_is_not_a_bool_is_refused_with_one_clear_line(sqlite_url: str) -> None:
+    agent = AssistantAgent("A", model_client=ScriptedModel([]))
+    builder = DiGraphBuilder()
+    builder.add_node(agent)
+    with pytest.raises(UsageError, match="record_calls must be True or False, not 'yes'") as raised:
+        DurableGraphFlow([agent], builder.build(), store=sqlite_url, record_calls="yes")  # type: ignore[arg-type]
+    assert raised.value.option == "record_calls"
+    assert type(agent._model_client) is ScriptedModel
+
+
+def test_recorded_refuses_what_it_cannot_wrap_with_one_clear_line() -> None:
+    with pytest.raises(
+        UsageError, match="recorded\\(\\) takes a ChatCompletionClient or a Workbench, not str"
+    ):
+        recorded("gpt-4o")  # type: ignore[call-overload]
+    with pytest.raises(UsageError, match="rerun= names tools of a workbench"):
+        recorded(ScriptedModel([]), rerun={"add"})  # type: ignore[call-overload]
+    with pytest.raises(UsageError, match="rerun= is a set of tool names, not the string 'add'"):
+        recorded(StaticWorkbench([]), rerun="add")

@@ -613,3 +613,35 @@ def test_recorded_refuses_what_it_cannot_wrap_with_one_clear_line() -> None:
         recorded(ScriptedModel([]), rerun={"add"})  # type: ignore[call-overload]
     with pytest.raises(UsageError, match="rerun= is a set of tool names, not the string 'add'"):
         recorded(StaticWorkbench([]), rerun="add")
+
+
+async def test_a_nested_durable_team_inside_a_society_of_mind_agent_replays_its_inner_turn(
+    store_url: str,
+) -> None:
+    def outer(calls: list[int], ran: Ran) -> DurableGraphFlow:
+        inner_agent = assistant(calls, ran)
+        inner_graph = DiGraphBuilder()
+        inner_graph.add_node(inner_agent)
+        inner = DurableGraphFlow([inner_agent], inner_graph.build(), name="inner")
+        mind = SocietyOfMindAgent("M", team=inner, model_client=ReplayChatCompletionClient(["summary"]))
+        return team_of(mind, store_url)
+
+    calls: list[int] = []
+    ran = Ran()
+    await crashed(outer(calls, ran), "model", "1")
+    assert calls == [0, 1] and ran.runs == ["add"]
+    again: list[int] = []
+    fresh_ran = Ran()
+    team = outer(again, fresh_ran)
+    await team.run()
+    assert again == [2] and fresh_ran.runs == ["charge"], "the inner turn replays what it recorded"
+    assert final_text(team) == "summary"
+    inner_runs = {r.run_id for r in team.store.calls.list(team.run_id)} | {
+        run.run_id for run in team.store.list_runs() if run.run_id != team.run_id
+    }
+    replayed = [r for run_id in inner_runs for r in team.store.calls.list(run_id) if r.outcome == "replayed"]
+    assert [(r.node, r.kind, r.ident) for r in replayed] == [
+        ("A", "model", "0"),
+        ("A", "tool", "call-0"),
+        ("A", "model", "1"),
+    ]

@@ -318,8 +318,8 @@ class Store:
             return read_log(conn, run_id, self._e.url)
 
     def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
-        """Check every step, message and agent-state row of the runs (default: every run) against
-        its checksum, check that none of their steps and messages is missing, and report the damaged
+        """Check every step, message, agent-state and call-record row of the runs (default: every run)
+        against its checksum, check that none of their steps and messages is missing, and report the damaged
         rows and gaps instead of raising. Each run is read in its own transaction. Rows written
         before schema version 6 have no checksum: counted, not checked.
 
@@ -360,6 +360,25 @@ class Store:
         """
         return transcript_of(self.load(run_id), round, node)
 
+    def call_history(
+        self, run_id: str, *, round: int | None = None, node: str | None = None
+    ) -> list[CallRecord]:
+        """The run's recorded model and tool calls in write order (``runs history --calls``): every
+        record, live, replayed and discarded alike, each checked against its checksum; only those of
+        turns dispatched in round ``round`` and/or of node ``node`` if given. What they sum to is
+        ``store.calls.summary(run_id)``.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        if self.get_run(run_id) is None:
+            raise S.not_found(run_id)
+        records = [r for r in self._calls.list(run_id) if node is None or r.node == node]
+        if round is not None:
+            rounds = {info.seq: info.round for info in self.history(run_id)}
+            records = [r for r in records if rounds.get(r.step) == round]
+        return records
+
     def cut(self, run_id: str, at: int) -> RunLog:
         """The run as it stood once step ``at`` was committed: its steps, messages and agent states
         up to that step, the step's scheduler state, and the run's row as it was then (status from
@@ -384,7 +403,9 @@ class Store:
         """Start a new run from the cut at step ``at`` of ``run_id``; return the new run's row.
 
         The new run (id ``new_run_id``, default ``"<run_id>-fork-<8 hex digits>"``) holds a copy of
-        the source's steps, messages and agent states up to ``at`` (the source is only read), its
+        the source's steps, messages and agent states up to ``at``, and the recorded calls of the turns
+        completed by then (a turn in flight at ``at`` runs again as the new run's own turn, and calls
+        out again: its records stay with the source), the source only read; its
         ``parent_run_id`` is ``run_id``, nobody holds its lease (its fencing token is a new one, as
         every run's), and its status is the step's:
         ``interrupted`` mid-round (``run()`` with no task, on a team built with
@@ -411,8 +432,8 @@ class Store:
             return fork_run(conn, run_id, at, new_run_id, self._e.url, replace)
 
     def export_run(self, run_id: str) -> dict[str, Any]:
-        """The run as one JSON document: its row (without the lease), steps, messages and agent-state
-        rows, read in one transaction with every row checked. :meth:`import_run` reads it back,
+        """The run as one JSON document: its row (without the lease), steps, messages, agent-state
+        rows and recorded calls, read in one transaction with every row checked. :meth:`import_run` reads it back,
         into this store or another (SQLite or PostgreSQL). The document (``"version": 2``) carries a
         checksum on the run object and on every row, so an edited export is refused on import.
 
@@ -428,7 +449,9 @@ class Store:
         return its row. Nobody holds its lease, and its fencing token is a new one (a driver the
         exported run still had can never commit to it); a run exported while ``running`` (or
         ``waiting`` for a person: its requests are not exported, the node asks again) is imported
-        as ``interrupted``, so ``run()`` resumes it here.
+        as ``interrupted``, so ``run()`` resumes it here. Its recorded calls come with it, so its
+        in-flight turn replays them here (under a new ``run_id``, their turn keys name the new run,
+        as the turn itself does).
 
         The whole document is checked before anything is written (see ``_storage/document.py``):
         field types, times, numbering, references between steps and messages, every message body

@@ -125,9 +125,12 @@ def test_a_record_for_an_unknown_run_is_refused(store: Store) -> None:
         ({"outcome": "cached"}, "outcome must be one of live, replayed"),
         ({"name": "a\x00b"}, "the name is refused: holds a NUL character"),
         ({"ident": "\udc80"}, "the call ordinal or id is refused"),
-        ({"prompt_tokens": -1}, "prompt tokens must be an integer >= 0"),
-        ({"attempt": "2"}, "attempt must be an integer >= 0"),
-        ({"outcome": "replayed"}, "a replayed row holds no result"),
+        ({"prompt_tokens": -1}, "prompt tokens must be an integer from 0 to 2147483647, not -1"),
+        ({"completion_tokens": 2**31}, "completion tokens must be an integer from 0 to 2147483647"),
+        ({"attempt": "2"}, "attempt must be an integer from 0"),
+        ({"created_at": float("nan")}, "created_at must be epoch seconds, not nan"),
+        ({"outcome": "replayed"}, "a replayed one none"),
+        ({"result": None}, "a live record holds its result"),
     ],
 )
 def test_a_record_the_store_cannot_hold_is_refused_naming_the_field(

@@ -184,11 +184,11 @@ def test_delete_refuses_a_running_run_without_force_and_deletes_with_it(
     one_line_error(err, "run live was not deleted: it is running", "--force")
     code, out, _ = cli(capsys, store_url, "delete", "live", "--force")
     assert code == EXIT_OK and out == [
-        "run live: deleted rows: 0 agent states, 0 messages, 0 steps, 0 input requests, 0 queue, 1 runs"
+        "run live: deleted rows: 0 agent states, 0 messages, 0 steps, 0 input requests, 0 call records, 0 queue, 1 runs"
     ]
     code, out, _ = cli(capsys, store_url, "delete", "done", "--dry-run")
     assert out == [
-        "run done and 1 nested runs: would delete rows: 2 agent states, 2 messages, 2 steps, 0 input requests, 0 queue, 2 runs"
+        "run done and 1 nested runs: would delete rows: 2 agent states, 2 messages, 2 steps, 0 input requests, 0 call records, 0 queue, 2 runs"
     ]
     code, out, _ = cli(capsys, store_url, "delete", "done", "--json")
     data = json.loads(out[0])
@@ -207,13 +207,14 @@ def test_prune_dry_run_lists_then_prune_deletes_and_nothing_to_do_is_not_an_erro
     code, out, _ = cli(capsys, store_url, "prune", "--status", "finished", "--older-than", "30d", "--dry-run")
     assert code == EXIT_OK and out == [
         "would prune 1 finished runs last updated more than 30d ago (old); rows: 1 agent states, 1 messages, "
-        "1 steps, 0 input requests, 0 queue, 1 runs"
+        "1 steps, 0 input requests, 0 call records, 0 queue, 1 runs"
     ]
     code, out, _ = cli(capsys, store_url, "prune", "--older-than", "30d", "--json")
     assert json.loads(out[0]) == {
         "dry_run": False,
         "rows": {
             "graphflow_agent_states": 1,
+            "graphflow_call_records": 0,
             "graphflow_input_requests": 0,
             "graphflow_messages": 1,
             "graphflow_queue": 0,

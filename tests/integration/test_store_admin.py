@@ -21,7 +21,7 @@ from graphflow_durable.store import AgentStateRecord, RunUpdate, Store
 
 from .test_store import LEASE, commit_text, start
 
-TABLES = ("agent_states", "messages", "steps", "input_requests", "queue", "runs")
+TABLES = ("agent_states", "messages", "steps", "input_requests", "call_records", "queue", "runs")
 
 
 @pytest.fixture
@@ -206,6 +206,7 @@ def test_delete_removes_every_row_of_the_run_and_its_nested_runs_and_nothing_els
         "graphflow_messages": 4,
         "graphflow_steps": 4,
         "graphflow_input_requests": 0,
+        "graphflow_call_records": 0,
         "graphflow_queue": 1,
         "graphflow_runs": 4,
     }
@@ -339,6 +340,7 @@ def test_stats_count_runs_per_status_rows_and_bytes_per_table(store: Store) -> N
         "graphflow_messages": 3,
         "graphflow_steps": 3,
         "graphflow_input_requests": 0,
+        "graphflow_call_records": 0,
         "graphflow_queue": 1,
         "graphflow_runs": 3,
     }

@@ -393,6 +393,14 @@ class CallRecord:
     seq: int = 0
     discarded: bool = False
 
+    def as_dict(self) -> dict[str, Any]:
+        """The record as ``runs history --calls --json`` writes it: every field but ``result``
+        (the recorded answer itself, possibly large), ``created_at`` as ``time``."""
+        row = asdict(self)
+        del row["result"]
+        row["time"] = row.pop("created_at")
+        return row
+
 
 @dataclass(frozen=True)
 class CallSummary:

@@ -27,6 +27,7 @@ from graphflow_durable._model.records import (
     ENDED_STATUSES,
     FRESH_BUDGET,
     RUN_STATUSES,
+    CallSummary,
     MessageRecord,
     NodeFailure,
     Step,
@@ -35,10 +36,19 @@ from graphflow_durable._model.records import (
     turn_counts,
 )
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.calls import summarise
 from graphflow_durable._storage.driver import CommitRequest, encode_commit
 from graphflow_durable._storage.lease import NOBODY, iso, locked, takeover_reason
 from graphflow_durable._storage.reading import head_scheduler
-from graphflow_durable._storage.schema import agent_states, input_requests, messages, queue, runs, steps
+from graphflow_durable._storage.schema import (
+    agent_states,
+    call_records,
+    input_requests,
+    messages,
+    queue,
+    runs,
+    steps,
+)
 from graphflow_durable.errors import ConflictError, RunStateError, UsageError
 
 __all__ = [
@@ -434,7 +444,7 @@ def _turns(text: Any) -> tuple[dict[str, dict[str, int]], float | None]:
 
 
 #: The package's tables, children first (the order rows are deleted in).
-TABLES: tuple[sa.Table, ...] = (agent_states, messages, steps, input_requests, queue, runs)
+TABLES: tuple[sa.Table, ...] = (agent_states, messages, steps, input_requests, call_records, queue, runs)
 #: Statuses whose runs are never picked by ``prune`` or ``delete`` without ``force``.
 _ACTIVE = "running"
 #: At most this many run ids per ``IN (...)`` list (SQLite's parameter limit is far above it).
@@ -479,20 +489,24 @@ class StoreStats:
         bytes: bytes per table, its indexes included (SQLite: pages of the ``dbstat`` table;
             PostgreSQL: ``pg_total_relation_size``); ``None`` where the database cannot say
             (SQLite built without ``dbstat``).
+        calls: the recorded model and tool calls of every run: made, replayed, tokens saved.
     """
 
     runs: Mapping[str, int]
     submissions: int
     rows: Mapping[str, int]
     bytes: Mapping[str, int | None]
+    calls: CallSummary = field(default_factory=CallSummary)
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
+        """A JSON-ready dict (the recorded calls' sums as ``calls_live``, ``calls_replayed``,
+        ``tokens_saved``)."""
         return {
             "runs": dict(self.runs),
             "submissions": self.submissions,
             "rows": dict(self.rows),
             "bytes": dict(self.bytes),
+            **self.calls.as_dict(),
         }
 
 
@@ -622,7 +636,9 @@ def stats(conn: sa.Connection) -> StoreStats:
         sa.select(sa.func.count()).select_from(queue).where(~sa.exists().where(_R.run_id == queue.c.run_id))
     )
     rows = {t.name: int(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()) for t in TABLES}
-    return StoreStats(per_status, int(conn.execute(waiting).scalar_one()), rows, _bytes(conn))
+    return StoreStats(
+        per_status, int(conn.execute(waiting).scalar_one()), rows, _bytes(conn), summarise(conn, None)
+    )
 
 
 _SQLITE_BYTES = sa.text(

@@ -12,6 +12,7 @@ row and checks the checksum whenever a row is read.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -28,7 +29,7 @@ from graphflow_durable._storage.lease import fenced
 from graphflow_durable._storage.schema import call_records
 from graphflow_durable.errors import UsageError
 
-__all__ = ["CallRecords", "call_row", "refuse_bad_record"]
+__all__ = ["CallRecords", "call_row", "checked", "refuse_bad_record", "summarise"]
 
 _C = call_records.c
 
@@ -45,13 +46,15 @@ _TEXTS = {
     "result": "result",
 }
 _NUMBERS = ("step", "attempt", "prompt_tokens", "completion_tokens")
+#: The largest value of an INTEGER column on both backends (PostgreSQL's is 32 bits).
+_INT_MAX = 2**31 - 1
 
 
 def refuse_bad_record(record: CallRecord) -> None:
     """A :class:`UsageError` naming the first field of ``record`` the store cannot hold as given: an
     unknown kind or outcome, a text that is not text or holds a NUL or a lone surrogate (neither
-    backend stores those alike), a step, attempt or token count that is not an integer >= 0, a
-    replayed row with a result."""
+    backend stores those alike), a step, attempt or token count that is not an INTEGER >= 0, a time
+    that is not one, a live record without a result or a replayed one with one."""
     where = f"call record of run {record.run_id!r}"
 
     def bad(field: str, problem: str) -> UsageError:
@@ -72,16 +75,23 @@ def refuse_bad_record(record: CallRecord) -> None:
         raise bad("kind", f"kind must be one of {', '.join(CALL_KINDS)}, not {record.kind!r}")
     if record.outcome not in CALL_OUTCOMES:
         raise bad("outcome", f"outcome must be one of {', '.join(CALL_OUTCOMES)}, not {record.outcome!r}")
-    if record.outcome == "replayed" and record.result is not None:
-        raise bad("result", "a replayed row holds no result (the live record it replayed holds it)")
+    if (record.result is None) != (record.outcome == "replayed"):
+        raise bad(
+            "result",
+            "a live record holds its result (JSON text), a replayed one none (the live record it "
+            "replayed holds it)",
+        )
     for field in _NUMBERS:
         value = getattr(record, field)
         if value is None and field.endswith("_tokens"):
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(field, f"{field.replace('_', ' ')} must be an integer >= 0, not {value!r}")
-    if not isinstance(record.created_at, (int, float)) or isinstance(record.created_at, bool):
-        raise bad("created_at", f"created_at must be epoch seconds, not {record.created_at!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
+            raise bad(
+                field, f"{field.replace('_', ' ')} must be an integer from 0 to {_INT_MAX}, not {value!r}"
+            )
+    when = record.created_at
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or not math.isfinite(when) or when < 0:
+        raise bad("created_at", f"created_at must be epoch seconds, not {when!r}")
 
 
 def call_row(record: CallRecord, *, run_id: str | None = None) -> dict[str, Any]:

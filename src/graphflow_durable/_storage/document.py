@@ -16,6 +16,11 @@ Version 2 (written since this release) carries a checksum on the run object and 
 message and agent-state row: the store's row checksums (``_storage.checksum``) of the text an
 import writes, under the exported run's id, so an export edited by hand is refused instead of
 stored with fresh checksums. Version 1 (no checksums) is still read, with every check but those.
+
+``call_records`` (since schema version 12; a document without it holds none) carries the run's
+recorded model and tool calls, each with its checksum (``checksum.call_sum``); a record's
+``result`` is the stored JSON text, as an agent-state body is. Imported under a new run id, their
+turn keys name the new run (``transfer.rekey_calls``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from typing import Any
 
 from graphflow_durable._agentstate.decoder import fold_states, references
 from graphflow_durable._model.codec import dumps, loads, too_deep
-from graphflow_durable._model.records import RUN_STATUSES, StepKind, StoredMessage
+from graphflow_durable._model.records import CALL_KINDS, CALL_OUTCOMES, RUN_STATUSES, StepKind, StoredMessage
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable._storage.checksum import message_sum, run_sum, state_sum, step_sum
-from graphflow_durable._storage.transfer import RunRows
+from graphflow_durable._storage.checksum import call_sum, message_sum, run_sum, state_sum, step_sum
+from graphflow_durable._storage.transfer import RunRows, rekey_calls
 from graphflow_durable.errors import NotSerializableError, StoreCorruptError, UsageError
 
 __all__ = [
@@ -130,6 +135,7 @@ def to_document(rows: RunRows, schema_version: int) -> dict[str, Any]:
         {**r, "checksum": state_sum(run_id, r["node"], r["step_seq"], r["base_step"], r["body"])}
         for r in rows.states
     ]
+    calls = [{**c, "checksum": call_sum(run_id, c)} for c in rows.calls]
     return {
         "format": EXPORT_FORMAT,
         "version": VERSION,
@@ -138,6 +144,7 @@ def to_document(rows: RunRows, schema_version: int) -> dict[str, Any]:
         "steps": steps,
         "messages": messages,
         "agent_states": states,
+        "call_records": calls,
     }
 
 
@@ -211,11 +218,11 @@ class _Reader:
             raise _Bad(path, f"is {value}, below {low}")
         return int(value)
 
-    def _text(self, value: Any, path: str, *, optional: bool = False) -> str | None:
+    def _text(self, value: Any, path: str, *, optional: bool = False, empty: bool = False) -> str | None:
         if value is None and optional:
             return None
-        if not isinstance(value, str) or not value:
-            raise _Bad(path, f"is {_short(value)}, not a non-empty string")
+        if not isinstance(value, str) or not (value or empty):
+            raise _Bad(path, f"is {_short(value)}, not a {'' if empty else 'non-empty '}string")
         if "\x00" in value:
             raise _Bad(path, "holds a NUL character")
         try:
@@ -271,18 +278,22 @@ class _Reader:
         steps = self._list(self._field(doc, "steps", "the document"), "steps")
         messages = self._list(self._field(doc, "messages", "the document"), "messages")
         states = self._list(self._field(doc, "agent_states", "the document"), "agent_states")
+        calls = self._list(doc.get("call_records", []), "call_records")  # absent: written before them
         rows = RunRows(
             run=run,
             steps=[self._step(s, f"steps[{i}]", i) for i, s in enumerate(steps)],
             messages=[self._message(m, f"messages[{i}]", i) for i, m in enumerate(messages)],
             states=[self._state(r, f"agent_states[{i}]") for i, r in enumerate(states)],
         )
+        for i, c in enumerate(calls):
+            rows.calls.append(self._call(c, f"call_records[{i}]", rows.calls[-1]["seq"] if rows.calls else 0))
         self._counts(rows)
         self._references(rows)
         self._fold(rows)
         self._head(rows)
         if new_id is not None:
             rows.run["run_id"] = new_id
+            rows.calls = rekey_calls(rows.calls, self.run_id, new_id)
         if rows.run["status"] in ("running", "waiting"):
             rows.run["status"] = "interrupted"
         return rows
@@ -406,6 +417,50 @@ class _Reader:
             raise _Bad(f"{path}.body", "is a delta (base_step is set) but not a JSON object")
         row = {"node": node, "step_seq": step_seq, "base_step": base, "body": body}
         self._checksum(r, path, state_sum(self.run_id, node, step_seq, base, body))
+        return row
+
+    def _call(self, value: Any, path: str, previous: int) -> dict[str, Any]:
+        c = self._object(value, path)
+        row: dict[str, Any] = {}
+        seq = row["seq"] = self._int(self._field(c, "seq", path), f"{path}.seq", 1)
+        if seq <= previous:
+            raise _Bad(
+                f"{path}.seq",
+                f"is {seq}, not above the record before it ({previous}): records are in seq order",
+            )
+        for key in ("turn_key", "fingerprint"):
+            row[key] = self._text(self._field(c, key, path), f"{path}.{key}")
+        for key in ("name", "ident"):  # a tool's call id may be empty, as a model gave it
+            row[key] = self._text(self._field(c, key, path), f"{path}.{key}", empty=True)
+        node = row["node"] = self._text(self._field(c, "node", path), f"{path}.node")
+        if node not in self.nodes:
+            raise _Bad(f"{path}.node", f"{node!r} is not a node of the run's graph (run.graph.nodes)")
+        row["step"] = self._int(self._field(c, "step", path), f"{path}.step")
+        if row["step"] > self.head:
+            raise _Bad(f"{path}.step", f"is {row['step']}, a step the document does not hold")
+        row["attempt"] = self._int(self._field(c, "attempt", path), f"{path}.attempt")
+        for key, allowed in (("kind", CALL_KINDS), ("outcome", CALL_OUTCOMES)):
+            found = row[key] = self._field(c, key, path)
+            if found not in allowed:
+                raise _Bad(f"{path}.{key}", f"is {_short(found)}, not one of {', '.join(allowed)}")
+        result = row["result"] = self._text(
+            self._field(c, "result", path), f"{path}.result", optional=True, empty=True
+        )
+        if (result is None) != (row["outcome"] == "replayed"):
+            raise _Bad(f"{path}.result", "must be JSON text on a live record and null on a replayed one")
+        if result is not None:
+            try:
+                loads(result)
+            except (ValueError, RecursionError) as exc:
+                raise _Bad(f"{path}.result", f"is not JSON text ({exc})") from None
+        for key in ("prompt_tokens", "completion_tokens"):
+            tokens = self._field(c, key, path)
+            row[key] = None if tokens is None else self._int(tokens, f"{path}.{key}")
+        discarded = row["discarded"] = self._field(c, "discarded", path)
+        if not isinstance(discarded, bool):
+            raise _Bad(f"{path}.discarded", f"is {_short(discarded)}, not true or false")
+        row["created_at"] = self._time(self._field(c, "created_at", path), f"{path}.created_at")
+        self._checksum(c, path, call_sum(self.run_id, row))
         return row
 
     # -- between rows ------------------------------------------------------------------------

@@ -19,10 +19,12 @@ from graphflow_durable._model.codec import loads
 from graphflow_durable._model.records import RunLog, StepKind, StepRecord, StoredMessage
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.checksum import (
+    CALLS,
     MESSAGES,
     STATES,
     STEPS,
     Damage,
+    call_sum,
     corrupt,
     message_sum,
     scheduler_matches,
@@ -30,6 +32,7 @@ from graphflow_durable._storage.checksum import (
     step_matches,
     step_sum,
 )
+from graphflow_durable._storage.schema import call_records
 
 __all__ = ["Verification", "head_scheduler", "message_gaps", "read_log", "scan_run", "step_gaps"]
 
@@ -42,7 +45,7 @@ class Verification:
         runs: the runs scanned, in creation order.
         damaged: each row whose content no longer matches its checksum, and each gap in a run's
             log (missing steps or messages, rows beyond the run row's head), one :class:`Damage` each.
-        checked: how many rows were checked (steps, messages and agent states).
+        checked: how many rows were checked (steps, messages, agent states and call records).
         unchecked: rows with no checksum (written before schema version 6): not checked.
     """
 
@@ -159,7 +162,7 @@ def _scheduler(conn: sa.Connection, run_id: str, head: int, url: str) -> str | N
 
 
 def scan_run(conn: sa.Connection, run_id: str) -> tuple[list[Damage], int, int]:
-    """Check every step, message and agent-state row of ``run_id``, and the gaps in its steps and
+    """Check every step, message, agent-state and call-record row of ``run_id``, and the gaps in its steps and
     messages: the damage, rows checked, rows without a checksum. A run that does not exist has no
     rows (the caller checks it exists)."""
     tally = _Tally()
@@ -186,6 +189,10 @@ def scan_run(conn: sa.Connection, run_id: str) -> tuple[list[Damage], int, int]:
             run_id, r.node, r.step_seq, r.base_step, r.body
         ):
             tally.damaged.append(Damage(run_id, STATES, r.step_seq, node=r.node))
+    calls = sa.select(call_records).where(call_records.c.run_id == run_id).order_by(call_records.c.seq)
+    for c in conn.execute(calls).mappings():
+        if tally.count(c["checksum"]) and c["checksum"] != call_sum(run_id, c):
+            tally.damaged.append(Damage(run_id, CALLS, c["step"], seq=c["seq"], node=c["node"]))
     return _in_step_order(tally.damaged), tally.checked, tally.unchecked
 
 
@@ -271,5 +278,5 @@ def _step_damage(run_id: str, s: Any) -> Iterator[Damage]:
 
 
 def _in_step_order(damaged: Iterable[Damage]) -> list[Damage]:
-    order = {STEPS: 0, MESSAGES: 1, STATES: 2}
+    order = {STEPS: 0, MESSAGES: 1, STATES: 2, CALLS: 3}
     return sorted(damaged, key=lambda d: (d.step, order[d.table], d.seq or 0, d.node or ""))

@@ -9,6 +9,13 @@ rows are written, the run is read back in the same transaction by the read path 
 (``reading.read_log``: checksums, agent-state folding), so a run that would not resume is never
 left behind. Agent-state bodies are copied as the exact text stored (their splices and message
 references stay valid: the messages keep their seqs).
+
+Recorded model and tool calls (``_storage/calls.py``) go with their run: an export carries them all
+(a run moved to another store replays its in-flight turn's calls there, as it would have here); a
+fork carries those of the turns it copies (completed within the cut: :func:`copied_calls`), not
+those of a turn in flight at the cut, which runs again in the fork as a turn of the new run. Under
+a new run id, a record's turn key of the run's own shape (``run/node/step``) names the new run
+(:func:`rekey_calls`), as the turn itself does there; a key a turn brought from another run keeps it.
 """
 
 from __future__ import annotations
@@ -29,12 +36,13 @@ from graphflow_durable._model.records import RunLog, RunRecord, StepKind, StepRe
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import checksum as C
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.calls import checked
 from graphflow_durable._storage.lease import owner_gone
 from graphflow_durable._storage.reading import read_log
-from graphflow_durable._storage.schema import agent_states, messages, steps
+from graphflow_durable._storage.schema import agent_states, call_records, messages, steps
 from graphflow_durable.errors import ConflictError, RunLockedError, UsageError
 
-__all__ = ["RunRows", "fork_run", "read_cut", "read_rows", "write_rows"]
+__all__ = ["RunRows", "copied_calls", "fork_run", "read_cut", "read_rows", "rekey_calls", "write_rows"]
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +62,14 @@ _STATES = (
     .where(agent_states.c.run_id == sa.bindparam("p_run_id"), agent_states.c.step_seq <= _at)
     .order_by(agent_states.c.step_seq, agent_states.c.node)
 )
+_ALL_CALLS = (
+    sa.select(call_records)
+    .where(call_records.c.run_id == sa.bindparam("p_run_id"))
+    .order_by(call_records.c.seq)
+)
+_CALLS = _ALL_CALLS.where(call_records.c.step <= _at)
+#: A call record's columns as a :class:`RunRows` holds them (no run id, no checksum).
+CALL_COLUMNS = tuple(c.name for c in call_records.c if c.name not in ("run_id", "checksum"))
 
 
 @dataclass
@@ -64,6 +80,7 @@ class RunRows:
     steps: list[dict[str, Any]] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
     states: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
     def log(self, run: RunRecord) -> RunLog:
         """The rows as a :class:`RunLog` without agent states (enough for ``_model.history``)."""
@@ -113,7 +130,37 @@ def read_rows(conn: sa.Connection, run_id: str, url: str, at: int | None = None)
         ):
             raise C.corrupt(C.Damage(run_id, C.STATES, r["step_seq"], node=r["node"]), url)
         rows.states.append({k: r[k] for k in ("node", "step_seq", "base_step", "body")})
+    # every record for an export (none left behind), those of the turns dispatched by step ``at`` for a cut
+    for c in conn.execute(_ALL_CALLS if at is None else _CALLS, p).mappings():
+        checked(c, url)
+        rows.calls.append({k: c[k] for k in CALL_COLUMNS})
     return rows
+
+
+def copied_calls(rows: RunRows) -> list[dict[str, Any]]:
+    """The call records of the turns ``rows`` (a cut) copies: those of a node's turn dispatched at
+    step ``d`` that the node completed at a step after ``d`` within the cut. A turn in flight at the
+    cut runs again in a fork, as a turn of the new run (a new idempotency key), so its records stay
+    with the source: a record is not a cache, and a fork's turn is not the source's."""
+    completed: dict[str, list[int]] = {}
+    for s in rows.steps:
+        if s["kind"] == StepKind.COMPLETE.value and s["node"] is not None:
+            completed.setdefault(s["node"], []).append(s["seq"])
+    return [c for c in rows.calls if any(seq > c["step"] for seq in completed.get(c["node"], ()))]
+
+
+def rekey_calls(calls: Sequence[dict[str, Any]], old_id: str, new_id: str) -> list[dict[str, Any]]:
+    """``calls`` of run ``old_id`` as run ``new_id``'s: a turn key ``old_id/node/step`` (the shape
+    ``ExecutionContext.idempotency_key`` has) becomes ``new_id/node/step``, the key the turn has in
+    the new run; any other key (one a moved turn kept from another run) is kept."""
+    if old_id == new_id:
+        return list(calls)
+    return [
+        {**c, "turn_key": f"{new_id}/{c['node']}/{c['step']}"}
+        if c["turn_key"] == f"{old_id}/{c['node']}/{c['step']}"
+        else c
+        for c in calls
+    ]
 
 
 def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: str) -> RunLog:
@@ -153,6 +200,11 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
         )
     if rows.states:
         conn.execute(S.INSERT_STATE, [_with_sum(run_id, r, C.state_sum, _STATE_KEYS) for r in rows.states])
+    if rows.calls:
+        conn.execute(
+            sa.insert(call_records),
+            [{**c, "run_id": run_id, "checksum": C.call_sum(run_id, c)} for c in rows.calls],
+        )
     return read_log(conn, run_id, url)
 
 
@@ -199,6 +251,7 @@ def fork_run(
                 expires_at=source.lease_expires_at,
             )
     rows = rows or read_rows(conn, run_id, url, at)
+    rows.calls = rekey_calls(copied_calls(rows), run_id, new_id)
     cut = cut_record(source, rows.log(source), at)
     now = time.time()
     values = {
@@ -279,6 +332,7 @@ def _replaced(
         states=[
             r for r in rows.states if r["step_seq"] < cut or (r["step_seq"] == cut and r["node"] != node)
         ],
+        calls=[c for c in rows.calls if c["step"] <= cut],
     )
     if saved and state is not None:
         text = dumps(state).replace(dumps(old["content"]), dumps(new["content"]))

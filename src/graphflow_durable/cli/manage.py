@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from graphflow_durable._model.records import NodeFailure
+from graphflow_durable._model.records import CallSummary, NodeFailure
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.statements import not_found
@@ -177,6 +177,8 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     shown["node_failed"] = None if failure is None else failure.to_json()
     if failure is not None and shown["last_error"] is None:
         shown["last_error"] = f"{failure.error_type}: {failure.error}"
+    calls = store.calls.summary(run.run_id)
+    shown.update(calls.as_dict())
     asked = store.pending_requests(run.run_id)  # what a waiting run waits for (or a cancelled one asked)
     parked = run.status == "waiting"
     shown["pending"] = [request.to_json() for request in asked]
@@ -237,11 +239,17 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
             )
             for r in asked
         ),
+        ("calls", _calls(calls)),
         ("created", iso(run.created_at)),
         ("updated", iso(run.updated_at)),
     ]
     for key, value in lines:
         out(f"{key:<11} {value}")
+
+
+def _calls(calls: CallSummary) -> str:
+    """A run's (or the store's) recorded model and tool calls in words."""
+    return f"{calls.calls_live} made, {calls.calls_replayed} replayed ({calls.tokens_saved} tokens saved)"
 
 
 def _from_now(at: float) -> str:
@@ -349,3 +357,4 @@ def _stats(store: Store, args: SimpleNamespace, out: Out) -> None:
     for table, rows in stats.rows.items():
         size = stats.bytes[table]
         out(f"{table:<24} {rows:>8} {'-' if size is None else size:>12}")
+    out(f"recorded calls: {_calls(stats.calls)}")

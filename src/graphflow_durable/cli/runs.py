@@ -88,10 +88,11 @@ commands:
   runs list [--status S] [--json]    list runs (and submissions not started yet: status 'submitted');
                                      a run whose driver died shows 'running (owner gone)' or
                                      'running (lease expired)'
-  runs verify [RUN ...] [--json]     check every step, message and agent-state row of the runs
-                                     (default: all) against its checksum, and that none is missing;
-                                     one line per damaged row or gap
-{timeline.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error
+  runs verify [RUN ...] [--json]     check every step, message, agent-state and call-record row
+                                     of the runs (default: all) against its checksum, and that none
+                                     is missing; one line per damaged row or gap
+{timeline.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error,
+                                     recorded calls made and replayed, tokens saved
   runs cancel RUN [--json]           stop a run: its driver stops within one lease period and
                                      leaves it cancelled (run() with no task resumes it)
   runs retry RUN [--json]            queue a failed, cancelled or interrupted run for workers again
@@ -104,7 +105,8 @@ commands:
   runs prune --older-than AGE [--status S ...] [--force] [--dry-run] [--json]
                                      delete runs of status S (default finished) last updated more
                                      than AGE (30d, 12h, 45m, 90s, 2w) ago; --dry-run lists them
-  runs stats [--json]                runs per status, rows and bytes per table
+  runs stats [--json]                runs per status, rows and bytes per table, recorded calls
+                                     made and replayed, tokens saved
   runs respond RUN ANSWER [--node N | --request ID] [--json]
                                      answer a waiting run's request for human input; the run
                                      becomes resumable (a worker of the pool picks it up)

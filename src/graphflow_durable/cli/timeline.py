@@ -1,6 +1,6 @@
 """``graphflow-durable runs history | transcript | export | import | fork``, for :mod:`.runs`.
 
-Thin shells over :meth:`Store.history`, :meth:`Store.transcript`, :meth:`Store.export_run`,
+Thin shells over :meth:`Store.history` (``--calls``: :meth:`Store.call_history`), :meth:`Store.transcript`, :meth:`Store.export_run`,
 :meth:`Store.import_run` and :meth:`Store.fork`. Data on stdout (a table or text, or with ``--json``
 one JSON object per line; ``export`` always writes its JSON document), errors as one line on stderr
 with the exit codes of :mod:`.runs`: 2 for an unknown run, a step out of range or a bad document,
@@ -45,9 +45,14 @@ EPILOG = """\
                                                  time, the messages each added, what it dispatched;
                                                  a failed attempt: its error and how long it ran;
                                                  an answer written by 'runs supply': "supplied"
+  runs history RUN --calls [--round N] [--node NODE]
+                                                 the run's recorded model and tool calls: step,
+                                                 node, attempt, kind, name, ordinal or call id,
+                                                 live or replayed ("discarded" when a divergence
+                                                 voided it), prompt and completion tokens, time
   runs transcript RUN [--round N] [--node NODE]  the run's messages in order
   runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
-                                                 agent states) on stdout, or in FILE
+                                                 agent states, call records) on stdout, or in FILE
   runs import FILE [--run-id NEW]                write an exported run (FILE '-': stdin) into --store;
                                                  a run exported while running arrives 'interrupted';
                                                  the whole FILE is checked first (an edited export
@@ -68,14 +73,19 @@ def add_commands(runs: click.Group, dispatch: Callable[[str, dict[str, Any]], in
             body = param(body)
         runs.command(name, help=help)(store_option(json_option("JSON output (one object per line)")(body)))
 
-    for name, help in (("history", "list a run's steps"), ("transcript", "print a run's messages")):
-        command(
-            name,
-            help,
-            click.argument("run_id", metavar="RUN"),
-            click.option("--round", type=INT, default=None, help="only this round (1, 2, ...)"),
-            click.option("--node", default=None, help="only this node's steps / answers"),
-        )
+    run_arg = click.argument("run_id", metavar="RUN")
+    round_option = click.option("--round", type=INT, default=None, help="only this round (1, 2, ...)")
+    node_option = click.option("--node", default=None, help="only this node's steps / answers / calls")
+    calls = click.option("--calls", is_flag=True, help="list the recorded model and tool calls instead")
+    command(
+        "history",
+        "list a run's steps (--calls: its recorded calls)",
+        run_arg,
+        round_option,
+        node_option,
+        calls,
+    )
+    command("transcript", "print a run's messages", run_arg, round_option, node_option)
     command(
         "export",
         "write a run as one JSON document",
@@ -113,6 +123,8 @@ def run(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
 
 
 def _history(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
+    if args.calls:
+        return _calls(store, args, out)
     steps = store.history(args.run_id, round=args.round, node=args.node)
     if args.json:
         for step in steps:
@@ -131,6 +143,28 @@ def _history(store: Store, args: SimpleNamespace, out: Callable[[str], None]) ->
         if s.supplied:  # an operator's answer (runs supply), not the node's
             line += "  supplied"
         out(line)
+    return 0
+
+
+def _calls(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
+    """``runs history RUN --calls``: one row per recorded call; a discarded one (a divergence of its
+    turn voided it) is marked after its row."""
+    records = store.call_history(args.run_id, round=args.round, node=args.node)
+    if args.json:
+        for record in records:
+            out(json.dumps(record.as_dict(), sort_keys=True))
+        return 0
+    out(
+        f"{'SEQ':>4} {'STEP':>4} {'NODE':<12} {'TRY':>3} {'KIND':<5} {'NAME':<20} {'IDENT':<12} "
+        f"{'OUTCOME':<8} {'PROMPT':>6} {'COMPL':>6} TIME"
+    )
+    for r in records:
+        tokens = ["-" if n is None else str(n) for n in (r.prompt_tokens, r.completion_tokens)]
+        line = (
+            f"{r.seq:>4} {r.step:>4} {r.node:<12} {r.attempt:>3} {r.kind:<5} {r.name:<20} {r.ident:<12} "
+            f"{r.outcome:<8} {tokens[0]:>6} {tokens[1]:>6} {iso(r.created_at)}"
+        )
+        out(line + ("  discarded" if r.discarded else ""))
     return 0
 
 

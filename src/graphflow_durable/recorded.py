@@ -167,22 +167,10 @@ class _TurnCalls:
     ) -> None:
         """Commit one record (``result`` ``None``: a replay) before the call's result goes on."""
         ctx = self.ctx
-        record = CallRecord(
-            run_id=ctx.run_id,
-            turn_key=self.key,
-            node=ctx.node,
-            step=ctx.step,
-            attempt=ctx.attempt,
-            kind=kind,
-            name=name,
-            ident=ident,
-            fingerprint=fingerprint,
-            outcome="live" if result is not None else "replayed",
-            result=result,
-            prompt_tokens=None if usage is None else usage.prompt_tokens,
-            completion_tokens=None if usage is None else usage.completion_tokens,
-            created_at=time.time(),
-        )
+        outcome = "live" if result is not None else "replayed"
+        prompt, completion = (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+        identity = (ctx.run_id, self.key, ctx.node, ctx.step, ctx.attempt, kind, name, ident)
+        record = CallRecord(*identity, fingerprint, outcome, result, prompt, completion, time.time())
         await asyncio.to_thread(self.link.store.calls.record, record, fencing_token=self._token())
 
 
@@ -240,30 +228,6 @@ def _tool_schema(tool: Tool | ToolSchema) -> Any:
     return tool if isinstance(tool, Mapping) else tool.schema
 
 
-def _model_fingerprint(
-    model: str,
-    messages: Sequence[LLMMessage],
-    tools: Sequence[Tool | ToolSchema],
-    tool_choice: Tool | Literal["auto", "required", "none"],
-    json_output: bool | type[BaseModel] | None,
-    extra_create_args: Mapping[str, Any],
-) -> str:
-    if isinstance(json_output, type):
-        output: Any = {"name": json_output.__name__, "schema": json_output.model_json_schema()}
-    else:
-        output = json_output
-    return _digest(
-        {
-            "model": model,
-            "messages": list(messages),
-            "tools": [_tool_schema(t) for t in tools],
-            "tool_choice": tool_choice if isinstance(tool_choice, str) else _tool_schema(tool_choice),
-            "json_output": output,
-            "extra_create_args": dict(extra_create_args),
-        }
-    )
-
-
 def _tool_fingerprint(name: str, arguments: Mapping[str, Any] | None) -> str:
     return _digest({"name": name, "arguments": dict(arguments or {})})
 
@@ -300,6 +264,27 @@ def _recorded_usage(record: CallRecord) -> RequestUsage:
 # -- the model client ---------------------------------------------------------------------------
 
 
+class _ModelCall:
+    """One model call through the wrapper: the wrapped client's keyword arguments, its turn
+    (``None``: nothing recorded), identity, fingerprint, and the recorded result and chunks it
+    replays, if any."""
+
+    def __init__(
+        self, arguments: dict[str, Any], turn: _TurnCalls | None, name: str, ident: str, fingerprint: str
+    ) -> None:
+        self.arguments = arguments
+        self.turn, self.name, self.ident, self.fingerprint = turn, name, ident, fingerprint
+        self.replayed: tuple[CreateResult, list[str]] | None = None
+
+    async def made(self, result: CreateResult, chunks: Sequence[str] | None) -> None:
+        """The call was made: commit its record (a stream's with its chunks) before it goes on."""
+        if self.turn is not None:
+            text = _result_text(result, chunks)
+            await self.turn.write(
+                "model", self.name, self.ident, self.fingerprint, result=text, usage=result.usage
+            )
+
+
 class RecordedChatCompletionClientConfig(BaseModel):
     """The component config of :class:`RecordedChatCompletionClient`: the wrapped client's."""
 
@@ -323,20 +308,49 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
         """The wrapped client."""
         return self._inner
 
-    def _request(
+    async def _call(
         self,
-        turn: _TurnCalls,
         messages: Sequence[LLMMessage],
         tools: Sequence[Tool | ToolSchema],
         tool_choice: Tool | Literal["auto", "required", "none"],
         json_output: bool | type[BaseModel] | None,
         extra_create_args: Mapping[str, Any],
-    ) -> tuple[str, str, str]:
-        """The call's model name, identity (its ordinal) and fingerprint."""
+        cancellation_token: CancellationToken | None,
+    ) -> _ModelCall:
+        """The call about to be made: outside a durable turn, one that records nothing; inside, its
+        identity (the attempt's next ordinal) and fingerprint, and its recorded result if it replays
+        one (its ``replayed`` row then written)."""
+        arguments: dict[str, Any] = {
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "json_output": json_output,
+            "extra_create_args": extra_create_args,
+            "cancellation_token": cancellation_token,
+        }
+        turn = _current_turn()
+        if turn is None:
+            return _ModelCall(arguments, None, "", "", "")
         name = _model_name(self._inner)
         ident = str(turn.next_ordinal())
-        fingerprint = _model_fingerprint(name, messages, tools, tool_choice, json_output, extra_create_args)
-        return name, ident, fingerprint
+        if isinstance(json_output, type):
+            output: Any = {"name": json_output.__name__, "schema": json_output.model_json_schema()}
+        else:
+            output = json_output
+        request = {
+            "model": name,
+            "messages": list(messages),
+            "tools": [_tool_schema(t) for t in tools],
+            "tool_choice": tool_choice if isinstance(tool_choice, str) else _tool_schema(tool_choice),
+            "json_output": output,
+            "extra_create_args": dict(extra_create_args),
+        }
+        fingerprint = _digest(request)
+        call = _ModelCall(arguments, turn, name, ident, fingerprint)
+        record = await turn.replayable("model", ident, fingerprint)
+        if record is not None:
+            call.replayed = _replayed_result(record)
+            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
+        return call
 
     async def create(
         self,
@@ -349,69 +363,40 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
         cancellation_token: CancellationToken | None = None,
     ) -> CreateResult:
         """The wrapped client's ``create``; inside a durable turn, recorded or replayed."""
-        turn = _current_turn()
-        args: dict[str, Any] = {
-            "tools": tools,
-            "tool_choice": tool_choice,
-            "json_output": json_output,
-            "extra_create_args": extra_create_args,
-        }
-        if turn is None:
-            return await self._inner.create(messages, **args, cancellation_token=cancellation_token)
-        name, ident, fingerprint = self._request(
-            turn, messages, tools, tool_choice, json_output, extra_create_args
+        call = await self._call(
+            messages, tools, tool_choice, json_output, extra_create_args, cancellation_token
         )
-        record = await turn.replayable("model", ident, fingerprint)
-        if record is not None:
-            result, _ = _replayed_result(record)
-            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
-            return result
-        result = await self._inner.create(messages, **args, cancellation_token=cancellation_token)
-        text = _result_text(result, None)
-        await turn.write("model", name, ident, fingerprint, result=text, usage=result.usage)
+        if call.replayed is not None:
+            return call.replayed[0]
+        result = await self._inner.create(messages, **call.arguments)
+        await call.made(result, None)
         return result
 
     async def create_stream(
         self,
         messages: Sequence[LLMMessage],
         *,
+        cancellation_token: CancellationToken | None = None,
         tools: Sequence[Tool | ToolSchema] = [],
         tool_choice: Tool | Literal["auto", "required", "none"] = "auto",
         json_output: bool | type[BaseModel] | None = None,
         extra_create_args: Mapping[str, Any] = {},
-        cancellation_token: CancellationToken | None = None,
     ) -> AsyncGenerator[str | CreateResult, None]:
         """The wrapped client's ``create_stream``; inside a durable turn, recorded (its chunks with
         their boundaries) or replayed (the recorded chunks, then the result)."""
-        turn = _current_turn()
-        args: dict[str, Any] = {
-            "tools": tools,
-            "tool_choice": tool_choice,
-            "json_output": json_output,
-            "extra_create_args": extra_create_args,
-            "cancellation_token": cancellation_token,
-        }
-        if turn is None:
-            async for item in self._inner.create_stream(messages, **args):
-                yield item
-            return
-        name, ident, fingerprint = self._request(
-            turn, messages, tools, tool_choice, json_output, extra_create_args
+        call = await self._call(
+            messages, tools, tool_choice, json_output, extra_create_args, cancellation_token
         )
-        record = await turn.replayable("model", ident, fingerprint)
-        if record is not None:
-            result, recorded_chunks = _replayed_result(record)
-            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
+        if call.replayed is not None:
+            result, recorded_chunks = call.replayed
             for chunk in recorded_chunks:
                 yield chunk
             yield result
             return
         chunks: list[str] = []
-        async for item in self._inner.create_stream(messages, **args):
+        async for item in self._inner.create_stream(messages, **call.arguments):
             if isinstance(item, CreateResult):
-                await turn.write(
-                    "model", name, ident, fingerprint, result=_result_text(item, chunks), usage=item.usage
-                )
+                await call.made(item, chunks)
             else:
                 chunks.append(item)
             yield item
@@ -419,8 +404,18 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
     async def close(self) -> None:
         await self._inner.close()
 
+    @property
+    def model_info(self) -> ModelInfo:
+        """The wrapped client's: a replay answers as the wrapped model would."""
+        return self._inner.model_info
+
     def actual_usage(self) -> RequestUsage:
         return self._inner.actual_usage()
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """The wrapped client's (deprecated by AutoGen for :attr:`model_info`)."""
+        return self._inner.capabilities
 
     def total_usage(self) -> RequestUsage:
         return self._inner.total_usage()
@@ -432,14 +427,6 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
         self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []
     ) -> int:
         return self._inner.remaining_tokens(messages, tools=tools)
-
-    @property
-    def capabilities(self) -> ModelCapabilities:
-        return self._inner.capabilities
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return self._inner.model_info
 
     def _to_config(self) -> RecordedChatCompletionClientConfig:
         return RecordedChatCompletionClientConfig(client=self._inner.dump_component())

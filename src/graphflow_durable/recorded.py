@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Literal, Protocol, overload
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 import pydantic_core
 from autogen_core import CancellationToken, Component, ComponentModel
@@ -51,7 +51,7 @@ from typing_extensions import Self
 
 from graphflow_durable._model import codec
 from graphflow_durable.context import ExecutionContext, current_execution
-from graphflow_durable.errors import UsageError
+from graphflow_durable.errors import LeaseLostError, UsageError
 from graphflow_durable.store import CallRecord, Store
 
 __all__ = [
@@ -64,6 +64,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("graphflow_durable.flow")
+
+_T = TypeVar("_T")
 
 
 class _Streaming(Protocol):
@@ -94,6 +96,8 @@ class CallLink(Protocol):
     @property
     def fencing_token(self) -> int: ...
 
+    def fail(self, exc: BaseException) -> None: ...
+
 
 class _TurnCalls:
     """One attempt of one turn's recorded calls, shared by every wrapper the turn calls through:
@@ -113,9 +117,16 @@ class _TurnCalls:
         ordinal, self._ordinal = self._ordinal, self._ordinal + 1
         return ordinal
 
-    def _token(self) -> int | None:
-        # Fenced as the driver's commits are (a stale driver writes no record); only the run it drives.
-        return self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
+    async def _fenced(self, write: Callable[..., _T], *args: Any) -> _T:
+        """``write(*args)`` in a thread, fenced as the driver's commits are: a driver that lost its
+        lease writes nothing, and its run ends with the LeaseLostError (GraphFlow would pass an
+        agent's error on only as text). Only the run the driver drives is fenced."""
+        token = self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
+        try:
+            return await asyncio.to_thread(write, *args, fencing_token=token)
+        except LeaseLostError as lost:
+            self.link.fail(lost)
+            raise
 
     async def replayable(self, kind: str, ident: str, fingerprint: str) -> CallRecord | None:
         """The live record this call replays, or ``None`` (it goes live). A record of the same
@@ -134,13 +145,8 @@ class _TurnCalls:
                 return record
             self.diverged = True
             self._records = {}
-            discarded = await asyncio.to_thread(
-                self.link.store.calls.discard_from,
-                self.ctx.run_id,
-                self.key,
-                record.seq,
-                fencing_token=self._token(),
-            )
+            calls = self.link.store.calls
+            discarded = await self._fenced(calls.discard_from, self.ctx.run_id, self.key, record.seq)
         ctx = self.ctx
         logger.info(
             "run %s: %s's turn (step %d, attempt %d) diverged at %s call %s: the request differs from the "
@@ -171,7 +177,7 @@ class _TurnCalls:
         prompt, completion = (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
         identity = (ctx.run_id, self.key, ctx.node, ctx.step, ctx.attempt, kind, name, ident)
         record = CallRecord(*identity, fingerprint, outcome, result, prompt, completion, time.time())
-        await asyncio.to_thread(self.link.store.calls.record, record, fencing_token=self._token())
+        await self._fenced(self.link.store.calls.record, record)
 
 
 class _Scope:

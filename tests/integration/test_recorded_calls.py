@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import pytest
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 from agents import close_stores
 from graphflow_durable import (
     DurableGraphFlow,
+    LeaseLostError,
     RecordedChatCompletionClient,
     RecordedStreamWorkbench,
     RecordedWorkbench,
@@ -76,12 +78,15 @@ class ScriptedModel(ChatCompletionClient):
         self.calls = calls
         self.crash_on = crash_on  # the position whose first call dies instead of answering
         self.error = error
+        self.before: Callable[[int], None] | None = None  # called with the position before answering
 
     def _answer(self, messages: Sequence[LLMMessage]) -> CreateResult:
         position = sum(isinstance(m, FunctionExecutionResultMessage) for m in messages)
         if position == self.crash_on:
             self.crash_on = None
             raise self.error(f"model call {position}")
+        if self.before is not None:
+            self.before(position)
         self.calls.append(position)
         answer = SCRIPT[position]
         usage = RequestUsage(prompt_tokens=100 + position, completion_tokens=10 + position)
@@ -645,3 +650,25 @@ async def test_a_nested_durable_team_inside_a_society_of_mind_agent_replays_its_
         ("A", "tool", "call-0"),
         ("A", "model", "1"),
     ]
+
+
+async def test_a_driver_that_lost_its_lease_writes_no_record(store_url: str) -> None:
+    calls: list[int] = []
+    agent = assistant(calls, Ran())
+    model = agent._model_client
+    assert isinstance(model, ScriptedModel)
+
+    def frozen_then_taken_over(position: int) -> None:
+        if position == 1:
+            time.sleep(0.5)  # the process is frozen past its lease (as under SIGSTOP)...
+            team.store._driver.acquire_lease("run", "another-driver", lease_seconds=30)  # ...and taken over
+
+    model.before = frozen_then_taken_over
+    team = team_of(agent, store_url, lease_seconds=0.2)
+    with pytest.raises(LeaseLostError):
+        await team.run(task="go")
+    assert calls == [0, 1], "model call 1 was made by the stale driver..."
+    assert [(r.kind, r.ident) for r in team.store.calls.list("run")] == [
+        ("model", "0"),
+        ("tool", "call-0"),
+    ], "...and not recorded"

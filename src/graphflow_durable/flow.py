@@ -181,6 +181,10 @@ class DurableGraphFlow(GraphFlow):
                 f"max_crash_attempts must be an int 1 or more, not {max_crash_attempts!r}",
                 option="max_crash_attempts",
             )
+        if not isinstance(record_calls, bool):
+            raise UsageError(
+                f"record_calls must be True or False, not {record_calls!r}", option="record_calls"
+            )
         if not math.isfinite(interrupt_grace_seconds) or interrupt_grace_seconds < 0:
             raise UsageError(
                 f"interrupt_grace_seconds must be a number 0 or more, not {interrupt_grace_seconds}",
@@ -197,8 +201,8 @@ class DurableGraphFlow(GraphFlow):
             custom_message_types=custom_message_types,
         )
         register_events(self._message_factory)  # a stored NodeRetryEvent loads back on every team
-        self._record_calls = bool(record_calls)
-        if self._record_calls:
+        self._record_calls = record_calls
+        if record_calls:
             record_calls_of(participants)
         self._team_view = TeamView(self)
         self._session = RunSession(

@@ -21,6 +21,9 @@ client and workbench itself. Outside a durable turn a wrapper calls straight thr
   discarded (kept for audit), the call goes live, one INFO line says "diverged", and nothing more
   is replayed in that attempt. A call that raises is not recorded (the next attempt makes it
   again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded live).
+- A driver that lost its lease records nothing: the write raises ``LeaseLostError`` and the run
+  ends with it. Not replayed: what a tool does that is not itself a recorded call, calls made
+  through a client or workbench that is not wrapped, a streaming tool's intermediate events.
 
 The container of a durable team sets the link (:func:`recording`) while a node's agent runs.
 """
@@ -30,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Literal, Protocol, TypeVar, overload
@@ -45,20 +48,13 @@ from autogen_core.models import (
     ModelInfo,
     RequestUsage,
 )
-from autogen_core.tools import (
-    StaticStreamWorkbench,
-    TextResultContent,
-    Tool,
-    ToolResult,
-    ToolSchema,
-    Workbench,
-)
+from autogen_core.tools import StaticStreamWorkbench, Tool, ToolResult, ToolSchema, Workbench
 from pydantic import BaseModel
 from typing_extensions import Self
 
 from graphflow_durable._model import codec
 from graphflow_durable.context import ExecutionContext, current_execution
-from graphflow_durable.errors import GraphflowDurableError, UsageError
+from graphflow_durable.errors import LeaseLostError, UsageError
 from graphflow_durable.store import CallRecord, Store
 
 __all__ = [
@@ -103,6 +99,8 @@ class CallLink(Protocol):
     @property
     def fencing_token(self) -> int: ...
 
+    def fail(self, exc: BaseException) -> None: ...
+
 
 class _TurnCalls:
     """One attempt of one turn's recorded calls, shared by every wrapper the turn calls through:
@@ -116,32 +114,22 @@ class _TurnCalls:
         self._loading = asyncio.Lock()
         self._ordinal = 0
         self.diverged = False
-        self.failure: GraphflowDurableError | None = None  # a tool call's record that failed: see kept()
-
-    def check(self) -> None:
-        """Raise the failure a tool call of this attempt kept: the turn ends at its next call."""
-        if self.failure is not None:
-            raise self.failure
-
-    async def kept(self, step: Awaitable[_T]) -> _T | None:
-        """A tool call's record read or write: its error is kept, not raised (``None`` returned).
-        AssistantAgent waits forever for tool calls of which one raised (their end is never put on
-        its event queue), so a tool call ends with an error result instead, and the turn's next call
-        through a wrapper (its next model call) raises the kept error before calling out."""
-        try:
-            return await step
-        except GraphflowDurableError as exc:  # the store's: a lost lease, an outage, a damaged row
-            self.failure = self.failure or exc
-            return None
 
     def next_ordinal(self) -> int:
         """The next model call's ordinal in this attempt (0, 1, 2...), taken before it awaits."""
         ordinal, self._ordinal = self._ordinal, self._ordinal + 1
         return ordinal
 
-    def _token(self) -> int | None:
-        # Fenced as the driver's commits are (a stale driver writes no record); only the run it drives.
-        return self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
+    async def _fenced(self, write: Callable[..., _T], *args: Any) -> _T:
+        """``write(*args)`` in a thread, fenced as the driver's commits are: a driver that lost its
+        lease writes nothing, and its run ends with the LeaseLostError (GraphFlow would pass an
+        agent's error on only as text). Only the run the driver drives is fenced."""
+        token = self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
+        try:
+            return await asyncio.to_thread(write, *args, fencing_token=token)
+        except LeaseLostError as lost:
+            self.link.fail(lost)
+            raise
 
     async def replayable(self, kind: str, ident: str, fingerprint: str) -> CallRecord | None:
         """The live record this call replays, or ``None`` (it goes live). A record of the same
@@ -160,13 +148,8 @@ class _TurnCalls:
                 return record
             self.diverged = True
             self._records = {}
-            discarded = await asyncio.to_thread(
-                self.link.store.calls.discard_from,
-                self.ctx.run_id,
-                self.key,
-                record.seq,
-                fencing_token=self._token(),
-            )
+            calls = self.link.store.calls
+            discarded = await self._fenced(calls.discard_from, self.ctx.run_id, self.key, record.seq)
         ctx = self.ctx
         logger.info(
             "run %s: %s's turn (step %d, attempt %d) diverged at %s call %s: the request differs from the "
@@ -193,23 +176,11 @@ class _TurnCalls:
     ) -> None:
         """Commit one record (``result`` ``None``: a replay) before the call's result goes on."""
         ctx = self.ctx
-        record = CallRecord(
-            run_id=ctx.run_id,
-            turn_key=self.key,
-            node=ctx.node,
-            step=ctx.step,
-            attempt=ctx.attempt,
-            kind=kind,
-            name=name,
-            ident=ident,
-            fingerprint=fingerprint,
-            outcome="live" if result is not None else "replayed",
-            result=result,
-            prompt_tokens=None if usage is None else usage.prompt_tokens,
-            completion_tokens=None if usage is None else usage.completion_tokens,
-            created_at=time.time(),
-        )
-        await asyncio.to_thread(self.link.store.calls.record, record, fencing_token=self._token())
+        outcome = "live" if result is not None else "replayed"
+        prompt, completion = (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+        identity = (ctx.run_id, self.key, ctx.node, ctx.step, ctx.attempt, kind, name, ident)
+        record = CallRecord(*identity, fingerprint, outcome, result, prompt, completion, time.time())
+        await self._fenced(self.link.store.calls.record, record)
 
 
 class _Scope:
@@ -266,30 +237,6 @@ def _tool_schema(tool: Tool | ToolSchema) -> Any:
     return tool if isinstance(tool, Mapping) else tool.schema
 
 
-def _model_fingerprint(
-    model: str,
-    messages: Sequence[LLMMessage],
-    tools: Sequence[Tool | ToolSchema],
-    tool_choice: Tool | Literal["auto", "required", "none"],
-    json_output: bool | type[BaseModel] | None,
-    extra_create_args: Mapping[str, Any],
-) -> str:
-    if isinstance(json_output, type):
-        output: Any = {"name": json_output.__name__, "schema": json_output.model_json_schema()}
-    else:
-        output = json_output
-    return _digest(
-        {
-            "model": model,
-            "messages": list(messages),
-            "tools": [_tool_schema(t) for t in tools],
-            "tool_choice": tool_choice if isinstance(tool_choice, str) else _tool_schema(tool_choice),
-            "json_output": output,
-            "extra_create_args": dict(extra_create_args),
-        }
-    )
-
-
 def _tool_fingerprint(name: str, arguments: Mapping[str, Any] | None) -> str:
     return _digest({"name": name, "arguments": dict(arguments or {})})
 
@@ -326,6 +273,27 @@ def _recorded_usage(record: CallRecord) -> RequestUsage:
 # -- the model client ---------------------------------------------------------------------------
 
 
+class _ModelCall:
+    """One model call through the wrapper: the wrapped client's keyword arguments, its turn
+    (``None``: nothing recorded), identity, fingerprint, and the recorded result and chunks it
+    replays, if any."""
+
+    def __init__(
+        self, arguments: dict[str, Any], turn: _TurnCalls | None, name: str, ident: str, fingerprint: str
+    ) -> None:
+        self.arguments = arguments
+        self.turn, self.name, self.ident, self.fingerprint = turn, name, ident, fingerprint
+        self.replayed: tuple[CreateResult, list[str]] | None = None
+
+    async def made(self, result: CreateResult, chunks: Sequence[str] | None) -> None:
+        """The call was made: commit its record (a stream's with its chunks) before it goes on."""
+        if self.turn is not None:
+            text = _result_text(result, chunks)
+            await self.turn.write(
+                "model", self.name, self.ident, self.fingerprint, result=text, usage=result.usage
+            )
+
+
 class RecordedChatCompletionClientConfig(BaseModel):
     """The component config of :class:`RecordedChatCompletionClient`: the wrapped client's."""
 
@@ -349,20 +317,49 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
         """The wrapped client."""
         return self._inner
 
-    def _request(
+    async def _call(
         self,
-        turn: _TurnCalls,
         messages: Sequence[LLMMessage],
         tools: Sequence[Tool | ToolSchema],
         tool_choice: Tool | Literal["auto", "required", "none"],
         json_output: bool | type[BaseModel] | None,
         extra_create_args: Mapping[str, Any],
-    ) -> tuple[str, str, str]:
-        """The call's model name, identity (its ordinal) and fingerprint."""
+        cancellation_token: CancellationToken | None,
+    ) -> _ModelCall:
+        """The call about to be made: outside a durable turn, one that records nothing; inside, its
+        identity (the attempt's next ordinal) and fingerprint, and its recorded result if it replays
+        one (its ``replayed`` row then written)."""
+        arguments: dict[str, Any] = {
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "json_output": json_output,
+            "extra_create_args": extra_create_args,
+            "cancellation_token": cancellation_token,
+        }
+        turn = _current_turn()
+        if turn is None:
+            return _ModelCall(arguments, None, "", "", "")
         name = _model_name(self._inner)
         ident = str(turn.next_ordinal())
-        fingerprint = _model_fingerprint(name, messages, tools, tool_choice, json_output, extra_create_args)
-        return name, ident, fingerprint
+        if isinstance(json_output, type):
+            output: Any = {"name": json_output.__name__, "schema": json_output.model_json_schema()}
+        else:
+            output = json_output
+        request = {
+            "model": name,
+            "messages": list(messages),
+            "tools": [_tool_schema(t) for t in tools],
+            "tool_choice": tool_choice if isinstance(tool_choice, str) else _tool_schema(tool_choice),
+            "json_output": output,
+            "extra_create_args": dict(extra_create_args),
+        }
+        fingerprint = _digest(request)
+        call = _ModelCall(arguments, turn, name, ident, fingerprint)
+        record = await turn.replayable("model", ident, fingerprint)
+        if record is not None:
+            call.replayed = _replayed_result(record)
+            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
+        return call
 
     async def create(
         self,
@@ -375,71 +372,40 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
         cancellation_token: CancellationToken | None = None,
     ) -> CreateResult:
         """The wrapped client's ``create``; inside a durable turn, recorded or replayed."""
-        turn = _current_turn()
-        args: dict[str, Any] = {
-            "tools": tools,
-            "tool_choice": tool_choice,
-            "json_output": json_output,
-            "extra_create_args": extra_create_args,
-        }
-        if turn is None:
-            return await self._inner.create(messages, **args, cancellation_token=cancellation_token)
-        turn.check()
-        name, ident, fingerprint = self._request(
-            turn, messages, tools, tool_choice, json_output, extra_create_args
+        call = await self._call(
+            messages, tools, tool_choice, json_output, extra_create_args, cancellation_token
         )
-        record = await turn.replayable("model", ident, fingerprint)
-        if record is not None:
-            result, _ = _replayed_result(record)
-            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
-            return result
-        result = await self._inner.create(messages, **args, cancellation_token=cancellation_token)
-        text = _result_text(result, None)
-        await turn.write("model", name, ident, fingerprint, result=text, usage=result.usage)
+        if call.replayed is not None:
+            return call.replayed[0]
+        result = await self._inner.create(messages, **call.arguments)
+        await call.made(result, None)
         return result
 
     async def create_stream(
         self,
         messages: Sequence[LLMMessage],
         *,
+        cancellation_token: CancellationToken | None = None,
         tools: Sequence[Tool | ToolSchema] = [],
         tool_choice: Tool | Literal["auto", "required", "none"] = "auto",
         json_output: bool | type[BaseModel] | None = None,
         extra_create_args: Mapping[str, Any] = {},
-        cancellation_token: CancellationToken | None = None,
     ) -> AsyncGenerator[str | CreateResult, None]:
         """The wrapped client's ``create_stream``; inside a durable turn, recorded (its chunks with
         their boundaries) or replayed (the recorded chunks, then the result)."""
-        turn = _current_turn()
-        args: dict[str, Any] = {
-            "tools": tools,
-            "tool_choice": tool_choice,
-            "json_output": json_output,
-            "extra_create_args": extra_create_args,
-            "cancellation_token": cancellation_token,
-        }
-        if turn is None:
-            async for item in self._inner.create_stream(messages, **args):
-                yield item
-            return
-        turn.check()
-        name, ident, fingerprint = self._request(
-            turn, messages, tools, tool_choice, json_output, extra_create_args
+        call = await self._call(
+            messages, tools, tool_choice, json_output, extra_create_args, cancellation_token
         )
-        record = await turn.replayable("model", ident, fingerprint)
-        if record is not None:
-            result, recorded_chunks = _replayed_result(record)
-            await turn.write("model", name, ident, fingerprint, result=None, usage=_recorded_usage(record))
+        if call.replayed is not None:
+            result, recorded_chunks = call.replayed
             for chunk in recorded_chunks:
                 yield chunk
             yield result
             return
         chunks: list[str] = []
-        async for item in self._inner.create_stream(messages, **args):
+        async for item in self._inner.create_stream(messages, **call.arguments):
             if isinstance(item, CreateResult):
-                await turn.write(
-                    "model", name, ident, fingerprint, result=_result_text(item, chunks), usage=item.usage
-                )
+                await call.made(item, chunks)
             else:
                 chunks.append(item)
             yield item
@@ -447,8 +413,18 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
     async def close(self) -> None:
         await self._inner.close()
 
+    @property
+    def model_info(self) -> ModelInfo:
+        """The wrapped client's: a replay answers as the wrapped model would."""
+        return self._inner.model_info
+
     def actual_usage(self) -> RequestUsage:
         return self._inner.actual_usage()
+
+    @property
+    def capabilities(self) -> ModelCapabilities:
+        """The wrapped client's (deprecated by AutoGen for :attr:`model_info`)."""
+        return self._inner.capabilities
 
     def total_usage(self) -> RequestUsage:
         return self._inner.total_usage()
@@ -460,14 +436,6 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
         self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []
     ) -> int:
         return self._inner.remaining_tokens(messages, tools=tools)
-
-    @property
-    def capabilities(self) -> ModelCapabilities:
-        return self._inner.capabilities
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return self._inner.model_info
 
     def _to_config(self) -> RecordedChatCompletionClientConfig:
         return RecordedChatCompletionClientConfig(client=self._inner.dump_component())
@@ -490,11 +458,6 @@ class RecordedWorkbenchConfig(BaseModel):
 
 def _tool_result(record: CallRecord) -> ToolResult:
     return ToolResult.model_validate(codec.loads(record.result or "{}"))
-
-
-def _not_run(name: str, failure: GraphflowDurableError) -> ToolResult:
-    text = f"not run: recording this turn's calls failed ({type(failure).__name__})"
-    return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=True)
 
 
 class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
@@ -529,14 +492,13 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         if turn is None or call_id is None:
             return None, "", None
         fingerprint = _tool_fingerprint(name, arguments)
-        if turn.failure is None and name not in self._rerun:
-            record = await turn.kept(turn.replayable("tool", call_id, fingerprint))
-            if record is not None:
-                await turn.kept(turn.write("tool", name, call_id, fingerprint, result=None, usage=None))
-                return turn, fingerprint, _tool_result(record)
-        if turn.failure is not None:  # not run: the turn ends at its next call
-            return turn, fingerprint, _not_run(name, turn.failure)
-        return turn, fingerprint, None
+        if name in self._rerun:
+            return turn, fingerprint, None
+        record = await turn.replayable("tool", call_id, fingerprint)
+        if record is None:
+            return turn, fingerprint, None
+        await turn.write("tool", name, call_id, fingerprint, result=None, usage=None)
+        return turn, fingerprint, _tool_result(record)
 
     async def call_tool(
         self,
@@ -552,7 +514,7 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
         if turn is not None and call_id is not None:
             text = codec.dumps(result.model_dump(mode="json"), where="tool result")
-            await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))
+            await turn.write("tool", name, call_id, fingerprint, result=text, usage=None)
         return result
 
     async def list_tools(self) -> list[ToolSchema]:
@@ -621,7 +583,7 @@ class RecordedStreamWorkbench(RecordedWorkbench, StaticStreamWorkbench):  # type
         async for item in self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id):
             if isinstance(item, ToolResult) and turn is not None and call_id is not None:
                 text = codec.dumps(item.model_dump(mode="json"), where="tool result")
-                await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))
+                await turn.write("tool", name, call_id, fingerprint, result=text, usage=None)
             yield item
 
     @classmethod

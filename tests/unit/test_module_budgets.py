@@ -112,7 +112,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "When a round ends, and why a run stops dispatching (the run's control, its log filters).",
     ),
     "_runtime/team.py": (
-        200,
+        230,
         "The GraphFlow team as the runtime reaches into it, and the team and its stored run.",
     ),
     "_storage/admin.py": (  # 500 -> 650: supply (an operator's answer for a failed node)
@@ -208,6 +208,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
     "errors.py": (600, "The exception tree of graphflow-durable."),
     "flow.py": (600, "DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes."),
     "integrity.py": (300, "Validate and repair saved GraphFlow team states -- pure functions, no I/O."),
+    "recorded.py": (
+        700,
+        "Recorded model and tool calls: a turn that runs again replays the calls it already made.",
+    ),
     "retry.py": (
         700,
         "Per-node retry and timeout policies: the values, which errors are worth a retry, how lo...",

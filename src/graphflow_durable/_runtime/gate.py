@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from graphflow_durable._model.human import HumanInput, InputRequest, parked_on, request_id
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import InputDeadlineError, NotWaitingError, UsageError
+from graphflow_durable.recorded import CallLink
 from graphflow_durable.store import RunRecord, Store
 
 __all__ = ["GateLink", "GroupChatInputPending", "HumanGate", "InputPending", "answer_text", "on_waiting_run"]
@@ -58,19 +59,11 @@ class GroupChatInputPending(BaseModel):
     prompt: str
 
 
-class GateLink(Protocol):
-    """What the gate needs of the team's run (the run session gives it)."""
+class GateLink(CallLink, Protocol):
+    """What the gate needs of the team's run (the run session gives it): what a recorded call
+    needs, and whether the run is a nested team's."""
 
-    run_id: str
     nested: bool
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def fencing_token(self) -> int: ...
-
-    def fail(self, exc: BaseException) -> None: ...
 
 
 class HumanGate:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Literal, Protocol, TypeVar, overload
@@ -48,13 +48,20 @@ from autogen_core.models import (
     ModelInfo,
     RequestUsage,
 )
-from autogen_core.tools import StaticStreamWorkbench, Tool, ToolResult, ToolSchema, Workbench
+from autogen_core.tools import (
+    StaticStreamWorkbench,
+    TextResultContent,
+    Tool,
+    ToolResult,
+    ToolSchema,
+    Workbench,
+)
 from pydantic import BaseModel
 from typing_extensions import Self
 
 from graphflow_durable._model import codec
 from graphflow_durable.context import ExecutionContext, current_execution
-from graphflow_durable.errors import LeaseLostError, UsageError
+from graphflow_durable.errors import GraphflowDurableError, LeaseLostError, UsageError
 from graphflow_durable.store import CallRecord, Store
 
 __all__ = [
@@ -114,6 +121,23 @@ class _TurnCalls:
         self._loading = asyncio.Lock()
         self._ordinal = 0
         self.diverged = False
+        self.failure: GraphflowDurableError | None = None  # a tool call's record that failed: kept()
+
+    def check(self) -> None:
+        """Raise the failure a tool call of this attempt kept: the turn ends at its next call."""
+        if self.failure is not None:
+            raise self.failure
+
+    async def kept(self, step: Awaitable[_T]) -> _T | None:
+        """A tool call's record read or write: its error is kept, not raised (``None`` returned).
+        AssistantAgent waits forever for tool calls of which one raised (their end is never put on
+        its event queue), so a tool call ends with an error result instead, and the turn's next call
+        through a wrapper (its next model call) raises the kept error before calling out."""
+        try:
+            return await step
+        except GraphflowDurableError as exc:  # the store's: a lost lease, an outage, a damaged row
+            self.failure = self.failure or exc
+            return None
 
     def next_ordinal(self) -> int:
         """The next model call's ordinal in this attempt (0, 1, 2...), taken before it awaits."""
@@ -339,6 +363,7 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
         turn = _current_turn()
         if turn is None:
             return _ModelCall(arguments, None, "", "", "")
+        turn.check()
         name = _model_name(self._inner)
         ident = str(turn.next_ordinal())
         if isinstance(json_output, type):
@@ -460,6 +485,11 @@ def _tool_result(record: CallRecord) -> ToolResult:
     return ToolResult.model_validate(codec.loads(record.result or "{}"))
 
 
+def _not_run(name: str, failure: GraphflowDurableError) -> ToolResult:
+    text = f"not run: recording this turn's calls failed ({type(failure).__name__})"
+    return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=True)
+
+
 class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
     """A ``Workbench`` whose tool calls inside a durable turn are recorded and replayed (see the
     module's text), except the tools named in ``rerun``, which always run. Everything else is the
@@ -492,13 +522,14 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         if turn is None or call_id is None:
             return None, "", None
         fingerprint = _tool_fingerprint(name, arguments)
-        if name in self._rerun:
-            return turn, fingerprint, None
-        record = await turn.replayable("tool", call_id, fingerprint)
-        if record is None:
-            return turn, fingerprint, None
-        await turn.write("tool", name, call_id, fingerprint, result=None, usage=None)
-        return turn, fingerprint, _tool_result(record)
+        if turn.failure is None and name not in self._rerun:
+            record = await turn.kept(turn.replayable("tool", call_id, fingerprint))
+            if record is not None:
+                await turn.kept(turn.write("tool", name, call_id, fingerprint, result=None, usage=None))
+                return turn, fingerprint, _tool_result(record)
+        if turn.failure is not None:  # not run: the turn ends at its next call
+            return turn, fingerprint, _not_run(name, turn.failure)
+        return turn, fingerprint, None
 
     async def call_tool(
         self,
@@ -514,7 +545,7 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
         if turn is not None and call_id is not None:
             text = codec.dumps(result.model_dump(mode="json"), where="tool result")
-            await turn.write("tool", name, call_id, fingerprint, result=text, usage=None)
+            await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))
         return result
 
     async def list_tools(self) -> list[ToolSchema]:
@@ -583,7 +614,7 @@ class RecordedStreamWorkbench(RecordedWorkbench, StaticStreamWorkbench):  # type
         async for item in self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id):
             if isinstance(item, ToolResult) and turn is not None and call_id is not None:
                 text = codec.dumps(item.model_dump(mode="json"), where="tool result")
-                await turn.write("tool", name, call_id, fingerprint, result=text, usage=None)
+                await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))
             yield item
 
     @classmethod

@@ -51,6 +51,7 @@ from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
+from graphflow_durable._storage.follow import Follow, check_after
 from graphflow_durable._storage.lease import Heartbeat
 from graphflow_durable._storage.migrations import (
     Survey,
@@ -76,6 +77,7 @@ __all__ = [
     "Cancellation",
     "Claim",
     "Damage",
+    "Follow",
     "Heartbeat",
     "InputRequest",
     "InputRequests",
@@ -346,6 +348,30 @@ class Store:
             RunNotFoundError: no such run.
         """
         return transcript_of(self.load(run_id), round, node)
+
+    def follow(self, run_id: str, after_seq: int | None = None, *, wait: bool = True) -> Follow:
+        """The run's messages with a seq greater than ``after_seq`` (all, the task's seq 0 included,
+        when ``None``), in seq order, as :class:`StoredMessage` (what :meth:`transcript` returns);
+        then, with ``wait``, each new commit's messages as it lands, until the run is no longer
+        driven: its round stopped or finished, it parked ``waiting`` for a person, or it ended
+        interrupted, failed or cancelled. A run in any status but ``running`` yields what is stored
+        and stops at once (so does every run with ``wait=False``). A run whose driver died stays
+        ``running`` until a driver takes it over: the iteration waits for that driver's commits.
+
+        Read-only and from any process: no lease, any number of followers. An async iterator:
+        ``async for message in store.follow(run_id, 3): ...``. Its ``run`` attribute is the run's row
+        once the iteration ended (its status and stored result, read with the last messages).
+        PostgreSQL: commits notify the follower (LISTEN/NOTIFY, one connection per follower outside
+        the pool, falling back to polling); SQLite: it polls, backing off from 10 ms to 0.5 s while
+        the run is quiet. :meth:`DurableGraphFlow.attach_stream` gives AutoGen message objects.
+
+        Raises (from the iteration):
+            UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
+            RunNotFoundError: no such run.
+            StoreCorruptError: a message row does not match its checksum, or one is missing.
+        """
+        check_after(after_seq)  # at the call, not at the first iteration
+        return Follow(self._e, run_id, after_seq, wait=wait)
 
     def cut(self, run_id: str, at: int) -> RunLog:
         """The run as it stood once step ``at`` was committed: its steps, messages and agent states

@@ -37,6 +37,7 @@ from graphflow_durable._storage.schema import (
 from graphflow_durable.errors import RunNotFoundError
 
 __all__ = [
+    "COMMIT_CHANNEL",
     "DB_NOW",
     "HotPath",
     "Prepared",
@@ -181,10 +182,17 @@ _lifecycle_values: dict[str, Any] = {
 }
 
 
-def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:
+#: PostgreSQL's notification channel of commits: every commit that moves a run's head notifies it,
+#: the run id as payload, from inside its transaction (``_storage/follow.py`` listens).
+COMMIT_CHANNEL = "graphflow_durable_commits"
+
+
+def _update_head(with_messages: bool, with_lifecycle: bool, notify: bool = False) -> sa.Update:
     """Move a run's head (guarded by head and token); with messages, also guard and move the
     message count (the new messages' first seq must be the count); with the lifecycle, also set
-    status, task and result where given."""
+    status, task and result where given. With ``notify`` (PostgreSQL), the statement also notifies
+    :data:`COMMIT_CHANNEL` for the row it moved: no extra statement, nothing when the guard refuses,
+    and the notification is delivered only if the transaction (its savepoint) commits."""
     values: dict[str, Any] = dict(_move_values)
     guard = list(_head_guard)
     if with_lifecycle:
@@ -192,7 +200,10 @@ def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:
     if with_messages:
         guard.append(_R.message_count == sa.bindparam("p_first_seq", type_=sa.Integer))
         values["message_count"] = sa.bindparam("p_message_count", type_=sa.Integer)
-    return sa.update(runs).where(*guard).values(**values)
+    update = sa.update(runs).where(*guard).values(**values)
+    if notify:
+        update = update.returning(sa.func.pg_notify(sa.literal_column(f"'{COMMIT_CHANNEL}'"), _R.run_id))
+    return update
 
 
 INSERT_RUN = sa.insert(runs)
@@ -397,7 +408,7 @@ class HotPath:
     def _compile(cls, dialect: Dialect) -> HotPath:
         return cls(
             update_head={
-                (m, life): Prepared.compile(_update_head(m, life), dialect)
+                (m, life): Prepared.compile(_update_head(m, life, dialect.name == "postgresql"), dialect)
                 for m in (False, True)
                 for life in (False, True)
             },

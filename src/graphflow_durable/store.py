@@ -51,7 +51,7 @@ from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
-from graphflow_durable._storage.follow import Follow, check_after
+from graphflow_durable._storage.follow import Feeds, Follow, check_after
 from graphflow_durable._storage.lease import Heartbeat
 from graphflow_durable._storage.migrations import (
     Survey,
@@ -168,6 +168,7 @@ class Store:
         self._driver = Driver(self._e, self._writer)  # the runtime's way in: commits, new runs, leases
         self._queue = WorkQueue(self._e)
         self._requests = InputRequests(self._e)
+        self._feeds = Feeds(self._e)  # the live feeds of the runs followed (Store.follow)
         shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
@@ -361,9 +362,11 @@ class Store:
         Read-only and from any process: no lease, any number of followers. An async iterator:
         ``async for message in store.follow(run_id, 3): ...``. Its ``run`` attribute is the run's row
         once the iteration ended (its status and stored result, read with the last messages).
-        PostgreSQL: commits notify the follower (LISTEN/NOTIFY, one connection per follower outside
-        the pool, falling back to polling); SQLite: it polls, backing off from 10 ms to 0.5 s while
-        the run is quiet. :meth:`DurableGraphFlow.attach_stream` gives AutoGen message objects.
+        The followers of a run in one process share one reader of its new commits (a watcher costs
+        the reads of what it missed, then nothing of its own). PostgreSQL: commits notify that reader
+        (LISTEN/NOTIFY, on one connection of its own outside the pool, falling back to polling);
+        SQLite: it polls, backing off to 0.5 s while the run is quiet. Either way it reads at most
+        every 50 ms, in batches, while commits come. :meth:`DurableGraphFlow.attach_stream` gives AutoGen message objects.
 
         Raises (from the iteration):
             UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
@@ -371,7 +374,7 @@ class Store:
             StoreCorruptError: a message row does not match its checksum, or one is missing.
         """
         check_after(after_seq)  # at the call, not at the first iteration
-        return Follow(self._e, run_id, after_seq, wait=wait)
+        return Follow(self._feeds, run_id, after_seq, wait=wait)
 
     def cut(self, run_id: str, at: int) -> RunLog:
         """The run as it stood once step ``at`` was committed: its steps, messages and agent states

@@ -229,3 +229,22 @@ async def test_on_postgresql_a_watcher_is_woken_by_the_commits_notification(
     messages = await asyncio.wait_for(watcher, 60)
     assert [m.body["source"] for m in messages] == ["B", "C", "D", "E", "F"]
     driver.result()
+
+
+async def test_watchers_of_one_run_in_one_process_each_get_exactly_their_messages_whenever_they_attach(
+    store: Store, driver: Driver
+) -> None:
+    driver.wait_held(store)
+    offsets = [None, 0, 1, 3, 5, None, 2, 4]
+    watchers = []
+    for i, after in enumerate(offsets):
+        watchers.append(asyncio.ensure_future(collect(store.follow("r", after))))
+        if i == 1:
+            driver.open()  # the others attach while the commits land
+        await asyncio.sleep(0.07)
+    got = await asyncio.wait_for(asyncio.gather(*watchers), 60)
+    driver.result()
+    transcript = store.transcript("r")
+    for after, messages in zip(offsets, got, strict=True):
+        start = -1 if after is None else after
+        assert [(m.seq, m.body) for m in messages] == [(m.seq, m.body) for m in transcript if m.seq > start]

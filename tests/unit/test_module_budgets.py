@@ -138,7 +138,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "A run's lease: its rules, and the one takeover path the driver and the queue share; renew, release.",
     ),
     "_storage/follow.py": (
-        250,
+        350,
         "Follow a run's thread as it grows, from any process: what :meth:`Store.follow` iterates.",
     ),
     "_storage/migrations.py": (

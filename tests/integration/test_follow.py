@@ -17,7 +17,7 @@ import pytest
 from autogen_agentchat.base import TaskResult
 from autogen_agentchat.ui import Console
 
-from graphflow_durable import DurableGraphFlow, HumanInput, Store, UsageError, attach_stream
+from graphflow_durable import DurableGraphFlow, HumanInput, RunNotFoundError, Store, UsageError, attach_stream
 from graphflow_durable._storage import follow as follow_module
 from graphflow_durable.cli.runs import EXIT_USAGE, main
 
@@ -248,3 +248,13 @@ async def test_watchers_of_one_run_in_one_process_each_get_exactly_their_message
     for after, messages in zip(offsets, got, strict=True):
         start = -1 if after is None else after
         assert [(m.seq, m.body) for m in messages] == [(m.seq, m.body) for m in transcript if m.seq > start]
+
+
+async def test_watchers_of_a_run_deleted_under_them_get_run_not_found(store: Store, driver: Driver) -> None:
+    driver.wait_held(store)
+    watchers = [asyncio.ensure_future(collect(store.follow("r"))) for _ in range(3)]
+    await asyncio.sleep(0.3)
+    store.delete_run("r", force=True)
+    for watcher in watchers:
+        with pytest.raises(RunNotFoundError, match="run r does not exist"):
+            await asyncio.wait_for(watcher, 30)

@@ -35,7 +35,7 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.checksum import MESSAGES, Damage, corrupt, message_sum
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.schema import messages, runs
-from graphflow_durable.errors import GraphflowDurableError, UsageError
+from graphflow_durable.errors import UsageError
 
 __all__ = ["CHANNEL", "Feeds", "Follow", "check_after"]
 
@@ -122,7 +122,7 @@ class Follow:
                     return
             while True:
                 item = await queue.get()
-                if isinstance(item, GraphflowDurableError):
+                if isinstance(item, Exception):
                     raise item
                 if isinstance(item, RunRecord):
                     self.run = item
@@ -142,7 +142,7 @@ class Follow:
 
 #: What a feed hands its followers: a batch of messages; at the end, the run's row; or the error
 #: that stopped it (each follower raises it).
-_Item = list[StoredMessage] | RunRecord | GraphflowDurableError
+_Item = list[StoredMessage] | RunRecord | Exception
 
 
 class Feeds:
@@ -220,7 +220,7 @@ class _Feed:
                 read_at = loop.time()
                 try:
                     run, batch = await asyncio.to_thread(read, self.cursor, False)
-                except GraphflowDurableError as exc:  # a StoreError, the run deleted: each follower raises it
+                except Exception as exc:  # noqa: BLE001 -- a StoreError, the run deleted...: every follower raises it
                     self._feeds.remove(self)
                     self._send(exc)
                     return

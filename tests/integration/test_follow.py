@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -12,17 +13,23 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 from autogen_agentchat.base import TaskResult
 from autogen_agentchat.ui import Console
 
 from graphflow_durable import DurableGraphFlow, HumanInput, RunNotFoundError, Store, UsageError, attach_stream
 from graphflow_durable._storage import follow as follow_module
 from graphflow_durable.cli.runs import EXIT_USAGE, main
+from graphflow_durable.errors import ConflictError, LeaseLostError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents import Scripted, chain
+
+from .test_group_writer import _create, _step
 
 DRIVER = Path(__file__).with_name("follow_driver.py")
 SEQ = "graphflow_durable.seq"
@@ -258,3 +265,66 @@ async def test_watchers_of_a_run_deleted_under_them_get_run_not_found(store: Sto
     for watcher in watchers:
         with pytest.raises(RunNotFoundError, match="run r does not exist"):
             await asyncio.wait_for(watcher, 30)
+
+
+def _listen(url: str) -> psycopg.Connection[Any]:
+    """A connection LISTENing on the commits' channel of ``url``'s database."""
+    listener = psycopg.connect(
+        sa.make_url(url).set(drivername="postgresql").render_as_string(False), autocommit=True
+    )
+    listener.execute(f"LISTEN {follow_module.CHANNEL}")
+    return listener
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_each_written_commit_of_a_group_notifies_its_run_and_a_refused_one_nobody(
+    postgres_database: str,
+) -> None:
+    store = Store(postgres_database)
+    tokens = {run_id: _create(store, run_id).fencing_token for run_id in ("a", "b", "stale", "fenced")}
+    await _step(store, "stale", 0, tokens["stale"])  # at head 1: a commit expecting head 0 is refused
+    listener = _listen(postgres_database)
+    try:
+        with store._writer.together():  # one group: one transaction, a savepoint per commit
+            futures = [
+                _step(store, "a", 0, tokens["a"]),
+                _step(store, "stale", 0, tokens["stale"]),
+                _step(store, "b", 0, tokens["b"]),
+                _step(store, "fenced", 0, token=0),  # 0: no token the store issues
+            ]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        assert outcomes[0] == 1 and outcomes[2] == 1
+        assert isinstance(outcomes[1], ConflictError) and isinstance(outcomes[3], LeaseLostError)
+        notes = sorted(n.payload for n in listener.notifies(timeout=1.0, stop_after=10))
+        assert notes == ["a", "b"]
+    finally:
+        listener.close()
+        store.close()
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_a_commit_stands_when_its_followers_cannot_be_notified(
+    postgres_database: str, postgres_admin: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = sa.make_url(postgres_database)
+    schema = str(url.query["options"]).removeprefix("-csearch_path=")
+    role = f"gfd_no_notify_{os.getpid()}"
+    with postgres_admin.connect() as conn:  # a role that may not notify (a superuser always may)
+        conn.exec_driver_sql(f'CREATE ROLE "{role}" LOGIN')
+        conn.exec_driver_sql(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{role}"')
+        conn.exec_driver_sql("REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC")
+    agents = [Scripted(n) for n in "ABC"]
+    team = DurableGraphFlow(
+        agents, chain(*agents), store=url.set(username=role).render_as_string(False), run_id="r"
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="graphflow_durable"):
+            await team.run(task="go")
+        assert [m.body["source"] for m in team.store.transcript("r")] == ["user", "A", "B", "C"]
+        assert "could not notify their followers (they poll instead)" in caplog.text
+    finally:
+        team.store.close()
+        with postgres_admin.connect() as conn:
+            conn.exec_driver_sql("GRANT EXECUTE ON FUNCTION pg_notify(text, text) TO PUBLIC")
+            conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
+            conn.exec_driver_sql(f'DROP ROLE "{role}"')

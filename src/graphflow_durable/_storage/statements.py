@@ -47,6 +47,7 @@ __all__ = [
     "INSERT_STEP",
     "LEASE_COLUMNS",
     "LEASE_HOLDER",
+    "NOTIFY_COMMITS",
     "NO_HOLDER",
     "RELEASE_LEASE",
     "RENEW_LEASE",
@@ -182,17 +183,23 @@ _lifecycle_values: dict[str, Any] = {
 }
 
 
-#: PostgreSQL's notification channel of commits: every commit that moves a run's head notifies it,
-#: the run id as payload, from inside its transaction (``_storage/follow.py`` listens).
+#: PostgreSQL's notification channel of commits: the run id as payload (``_storage/follow.py``
+#: listens), sent after each group of commits (``writer.CommitWriter``, :data:`NOTIFY_COMMITS`).
 COMMIT_CHANNEL = "graphflow_durable_commits"
 
+#: PostgreSQL (psycopg): notify :data:`COMMIT_CHANNEL` once per run id of the array parameter, in a
+#: transaction of its own that does not wait for its WAL flush (``SET LOCAL`` through ``set_config``:
+#: the connection goes back to the pool as it was). Why not inside the commit: see ``writer``.
+NOTIFY_COMMITS = (
+    "SELECT set_config('synchronous_commit', 'off', true), "
+    f"pg_notify('{COMMIT_CHANNEL}', r) FROM unnest(%s::text[]) AS r"
+)
 
-def _update_head(with_messages: bool, with_lifecycle: bool, notify: bool = False) -> sa.Update:
+
+def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:
     """Move a run's head (guarded by head and token); with messages, also guard and move the
     message count (the new messages' first seq must be the count); with the lifecycle, also set
-    status, task and result where given. With ``notify`` (PostgreSQL), the statement also notifies
-    :data:`COMMIT_CHANNEL` for the row it moved: no extra statement, nothing when the guard refuses,
-    and the notification is delivered only if the transaction (its savepoint) commits."""
+    status, task and result where given."""
     values: dict[str, Any] = dict(_move_values)
     guard = list(_head_guard)
     if with_lifecycle:
@@ -200,10 +207,7 @@ def _update_head(with_messages: bool, with_lifecycle: bool, notify: bool = False
     if with_messages:
         guard.append(_R.message_count == sa.bindparam("p_first_seq", type_=sa.Integer))
         values["message_count"] = sa.bindparam("p_message_count", type_=sa.Integer)
-    update = sa.update(runs).where(*guard).values(**values)
-    if notify:
-        update = update.returning(sa.func.pg_notify(sa.literal_column(f"'{COMMIT_CHANNEL}'"), _R.run_id))
-    return update
+    return sa.update(runs).where(*guard).values(**values)
 
 
 INSERT_RUN = sa.insert(runs)
@@ -408,7 +412,7 @@ class HotPath:
     def _compile(cls, dialect: Dialect) -> HotPath:
         return cls(
             update_head={
-                (m, life): Prepared.compile(_update_head(m, life, dialect.name == "postgresql"), dialect)
+                (m, life): Prepared.compile(_update_head(m, life), dialect)
                 for m in (False, True)
                 for life in (False, True)
             },

@@ -36,7 +36,13 @@ from graphflow_durable.errors import (
     UnrepairableStateError,
     UsageError,
 )
-from graphflow_durable.flow import DurableGraphFlow, DurableGraphFlowConfig, HumanInput, default_store_url
+from graphflow_durable.flow import (
+    DurableGraphFlow,
+    DurableGraphFlowConfig,
+    HumanInput,
+    attach_stream,
+    default_store_url,
+)
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
 from graphflow_durable.recorded import (
     RecordedChatCompletionClient,
@@ -97,6 +103,7 @@ __all__ = [
     "ValidationReport",
     "Worker",
     "__version__",
+    "attach_stream",
     "current_execution",
     "default_store_url",
     "recorded",

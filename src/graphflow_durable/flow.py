@@ -20,11 +20,12 @@ from dataclasses import replace as _replace
 from typing import Any
 
 from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondition
-from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
+from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
 from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_core import AgentRuntime, CancellationToken
 
 from graphflow_durable._model import graphid as _graphid
+from graphflow_durable._model.history import last_round_of
 from graphflow_durable._model.human import HumanInput, InputRequest, human_input_config, human_inputs
 from graphflow_durable._model.records import NodeFailure
 from graphflow_durable._model.task import task_key, task_messages
@@ -63,6 +64,8 @@ __all__ = [
     "DurableGraphFlowConfig",
     "HumanInput",
     "InputRequest",
+    "SEQ_KEY",
+    "attach_stream",
     "default_store_url",
 ]
 
@@ -448,6 +451,18 @@ class DurableGraphFlow(GraphFlow):
         create = self._message_factory.create
         return [create(m.body) for m in self.store.transcript(self.run_id, round=round, node=node)]
 
+    def attach_stream(
+        self, after_seq: int | None = None
+    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]:
+        """Watch the stored run from any process, read-only: its messages after ``after_seq`` (all
+        when ``None``) as AutoGen message objects, then each new commit's as it lands, then the
+        round's :class:`TaskResult` once the run is no longer driven (see :func:`attach_stream`).
+        Takes no lease: any number of watchers, while this team or another process drives the run.
+        Messages are made by this team's message factory (its ``custom_message_types`` too).
+        ``await Console(team.attach_stream())`` prints them as ``run_stream()``'s.
+        """
+        return attach_stream(self.store, self.run_id, after_seq, message_factory=self._message_factory)
+
     def fork(
         self, at: int, *, run_id: str | None = None, replace: tuple[int, BaseChatMessage] | None = None
     ) -> RunRecord:
@@ -565,6 +580,66 @@ class DurableGraphFlow(GraphFlow):
 
 
 # -- what a call does on the run it attached, and after an interrupt ------------------------------
+
+
+#: The metadata key of a message :func:`attach_stream` yields: its seq in the run's thread (a string,
+#: as AutoGen's metadata is ``Dict[str, str]``); pass it back as ``after_seq`` to re-attach after it.
+SEQ_KEY = "graphflow_durable.seq"
+
+
+async def attach_stream(
+    store: Store, run_id: str, after_seq: int | None = None, *, message_factory: MessageFactory | None = None
+) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]:
+    """Watch a run from any process that has its store, without its team: what ``run_stream()``
+    yields for the committed part of the run.
+
+    Yields the run's messages with a seq greater than ``after_seq`` (all, the task included, when
+    ``None``) in order, as AutoGen message objects (loaded by ``message_factory``, default AutoGen's
+    own :class:`MessageFactory`: give the team's when it has ``custom_message_types``), each with its
+    seq in ``metadata["graphflow_durable.seq"]`` (a string); then each new commit's messages as it
+    lands while the run is driven (:meth:`Store.follow`); then the round's :class:`TaskResult`: the
+    messages of the run's last round (with their seqs) and its stored stop reason. It ends so when the
+    round stops or finishes, and when the run parks waiting for a person (the stop reason says so);
+    a run that ended interrupted, failed or cancelled without a stop reason gives its status as
+    the reason. A run nobody drives yields what is stored and its result at once.
+
+    Read-only: no lease, any number of watchers, any process; a watcher never slows the driver
+    beyond its reads. Re-attach after a lost connection with the last seq seen.
+
+    Raises:
+        UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
+        RunNotFoundError: no such run.
+    """
+    create = (message_factory or MessageFactory()).create
+    follow = store.follow(run_id, after_seq)
+    try:
+        async for stored in follow:
+            yield _with_seq(create(stored.body), stored.seq)
+    finally:
+        await follow.aclose()
+    run = follow.run
+    assert run is not None  # the iteration ended: it read the run's row
+    messages = (
+        [] if run.head_seq < 1 else last_round_of(await asyncio.to_thread(store.cut, run_id, run.head_seq))
+    )
+    yield TaskResult(
+        messages=[_with_seq(create(m.body), m.seq) for m in messages], stop_reason=_stop_reason(run)
+    )
+
+
+def _with_seq(message: BaseAgentEvent | BaseChatMessage, seq: int) -> BaseAgentEvent | BaseChatMessage:
+    message.metadata = {**message.metadata, SEQ_KEY: str(seq)}
+    return message
+
+
+def _stop_reason(run: RunRecord) -> str | None:
+    """Why the run's round is no longer driven: the stored stop reason of a round that stopped,
+    finished or parked (or of a node's spent budget), else the run's status."""
+    result = run.result if isinstance(run.result, Mapping) else {}
+    if run.status in ("stopped", "finished", "waiting") or NodeFailure.of(run) is not None:
+        reason = result.get("stop_reason")
+        return None if reason is None else str(reason)
+    return run.status
 
 
 async def _opening(

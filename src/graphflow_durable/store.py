@@ -54,6 +54,7 @@ from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
+from graphflow_durable._storage.follow import Feeds, Follow, check_after
 from graphflow_durable._storage.lease import Heartbeat
 from graphflow_durable._storage.migrations import (
     Survey,
@@ -82,6 +83,7 @@ __all__ = [
     "Cancellation",
     "Claim",
     "Damage",
+    "Follow",
     "Heartbeat",
     "InputRequest",
     "InputRequests",
@@ -174,6 +176,7 @@ class Store:
         self._queue = WorkQueue(self._e)
         self._requests = InputRequests(self._e)
         self._calls = CallRecords(self._e)
+        self._feeds = Feeds(self._e)  # the live feeds of the runs followed (Store.follow)
         shared = self._e.target.shared
         try:
             with self._guard("opening the store"):
@@ -378,6 +381,31 @@ class Store:
             rounds = {info.seq: info.round for info in self.history(run_id)}
             records = [r for r in records if rounds.get(r.step) == round]
         return records
+    def follow(self, run_id: str, after_seq: int | None = None, *, wait: bool = True) -> Follow:
+        """The run's messages with a seq greater than ``after_seq`` (all, the task's seq 0 included,
+        when ``None``), in seq order, as :class:`StoredMessage` (what :meth:`transcript` returns);
+        then, with ``wait``, each new commit's messages as it lands, until the run is no longer
+        driven: its round stopped or finished, it parked ``waiting`` for a person, or it ended
+        interrupted, failed or cancelled. A run in any status but ``running`` yields what is stored
+        and stops at once (so does every run with ``wait=False``). A run whose driver died stays
+        ``running`` until a driver takes it over: the iteration waits for that driver's commits.
+
+        Read-only and from any process: no lease, any number of followers. An async iterator:
+        ``async for message in store.follow(run_id, 3): ...``. Its ``run`` attribute is the run's row
+        once the iteration ended (its status and stored result, read with the last messages).
+        The followers of a run in one process share one reader of its new commits (a watcher costs
+        the reads of what it missed, then nothing of its own). PostgreSQL: commits notify that reader
+        (LISTEN/NOTIFY, on one connection of its own outside the pool, falling back to polling);
+        SQLite: it polls, backing off to 0.5 s while the run is quiet. Either way it reads at most
+        every 50 ms, in batches, while commits come. :meth:`DurableGraphFlow.attach_stream` gives AutoGen message objects.
+
+        Raises (from the iteration):
+            UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
+            RunNotFoundError: no such run.
+            StoreCorruptError: a message row does not match its checksum, or one is missing.
+        """
+        check_after(after_seq)  # at the call, not at the first iteration
+        return Follow(self._feeds, run_id, after_seq, wait=wait)
 
     def cut(self, run_id: str, at: int) -> RunLog:
         """The run as it stood once step ``at`` was committed: its steps, messages and agent states

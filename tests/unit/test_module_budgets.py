@@ -143,6 +143,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         400,
         "A run's lease: its rules, and the one takeover path the driver and the queue share; renew, release.",
     ),
+    "_storage/follow.py": (
+        350,
+        "Follow a run's thread as it grows, from any process: what :meth:`Store.follow` iterates.",
+    ),
     "_storage/migrations.py": (
         550,
         "Versioned schema migrations: an append-only tuple of ``(version, description, function)``.",
@@ -200,13 +204,16 @@ BUDGETS: dict[str, tuple[int, str]] = {
         450,
         "``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker...",
     ),
-    "cli/timeline.py": (
-        250,
-        "``graphflow-durable runs history | transcript | export | import | fork``, for :mod:`.ru...",
+    "cli/timeline.py": (  # 250 -> 300: runs follow
+        300,
+        "``graphflow-durable runs history | transcript | follow | export | import | fork``, for ...",
     ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),
     "errors.py": (600, "The exception tree of graphflow-durable."),
-    "flow.py": (600, "DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes."),
+    "flow.py": (  # 600 -> 700: attach_stream (a run watched from any process)
+        700,
+        "DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes.",
+    ),
     "integrity.py": (300, "Validate and repair saved GraphFlow team states -- pure functions, no I/O."),
     "recorded.py": (
         700,

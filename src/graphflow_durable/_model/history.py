@@ -19,6 +19,7 @@ __all__ = [
     "check_step",
     "cut_record",
     "cut_status",
+    "last_round_of",
     "message_nodes",
     "step_infos",
     "task_key_of",
@@ -166,6 +167,14 @@ def transcript_of(log: RunLog, round: int | None = None, node: str | None = None
         for m in log.messages
         if (round is None or rounds.get(m.step_seq) == round) and (node is None or nodes[m.seq] == node)
     ]
+
+
+def last_round_of(log: RunLog) -> list[StoredMessage]:
+    """The messages of ``log``'s last round (from its last ``start`` step on; the whole thread of a
+    run with no round): what that round's ``TaskResult`` holds."""
+    rounds = _rounds(log.steps)
+    last = max(rounds.values(), default=0)
+    return [m for m in log.messages if rounds.get(m.step_seq) == last]
 
 
 def check_step(run: RunRecord, at: object) -> int:

@@ -37,6 +37,7 @@ from graphflow_durable._storage.schema import (
 from graphflow_durable.errors import RunNotFoundError
 
 __all__ = [
+    "COMMIT_CHANNEL",
     "DB_NOW",
     "HotPath",
     "Prepared",
@@ -46,6 +47,7 @@ __all__ = [
     "INSERT_STEP",
     "LEASE_COLUMNS",
     "LEASE_HOLDER",
+    "NOTIFY_COMMITS",
     "NO_HOLDER",
     "RELEASE_LEASE",
     "RENEW_LEASE",
@@ -179,6 +181,19 @@ _lifecycle_values: dict[str, Any] = {
         for column in LEASE_HOLDER
     },
 }
+
+
+#: PostgreSQL's notification channel of commits: the run id as payload (``_storage/follow.py``
+#: listens), sent after each group of commits (``writer.CommitWriter``, :data:`NOTIFY_COMMITS`).
+COMMIT_CHANNEL = "graphflow_durable_commits"
+
+#: PostgreSQL (psycopg): notify :data:`COMMIT_CHANNEL` once per run id of the array parameter, in a
+#: transaction of its own that does not wait for its WAL flush (``SET LOCAL`` through ``set_config``:
+#: the connection goes back to the pool as it was). Why not inside the commit: see ``writer``.
+NOTIFY_COMMITS = (
+    "SELECT set_config('synchronous_commit', 'off', true), "
+    f"pg_notify('{COMMIT_CHANNEL}', r) FROM unnest(%s::text[]) AS r"
+)
 
 
 def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:

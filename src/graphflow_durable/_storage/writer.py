@@ -24,13 +24,16 @@ commit's guarded head move and rows, or a new run's row with its first step) is
 :class:`GroupItems`'s, on the group's connection, with precompiled statements
 (``statements.HotPath``); on PostgreSQL each commit's head move and inserts go in one round trip
 (psycopg's pipeline mode). An item arrives encoded (:class:`CommitParams`, :class:`CreateParams`:
-``driver.py`` encodes them); a refused one is told why (:func:`refusal`).
+``driver.py`` encodes them); a refused one is told why (:func:`refusal`). On PostgreSQL the
+followers of the group's runs are notified after its commit (:meth:`CommitWriter._notify` says why
+not inside it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -43,10 +46,19 @@ import sqlalchemy as sa
 
 from graphflow_durable._storage.engine import Engines, store_error
 from graphflow_durable._storage.lease import lease_lost
-from graphflow_durable._storage.statements import HotPath, LeaseTuple, Prepared, not_found, run_record
+from graphflow_durable._storage.statements import (
+    NOTIFY_COMMITS,
+    HotPath,
+    LeaseTuple,
+    Prepared,
+    not_found,
+    run_record,
+)
 from graphflow_durable.errors import ConflictError, StoreError, UsageError
 
 __all__ = ["CommitParams", "CommitWriter", "CreateParams", "GroupItems", "Item", "refusal", "run_exists"]
+
+logger = logging.getLogger(__name__)
 
 #: At most this many commits go in one group (bounds a group's transaction and its latency).
 MAX_GROUP = 64
@@ -162,7 +174,7 @@ class GroupItems:
         self._integrity_error: type[Any] = dialect.loaded_dbapi.IntegrityError
         self._hot = HotPath.for_dialect(dialect)
         # psycopg's pipeline mode (libpq >= 14): one round trip for the statements of a commit.
-        self._pipeline = engines.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
+        self.pipeline = engines.dialect == "postgresql" and _pipeline_supported(dialect.loaded_dbapi)
 
     def apply(self, dbapi: Any, cursor: Any, item: Item, *, savepoint: bool) -> BaseException | None:
         """One commit of the group: ``None`` when it was written, else why not. With ``savepoint``
@@ -173,7 +185,7 @@ class GroupItems:
             return self._create(dbapi, cursor, item, params, savepoint)
         update_head = self._hot.update_head[bool(params.messages), params.updates_run]
         try:
-            if self._pipeline:
+            if self.pipeline:
                 moved = self._apply_pipelined(dbapi, cursor, update_head, params, savepoint)
             else:
                 if savepoint:
@@ -291,6 +303,7 @@ class CommitWriter:
         # writer is idle (FULL's fsync, and PostgreSQL's round trips, always leave the loop).
         self._inline = engines.dialect == "sqlite" and engines.target.synchronous in ("NORMAL", "OFF")
         self._closed = False
+        self._notify_failed = False  # a notification failed already (logged once as a warning)
         self.groups = 0  # groups written (for tests and benchmarks: commits per group)
         self.commits = 0
 
@@ -483,6 +496,8 @@ class CommitWriter:
                     item.error = self._items.apply(dbapi, cursor, item, savepoint=not alone)
             dbapi.commit()
             committed = True
+            if self._e.dialect == "postgresql":
+                self._notify(dbapi, group)
         except self._driver_error as exc:
             if self._e.engine.dialect.is_disconnect(exc, dbapi.dbapi_connection, None):
                 dbapi.invalidate(exc)  # never hand this connection out again
@@ -497,6 +512,44 @@ class CommitWriter:
                 # Back to the pool, which rolls back whatever is uncommitted. PostgreSQL connections
                 # always go back: the pool's pre-ping finds one a server restart broke.
                 dbapi.close()
+
+    def _notify(self, dbapi: Any, group: list[Item]) -> None:
+        """PostgreSQL, after the group's transaction committed: notify the followers of its runs
+        (``_storage/follow.py`` listens; a refused or failed commit notifies nobody) in a short
+        transaction of its own on the same connection, one round trip, which does not wait for its
+        WAL flush (``statements.NOTIFY_COMMITS``).
+
+        Not inside the commit's transaction: PostgreSQL serialises every notifying transaction of
+        the database cluster on one lock (``PreCommit_Notify`` takes it, the transaction's end
+        releases it), held across the commit record's WAL flush. A notify inside the commit made
+        the commits of a worker pool's processes flush one after another instead of together (group
+        commit); here the lock is held only for the notify transaction, which does not flush. Best
+        effort: a notification lost (this transaction failing, or a crash before its WAL reaches
+        the disk) costs a follower its fallback poll (``follow.LISTEN_POLL``), never a commit."""
+        run_ids = sorted({i.run_id for i in group if i.error is None and isinstance(i.params, CommitParams)})
+        if not run_ids:
+            return
+        connection = dbapi.dbapi_connection
+        try:
+            cursor = dbapi.cursor()
+            if self._items.pipeline:
+                with connection.pipeline():
+                    cursor.execute(NOTIFY_COMMITS, (run_ids,))
+                    connection.commit()
+            else:
+                cursor.execute(NOTIFY_COMMITS, (run_ids,))
+                dbapi.commit()
+        except self._driver_error as exc:
+            # Once per writer as a warning (the same cause, e.g. a permission, fails every group).
+            level, self._notify_failed = (logging.DEBUG if self._notify_failed else logging.WARNING), True
+            logger.log(
+                level,
+                "committed runs %s, but could not notify their followers (they poll instead): %s",
+                ", ".join(run_ids),
+                str(exc).strip(),
+            )
+            with contextlib.suppress(Exception):
+                dbapi.rollback()
 
     def _begin_immediate(self, cursor: Any, nowait: bool) -> None:
         try:

@@ -355,6 +355,11 @@ class _ReaderMayClose:
             except BrokenPipeError:
                 self._reader_gone()
 
+    @property
+    def reader_gone(self) -> bool:
+        """Whether the reader closed the pipe (a command that would print on and on stops then)."""
+        return self._closed_by_reader
+
     def _reader_gone(self) -> None:
         self._closed_by_reader = True
         _silence_stdout()

@@ -1,7 +1,8 @@
-"""``graphflow-durable runs history | transcript | export | import | fork``, for :mod:`.runs`.
+"""``graphflow-durable runs history | transcript | follow | export | import | fork``, for :mod:`.runs`.
 
-Thin shells over :meth:`Store.history` (``--calls``: :meth:`Store.call_history`), :meth:`Store.transcript`, :meth:`Store.export_run`,
-:meth:`Store.import_run` and :meth:`Store.fork`. Data on stdout (a table or text, or with ``--json``
+Thin shells over :meth:`Store.history` (``--calls``: :meth:`Store.call_history`),
+:meth:`Store.transcript`, :meth:`Store.follow`, :meth:`Store.export_run`, :meth:`Store.import_run`
+and :meth:`Store.fork`. Data on stdout (a table or text, or with ``--json``
 one JSON object per line; ``export`` always writes its JSON document), errors as one line on stderr
 with the exit codes of :mod:`.runs`: 2 for an unknown run, a step out of range or a bad document,
 3 when the new run's id is taken or the run is driven by a live process at the step asked for.
@@ -9,6 +10,7 @@ with the exit codes of :mod:`.runs`: 2 for an unknown run, a step out of range o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Callable
@@ -29,12 +31,12 @@ from graphflow_durable.cli._common import (
     store_option,
     write_atomically,
 )
-from graphflow_durable.store import Store
+from graphflow_durable.store import RunRecord, Store, StoredMessage
 
 __all__ = ["COMMANDS", "EPILOG", "EXIT_CONFLICT", "add_commands", "check", "run"]
 
 #: The ``runs`` sub-commands this module answers.
-COMMANDS = ("history", "transcript", "export", "import", "fork")
+COMMANDS = ("history", "transcript", "follow", "export", "import", "fork")
 
 #: Exit code: the new run's id is taken, or the run is driven by a live process (``runs fork``); the
 #: exit-code map of :mod:`.runs` gives it for ``ConflictError`` and ``RunLockedError`` here.
@@ -51,6 +53,9 @@ EPILOG = """\
                                                  live or replayed ("discarded" when a divergence
                                                  voided it), prompt and completion tokens, time
   runs transcript RUN [--round N] [--node NODE]  the run's messages in order
+  runs follow RUN [--after SEQ]                  the run's messages (after message SEQ), then each
+                                                 new one as it is committed (like tail -f), until
+                                                 the round ends or the run parks; Ctrl+C exits 0
   runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
                                                  agent states, call records) on stdout, or in FILE
   runs import FILE [--run-id NEW]                write an exported run (FILE '-': stdin) into --store;
@@ -87,6 +92,14 @@ def add_commands(runs: click.Group, dispatch: Callable[[str, dict[str, Any]], in
     )
     command("transcript", "print a run's messages", run_arg, round_option, node_option)
     command(
+        "follow",
+        "print a run's messages as they are committed, until its round ends",
+        click.argument("run_id", metavar="RUN"),
+        click.option(
+            "--after", type=INT, default=None, metavar="SEQ", help="only the messages after seq SEQ"
+        ),
+    )
+    command(
         "export",
         "write a run as one JSON document",
         click.argument("run_id", metavar="RUN"),
@@ -115,6 +128,11 @@ def check(args: SimpleNamespace) -> None:
         check_run_id(args.run_id, option="RUN")
     if getattr(args, "new_run_id", None) is not None:
         check_run_id(args.new_run_id, option="--run-id")
+    if getattr(args, "after", None) is not None and args.after < 0:
+        raise CliError(
+            f"argument --after: {args.after} is not a message seq; give a whole number >= 0 (the task is 0)",
+            2,
+        )
 
 
 def run(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
@@ -170,12 +188,44 @@ def _calls(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> i
 
 def _transcript(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     for m in store.transcript(args.run_id, round=args.round, node=args.node):
-        if args.json:
-            out(json.dumps({"seq": m.seq, "step": m.step_seq, "published": m.published, "message": m.body}))
-            continue
-        content = m.body.get("content")
-        text = content if isinstance(content, str) else json.dumps(content)
-        out(f"[{m.seq}] {m.body.get('source')}: {text}")
+        out(_message_line(m, args.json))
+    return 0
+
+
+def _message_line(m: StoredMessage, as_json: bool) -> str:
+    """A message as ``runs transcript`` and ``runs follow`` print it."""
+    if as_json:
+        return json.dumps({"seq": m.seq, "step": m.step_seq, "published": m.published, "message": m.body})
+    content = m.body.get("content")
+    text = content if isinstance(content, str) else json.dumps(content)
+    return f"[{m.seq}] {m.body.get('source')}: {text}"
+
+
+def _follow(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
+    """Print the messages as they are committed (each line flushed by ``out``); stop at the round's
+    end, on Ctrl+C (exit 0: the user stopped watching) and once stdout's reader is gone."""
+
+    async def watch() -> RunRecord | None:
+        follow = store.follow(args.run_id, args.after)
+        try:
+            async for m in follow:
+                out(_message_line(m, args.json))
+                if getattr(sys.stdout, "reader_gone", False):  # | head -3 had what it wanted
+                    return None
+        finally:
+            await follow.aclose()
+        return follow.run
+
+    try:
+        run = asyncio.run(watch())
+    except KeyboardInterrupt:
+        return 0
+    if run is not None:
+        result = run.result if isinstance(run.result, dict) else {}
+        reason = result.get("stop_reason")
+        sys.stderr.write(
+            f"graphflow-durable: run {run.run_id} {run.status}{f': {reason}' if reason else ''}\n"
+        )
     return 0
 
 
@@ -238,6 +288,7 @@ def _said(out: Callable[[str], None], as_json: bool, run: Any, what: str) -> Non
 _COMMANDS: dict[str, Callable[[Store, SimpleNamespace, Callable[[str], None]], int]] = {
     "history": _history,
     "transcript": _transcript,
+    "follow": _follow,
     "export": _export,
     "import": _import,
     "fork": _fork,

@@ -381,6 +381,7 @@ class Store:
             rounds = {info.seq: info.round for info in self.history(run_id)}
             records = [r for r in records if rounds.get(r.step) == round]
         return records
+
     def follow(self, run_id: str, after_seq: int | None = None, *, wait: bool = True) -> Follow:
         """The run's messages with a seq greater than ``after_seq`` (all, the task's seq 0 included,
         when ``None``), in seq order, as :class:`StoredMessage` (what :meth:`transcript` returns);

@@ -9,10 +9,10 @@ the run parked ``waiting`` for a person, or it ended interrupted, failed or canc
 every follower: the run is not being driven, nothing more comes without a new attach.
 
 Waiting: on PostgreSQL every commit that moves a run's head notifies channel :data:`CHANNEL` (the
-run id as payload) from inside its transaction (``statements.HotPath``: part of the head's
-``UPDATE``, so a refused or rolled back commit notifies nobody); a feed listens on a connection of
+run id as payload) right after its transaction (``writer.CommitWriter._notify``, which says why
+not inside it: a refused or rolled back commit notifies nobody); a feed listens on a connection of
 its own, outside the pool, and falls back to polling if that connection fails (or the event loop
-cannot watch a socket). On SQLite, and as PostgreSQL's fallback, it polls with a back-off: every
+cannot watch a socket); its poll every :data:`LISTEN_POLL` catches a lost notification. On SQLite, and as PostgreSQL's fallback, it polls with a back-off: every
 50 ms while commits come (read in batches), up to 0.5 s while the run is quiet. Followers take no
 lease and write nothing.
 """

@@ -112,6 +112,8 @@ async def test_history_calls_json_writes_each_record_without_its_result(
         "kind": "model",
         "name": "gpt-test",
         "ident": "1",
+        "ordinal": 1,
+        "call_id": None,
         "fingerprint": "fp-1",
         "outcome": "live",
         "discarded": True,
@@ -120,6 +122,7 @@ async def test_history_calls_json_writes_each_record_without_its_result(
         "time": lines[2]["time"],
     }
     assert isinstance(lines[2]["time"], float)
+    assert (lines[1]["ordinal"], lines[1]["call_id"]) == (None, "call_7")
     assert [(line["kind"], line["ident"], line["outcome"]) for line in lines] == [
         ("model", "0", "live"),
         ("tool", "call_7", "live"),

@@ -395,10 +395,14 @@ class CallRecord:
 
     def as_dict(self) -> dict[str, Any]:
         """The record as ``runs history --calls --json`` writes it: every field but ``result``
-        (the recorded answer itself, possibly large), ``created_at`` as ``time``."""
+        (the recorded answer itself, possibly large), ``created_at`` as ``time``, and ``ident``
+        also spelled out as what it is: ``ordinal`` (a model call's, an int) or ``call_id`` (a
+        tool call's), the other ``None``."""
         row = asdict(self)
         del row["result"]
         row["time"] = row.pop("created_at")
+        row["ordinal"] = int(self.ident) if self.kind == "model" else None
+        row["call_id"] = self.ident if self.kind == "tool" else None
         return row
 
 

@@ -113,6 +113,22 @@ def test_a_stale_fencing_token_records_and_discards_nothing(store: Store, store_
     assert store.calls.record(call("1"), fencing_token=new).seq == 2
 
 
+def test_a_driver_of_a_deleted_and_recreated_run_records_and_discards_nothing(
+    store: Store, store_url: str
+) -> None:
+    old = start(store)
+    store.calls.record(call("0"), fencing_token=old)
+    store.delete_run("run-1", force=True)
+    new = start(store)  # the same run id again: its token is new, never one the old run had
+    assert new != old
+    with pytest.raises(LeaseLostError):
+        store.calls.record(call("1"), fencing_token=old)
+    with pytest.raises(LeaseLostError):
+        store.calls.discard_from("run-1", KEY, 1, fencing_token=old)
+    assert count_rows(store_url) == 0  # the deleted run's record went with it; the stale one never landed
+    assert store.calls.record(call("1"), fencing_token=new).seq == 1
+
+
 def test_a_record_for_an_unknown_run_is_refused(store: Store) -> None:
     with pytest.raises(RunNotFoundError, match="run nope does not exist"):
         store.calls.record(call(run_id="nope"), fencing_token=None)

@@ -15,6 +15,7 @@ import asyncio
 import copy
 import logging
 import math
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import replace as _replace
 from typing import Any
@@ -23,6 +24,8 @@ from autogen_agentchat.base import ChatAgent, TaskResult, Team, TerminationCondi
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, MessageFactory
 from autogen_agentchat.teams import DiGraph, GraphFlow
 from autogen_core import AgentRuntime, CancellationToken
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from graphflow_durable._model import graphid as _graphid
 from graphflow_durable._model.history import last_round_of
@@ -46,6 +49,7 @@ from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._runtime.team import record_calls as record_calls_of
+from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable.errors import NodeFailedError, UsageError
 from graphflow_durable.retry import (
     RetryPolicy,
@@ -140,6 +144,12 @@ class DurableGraphFlow(GraphFlow):
             agents of nested teams), so that a turn that runs again -- resumed after a crash, or
             retried -- replays the calls it already made instead of paying for them or repeating a
             tool's side effect. See README, "Recorded model and tool calls". Default ``False``.
+        tracer_provider: the OpenTelemetry tracer provider of the run's spans (one
+            ``invoke_workflow`` span per run()/run_stream(), all of a run's in one trace, across
+            processes; no message text). Default: the global one. As AutoGen's runtime, nothing is
+            recorded when ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``. Not part of the component config.
+        meter_provider: the meter provider of the ``graphflow_durable.*`` metrics (as
+            ``tracer_provider``).
 
     Raises:
         ValueError: as GraphFlow, for invalid graphs or participants.
@@ -174,6 +184,8 @@ class DurableGraphFlow(GraphFlow):
         timeout: TimeoutPolicy | float | Mapping[str, Any] | None = None,
         max_crash_attempts: int = 5,
         record_calls: bool = False,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         if (
             isinstance(max_crash_attempts, bool)
@@ -219,6 +231,7 @@ class DurableGraphFlow(GraphFlow):
             graph_description=_graphid.describe_graph(graph, [p.name for p in participants]),
             max_crash_attempts=max_crash_attempts,
         )
+        self._session.telemetry = Telemetry(tracer_provider, meter_provider)
         self._participant_map: dict[str, ChatAgent | Team] = {p.name: p for p in participants}
         self._driven = False  # this object has run (or loaded a state into) the run
         self._interrupt_grace = float(interrupt_grace_seconds)
@@ -287,8 +300,11 @@ class DurableGraphFlow(GraphFlow):
         if session.bind_to_outer_turn(self.name):
             self._driven = False  # a new outer turn: a run this object has not driven
         first_call = not self._driven
+        started_ns = time.time_ns()
         run = await session.attach()
         self._driven = True
+        await session.begin_trace(self.name, run, started_ns)
+        tasks = session.telemetry.context()  # the team's tasks run in the workflow span's trace
         renewer = asyncio.ensure_future(session.lease.keep())
         finished_cleanly = failed = abandoned = False
         error: BaseException | None = None
@@ -326,7 +342,7 @@ class DurableGraphFlow(GraphFlow):
                     # before it lets go; the manager must stop dispatching *before* that wait, or
                     # the graph runs on to its end inside the cancelled task. So the inner stream
                     # is advanced in its own task and a cancellation of ours halts first.
-                    advance = asyncio.ensure_future(inner.__anext__())
+                    advance = tasks.run(asyncio.ensure_future, inner.__anext__())
                     try:
                         item = await asyncio.shield(advance)
                     except StopAsyncIteration:
@@ -368,6 +384,7 @@ class DurableGraphFlow(GraphFlow):
                         # The abandoned turns may still end in this process: no write of theirs may
                         # land on the run another process now drives (a token no lease ever has).
                         session.abandon()
+                    await to_the_end(session.end_trace())
         if finished_cleanly and refused is not None:
             raise refused  # an answer refused for the lost lease ends the round, as when awaited
 

@@ -111,6 +111,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         300,
         "When a round ends, and why a run stops dispatching (the run's control, its log filters).",
     ),
+    "_runtime/telemetry.py": (  # new: OpenTelemetry traces and metrics of runs
+        300,
+        "What a durable run records for OpenTelemetry, through ``opentelemetry-api`` only: one s...",
+    ),
     "_runtime/team.py": (
         230,
         "The GraphFlow team as the runtime reaches into it, and the team and its stored run.",
@@ -210,8 +214,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
     ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),
     "errors.py": (600, "The exception tree of graphflow-durable."),
-    "flow.py": (  # 600 -> 700: attach_stream (a run watched from any process)
-        700,
+    "flow.py": (  # 600 -> 700: attach_stream (a run watched from any process); 750: telemetry
+        750,
         "DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes.",
     ),
     "integrity.py": (300, "Validate and repair saved GraphFlow team states -- pure functions, no I/O."),

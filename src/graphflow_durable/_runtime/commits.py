@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from graphflow_durable._agentstate.encoder import StateLog
+from graphflow_durable._model.codec import dumps
 from graphflow_durable._runtime.runlease import RunKey, RunLease
 from graphflow_durable._runtime.stops import RunControl
+from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import LeaseLostError, StoreError
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step, StepKind
@@ -59,6 +62,7 @@ class Commits:
         self.unrecorded = False  # a commit still handed over as the run ended failed (settle_at_end)
         # A failed attempt's step could not be written (see RunSession.detach): since the attach.
         self.failure_unrecorded = False
+        self.telemetry = Telemetry()  # the session's (it sets its own): what a commit reports to
 
     @property
     def created(self) -> bool:
@@ -121,6 +125,7 @@ class Commits:
         """
         driver, states_log = self._key.store._driver, self._states
         creating = self._creation is not None
+        started = time.perf_counter()
         try:
             # A run still to be created goes in the same transaction as its first commit, which the
             # writer writes under the token the creation draws there (the session learns it in
@@ -152,9 +157,28 @@ class Commits:
             if step.kind is StepKind.ATTEMPT_FAILED:
                 self.failure_unrecorded = True
             raise
+        await self._observe(messages, states, time.perf_counter() - started)
         if update is not None and update.release_lease:
             self._lease.given_up()
         return self.head
+
+    async def _observe(
+        self, messages: Sequence[MessageRecord], states: Sequence[AgentStateRecord], seconds: float
+    ) -> None:
+        """Tell the telemetry of a committed transition (sizes only, never message text); after the
+        attach's first commit, store its trace context on the run (the run exists by then)."""
+        telemetry = self.telemetry
+        if not telemetry.enabled:
+            return
+        size = sum(len(dumps(m.body)) for m in messages)
+        telemetry.committed(self.head, 1 + len(messages) + len(states), size, seconds)
+        pending = telemetry.take_pending()
+        if pending is not None:
+            driver = self._key.store._driver
+            try:
+                await asyncio.to_thread(driver.set_trace_context, self._key.run_id, pending)
+            except StoreError as exc:
+                logger.warning("run %s: storing its trace context failed (%s)", self._key.run_id, exc)
 
     async def settle(self) -> None:
         """Wait for every commit handed over (through cancellations: one is raised afterwards), set

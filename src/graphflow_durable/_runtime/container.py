@@ -15,7 +15,7 @@ failed attempt reported to the manager (:class:`GroupChatAttemptFailed`, its exc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -31,11 +31,19 @@ from autogen_agentchat.teams._group_chat._events import (
     GroupChatTeamResponse,
     SerializableException,
 )
-from autogen_core import CancellationToken, DefaultTopicId, MessageContext, event, rpc
+from autogen_core import (
+    CancellationToken,
+    DefaultTopicId,
+    MessageContext,
+    event,
+    rpc,
+    trace_invoke_agent_span,
+)
 from pydantic import BaseModel
 
 from graphflow_durable import context as _context
 from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
+from graphflow_durable._runtime.telemetry import tag_agent_span
 from graphflow_durable.context import ExecutionContext
 from graphflow_durable.errors import NodeTimeoutError
 from graphflow_durable.recorded import CallLink, recording
@@ -125,6 +133,25 @@ class Turns:
             _context._current.reset(context)
 
 
+class _Tagging:
+    """A participant agent for one unguarded turn: itself, except that its stream first gives the
+    current span (GraphFlow's container opened AutoGen's ``invoke_agent`` span around it) the
+    turn's node, step, attempt and run."""
+
+    def __init__(self, agent: ChatAgent) -> None:
+        self._agent = agent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._agent, name)
+
+    async def on_messages_stream(
+        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
+    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
+        tag_agent_span(_context.current_execution())
+        async for item in self._agent.on_messages_stream(messages, cancellation_token):
+            yield item
+
+
 def outer_run_store() -> Store | None:
     """The store of the durable run whose agent turn is running in this task, if any."""
     return _outer_store.get()
@@ -173,8 +200,15 @@ class DurableChatAgentContainer(ChatAgentContainer):
             return  # the node stays in flight: the run's next driver runs this turn
         with self._turns.running(self._agent.name):
             try:
-                if isinstance(self._agent, Team) or not self._turns.guarded(self._agent.name):
+                if isinstance(self._agent, Team):
                     await ChatAgentContainer.handle_request(self, message, ctx)
+                elif not self._turns.guarded(self._agent.name):
+                    agent = self._agent
+                    self._agent = _Tagging(agent)  # type: ignore[assignment]  # for one turn
+                    try:
+                        await ChatAgentContainer.handle_request(self, message, ctx)
+                    finally:
+                        self._agent = agent
                 elif not await self._attempt(self._agent, ctx):
                     return  # the manager records the failed attempt; the input stays for the next
             except InputPending as pending:  # the turn waits for a person: its input stays as it is
@@ -204,21 +238,26 @@ class DurableChatAgentContainer(ChatAgentContainer):
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            response: Response | None = None
-            stream = agent.on_messages_stream(self._message_buffer, token)
-            limits = self._turns.timeout.get(name)
-            async for item in within_limits(
-                stream, limits, node=name, attempt=attempt, cancellation_token=token
+            with trace_invoke_agent_span(
+                agent_name=name, agent_description=agent.description, agent_id=str(self.id)
             ):
-                if isinstance(item, Response):
-                    await self._log_message(item.chat_message)
-                    response = item
-                else:
-                    await self._log_message(item)
-            if response is None:
-                raise RuntimeError(
-                    "The agent did not produce a final response. Check the agent's on_messages_stream method."
-                )
+                # GraphFlow's container opens this span around a turn; a guarded turn is ours.
+                tag_agent_span(execution)
+                response: Response | None = None
+                stream = agent.on_messages_stream(self._message_buffer, token)
+                limits = self._turns.timeout.get(name)
+                async for item in within_limits(
+                    stream, limits, node=name, attempt=attempt, cancellation_token=token
+                ):
+                    if isinstance(item, Response):
+                        await self._log_message(item.chat_message)
+                        response = item
+                    else:
+                        await self._log_message(item)
+                if response is None:
+                    raise RuntimeError(
+                        "The agent did not produce a final response. Check the agent's on_messages_stream method."
+                    )
         except InputPending:
             raise
         except Exception as exc:

@@ -43,6 +43,7 @@ from graphflow_durable._runtime.container import Turns, outer_run_store
 from graphflow_durable._runtime.runlease import RunKey, RunLease
 from graphflow_durable._runtime.stops import RunControl, install_log_filters
 from graphflow_durable._runtime.team import TeamView
+from graphflow_durable._runtime.telemetry import Telemetry, tracing_disabled
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
@@ -134,6 +135,7 @@ class RunSession:
         self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None
         self.max_crash_attempts = max_crash_attempts
+        self.telemetry = Telemetry()  # the team gives its providers (DurableGraphFlow's arguments)
         self.releases_backoffs = False  # driven by a pool worker: a long back-off releases the run
         # What the last attach found, for the resume's budget (see take_resume_budget); and the head
         # at which it found the previous driver dead, until a commit of this driver counts it.
@@ -157,6 +159,7 @@ class RunSession:
             self.control.run_id = key.run_id
             lease = RunLease(key, self.control, lambda: commits.created)
             commits = Commits(key, lease, self.control, self.states)
+            commits.telemetry = self.telemetry
             self._lease, self._commits = lease, commits
         return self._lease, self._commits
 
@@ -301,6 +304,36 @@ class RunSession:
                 self.resumed_round = at.current_round()
         self.synced = True
         return store.get_run(self.run_id)
+
+    async def begin_trace(self, team_name: str, run: RunRecord | None, start_ns: int) -> None:
+        """Start the attach's workflow span (see :class:`Telemetry`): ``run`` is what the attach
+        returned (``None``: a new run), ``start_ns`` when the attach began."""
+        stored = None
+        if run is not None and not tracing_disabled():
+            stored = await asyncio.to_thread(self.store._driver.trace_context, self.run_id)
+        resumed = run is not None and run.status not in ENDED_STATUSES
+        self.telemetry.begin(
+            team_name,
+            self.run_id,
+            stored=stored,
+            start_ns=start_ns,
+            resumed_from_step=run.head_seq if resumed and run is not None else None,
+            took_over=self._died,
+        )
+
+    async def end_trace(self) -> None:
+        """End the attach's workflow span with the run's status as stored now."""
+        telemetry = self.telemetry
+        status = "unknown"
+        if telemetry.enabled:
+            if self.control.said_lost:
+                telemetry.lease_lost()
+            try:
+                run = await asyncio.to_thread(self.store.get_run, self.run_id)
+                status = "unknown" if run is None else run.status
+            except StoreError:
+                status = "unknown"
+        telemetry.end(status)
 
     async def detach(self, clean: bool, failed: bool, error: BaseException | None = None) -> None:
         """Record how the run ended if the manager did not (interrupted or failed, with ``error`` as

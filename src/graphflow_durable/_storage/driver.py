@@ -20,6 +20,8 @@ from contextlib import AbstractContextManager
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
+import sqlalchemy as sa
+
 from graphflow_durable._agentstate.encoder import state_row
 from graphflow_durable._model.codec import dumps
 from graphflow_durable._model.records import (
@@ -32,6 +34,7 @@ from graphflow_durable._model.records import (
     Step,
     StepKind,
 )
+from graphflow_durable._storage import schema
 from graphflow_durable._storage.checksum import add_sums
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import Heartbeat, acquire, process_identity, release, renew
@@ -400,3 +403,16 @@ class Driver:
         with self._guard(f"reading the head of run {run_id}", run_id), self._e.read.begin() as conn:
             found: Mapping[str, Any] | None = head_scheduler(conn, run_id, self._e.url)
         return found
+
+    def trace_context(self, run_id: str) -> str | None:
+        """The run's stored trace context (JSON text, see ``schema.runs``), ``None`` when it has none."""
+        runs = schema.runs
+        with self._guard(f"reading the trace context of run {run_id}", run_id), self._e.read.begin() as conn:
+            found = conn.execute(sa.select(runs.c.trace_context).where(runs.c.run_id == run_id)).scalar()
+        return None if found is None else str(found)
+
+    def set_trace_context(self, run_id: str, value: str) -> None:
+        """Store the run's trace context (telemetry only: no transition, so no fencing)."""
+        runs = schema.runs
+        with self._guard(f"storing the trace context of run {run_id}", run_id), self._e.write.begin() as conn:
+            conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(trace_context=value))

@@ -208,6 +208,12 @@ def _m0007_cancel_request(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN cancel_requested_at DOUBLE PRECISION"))
 
 
+def _m0013_trace_context(conn: Connection) -> None:
+    """Version 13: ``graphflow_runs.trace_context``, JSON ``{"root", "last"}``: the W3C trace
+    context every attach of the run is a child of, and the last attach's span (each links to it)."""
+    conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN trace_context TEXT"))
+
+
 def _m0008_input_requests(conn: Connection) -> None:
     """Version 8: ``graphflow_input_requests``, the requests for human input of runs (asked,
     answered, the deadline and its default); frozen copy."""
@@ -371,6 +377,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (10, "fencing tokens from one store-wide counter, never repeated for a run id", _m0010_fencing_tokens),
     (11, "a nested team's run records its outer run (parent_run_id)", _m0011_nested_run_parents),
     (12, "create the records of model and tool calls made inside turns", _m0012_call_records),
+    (13, "a run's trace context for OpenTelemetry (trace_context)", _m0013_trace_context),
 )
 
 #: The schema version this package writes.

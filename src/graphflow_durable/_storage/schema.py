@@ -65,6 +65,8 @@ runs = sa.Table(
     sa.Column("lease_process", sa.Text, nullable=True),
     # a cancel requested of the live driver, not yet honoured (version 7; NULL: none)
     sa.Column("cancel_requested_at", sa.Double, nullable=True),
+    # the run's trace context, JSON {"root", "last"} of W3C traceparents (version 13; NULL: none)
+    sa.Column("trace_context", sa.Text, nullable=True),
     sa.Index("graphflow_runs_status", "status"),
     sa.Index("graphflow_runs_parent", "parent_run_id"),
 )

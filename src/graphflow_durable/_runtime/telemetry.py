@@ -1,0 +1,232 @@
+"""What a durable run records for OpenTelemetry, through ``opentelemetry-api`` only: one span
+``invoke_workflow {team}`` per attach, one trace per run across processes (the run's stored trace
+context), events per commit, the attributes on AutoGen's ``invoke_agent`` span of a turn, and the
+``graphflow_durable.*`` metrics. No message text is recorded. ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``
+(AutoGen's own switch) turns all of it off.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
+from opentelemetry.trace import Link, NoOpTracerProvider, Span, SpanKind, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from graphflow_durable.context import ExecutionContext
+
+__all__ = ["DISABLE_ENV", "Telemetry", "tag_agent_span", "tracing_disabled"]
+
+#: AutoGen's switch for its runtime's tracing; it turns off everything this package records too.
+DISABLE_ENV = "AUTOGEN_DISABLE_RUNTIME_TRACING"
+_NS = "graphflow_durable"
+_SCOPE = "graphflow_durable"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def tracing_disabled() -> bool:
+    """Whether ``AUTOGEN_DISABLE_RUNTIME_TRACING`` is ``true`` (read at each attach)."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() == "true"
+
+
+def _carrier(ctx: otel_context.Context) -> str | None:
+    """The W3C ``traceparent`` of ``ctx``'s span, ``None`` when it has no valid span."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=ctx)
+    return carrier.get("traceparent")
+
+
+def _extract(traceparent: str | None) -> otel_context.Context | None:
+    if not traceparent:
+        return None
+    ctx = _PROPAGATOR.extract({"traceparent": traceparent})
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+class Telemetry:
+    """A team's tracer and meter (given, else the global ones) and the span of its current attach.
+
+    ``tracer_provider`` and ``meter_provider`` are as AutoGen's runtime takes them; they are not
+    part of the team's component config (objects, not data).
+    """
+
+    def __init__(
+        self, tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None
+    ) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.span: Span | None = None
+        self._instruments: dict[str, Any] | None = None
+        self._meter_of: MeterProvider | None = None
+        self._pending: str | None = None  # the trace context to store on the run (JSON), once
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the current attach records anything."""
+        return self.span is not None and self.span.is_recording()
+
+    def _meter(self) -> dict[str, Any]:
+        provider: MeterProvider = (
+            NoOpMeterProvider() if tracing_disabled() else self.meter_provider or metrics.get_meter_provider()
+        )
+        if self._instruments is None or provider is not self._meter_of:
+            meter = provider.get_meter(_SCOPE)
+            self._meter_of = provider
+            self._instruments = {
+                "commit": meter.create_histogram(
+                    f"{_NS}.commit.duration", unit="s", description="Time to commit one transition"
+                ),
+                "transitions": meter.create_counter(
+                    f"{_NS}.transitions", description="Transitions committed"
+                ),
+                "runs": meter.create_counter(f"{_NS}.runs", description="Attaches of runs, by status"),
+                "takeovers": meter.create_counter(
+                    f"{_NS}.lease.takeovers", description="Runs resumed after their driver died"
+                ),
+                "retries": meter.create_counter(f"{_NS}.retries", description="Failed attempts retried"),
+                "replayed": meter.create_counter(
+                    f"{_NS}.calls.replayed", description="Recorded calls replayed instead of made"
+                ),
+                "tokens": meter.create_counter(
+                    f"{_NS}.tokens.saved", description="Model tokens not paid for again (replayed calls)"
+                ),
+            }
+        return self._instruments
+
+    def begin(
+        self,
+        team_name: str,
+        run_id: str,
+        *,
+        stored: str | None,
+        start_ns: int,
+        resumed_from_step: int | None,
+        took_over: bool,
+    ) -> None:
+        """Start the attach's span (from ``start_ns``): a child of the run's stored trace context
+        (``stored``, JSON ``{"root", "last"}``) linked to the last attach's span; on the first
+        attach, a child of the caller's current span, whose context (else the span's own) becomes
+        the run's."""
+        provider: TracerProvider = (
+            NoOpTracerProvider()
+            if tracing_disabled()
+            else self.tracer_provider or trace.get_tracer_provider()
+        )
+        tracer = provider.get_tracer(_SCOPE)
+        saved: Mapping[str, Any] = {}
+        if stored:
+            try:
+                loaded = json.loads(stored)
+                saved = loaded if isinstance(loaded, Mapping) else {}
+            except ValueError:
+                saved = {}  # unreadable: this attach starts the run's trace afresh
+        root = _extract(saved.get("root"))
+        last = _extract(saved.get("last"))
+        links = [] if last is None else [Link(trace.get_current_span(last).get_span_context())]
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_workflow",
+            "gen_ai.workflow.name": team_name,
+            "gen_ai.conversation.id": run_id,
+            f"{_NS}.run_id": run_id,
+            f"{_NS}.resumed": resumed_from_step is not None,
+        }
+        if resumed_from_step is not None:
+            attributes[f"{_NS}.resumed_from_step"] = resumed_from_step
+        caller = otel_context.get_current()
+        self.span = tracer.start_span(
+            f"invoke_workflow {team_name}",
+            context=root if root is not None else caller,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            links=links,
+            start_time=start_ns,
+        )
+        self._pending = None
+        if self.span.is_recording():
+            own = _carrier(trace.set_span_in_context(self.span))
+            first = saved.get("root") if root is not None else (_carrier(caller) or own)
+            self._pending = json.dumps({"root": first, "last": own})
+            if took_over:
+                self._meter()["takeovers"].add(1)
+
+    def take_pending(self) -> str | None:
+        """The trace context to store on the run once this attach has committed (then ``None``)."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def context(self) -> contextvars.Context:
+        """A copy of the current context with the attach's span current: the tasks that run the
+        team are created in it, so AutoGen's spans of the run sit in the workflow span's trace."""
+        token = otel_context.attach(trace.set_span_in_context(self.span or trace.INVALID_SPAN))
+        try:
+            return contextvars.copy_context()
+        finally:
+            otel_context.detach(token)
+
+    def event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        """An event on the attach's span (attributes: numbers and names, never message text)."""
+        if self.span is not None:
+            self.span.add_event(f"{_NS}.{name}", dict(attributes))
+
+    def committed(self, seq: int, rows: int, size: int, seconds: float) -> None:
+        """A transition committed at ``seq``: an event, the commit duration and the count."""
+        if not self.enabled:
+            return
+        self.event("commit", {"seq": seq, "rows": rows, "bytes": size, "duration_s": seconds})
+        instruments = self._meter()
+        instruments["commit"].record(seconds)
+        instruments["transitions"].add(1)
+
+    def retried(self, node: str, attempt: int, error_type: str) -> None:
+        """A failed attempt of ``node``'s turn that runs again."""
+        if not self.enabled:
+            return
+        self.event("retry", {"node": node, "attempt": attempt, "error.type": error_type})
+        self._meter()["retries"].add(1)
+
+    def replayed(self, tokens: int) -> None:
+        """A recorded call replayed instead of made (``tokens`` its model tokens, 0 for a tool)."""
+        if not self.enabled:
+            return
+        self.event("call_replayed", {"tokens_saved": tokens})
+        instruments = self._meter()
+        instruments["replayed"].add(1)
+        instruments["tokens"].add(tokens)
+
+    def lease_lost(self) -> None:
+        """The lease was lost: another driver holds the run."""
+        self.event("lease_lost", {})
+
+    def end(self, status: str) -> None:
+        """End the attach's span with the run's ``status``; count the attach by status."""
+        span, self.span = self.span, None
+        if span is None:
+            return
+        if span.is_recording():
+            span.set_attribute(f"{_NS}.status", status)
+            self._meter()["runs"].add(1, {"status": status})
+        span.end()
+
+
+def tag_agent_span(execution: ExecutionContext | None) -> None:
+    """Give the current span (AutoGen's ``invoke_agent`` span of a turn) the turn's node, step,
+    attempt and run."""
+    if execution is None or tracing_disabled():
+        return
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attributes(
+        {
+            f"{_NS}.node": execution.node,
+            f"{_NS}.step": execution.step,
+            f"{_NS}.attempt": execution.attempt,
+            "gen_ai.conversation.id": execution.run_id,
+        }
+    )

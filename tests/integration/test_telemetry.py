@@ -1,0 +1,151 @@
+"""OpenTelemetry: one ``invoke_workflow`` span per attach, AutoGen's ``invoke_agent`` spans of the
+run in its trace with the turn's node/step/attempt, commit events, the ``graphflow_durable.*``
+metrics, no message text, and nothing at all under ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from autogen_agentchat.conditions import TextMentionTermination
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from agents import Scripted, chain, close_stores, durable
+
+_EXPORTER = InMemorySpanExporter()
+_PROVIDER = TracerProvider()
+_PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    # AutoGen's invoke_agent spans come from the global provider: the test's, set once per process.
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(_PROVIDER)
+    _EXPORTER.clear()
+    yield _EXPORTER
+    _EXPORTER.clear()
+    close_stores()
+
+
+def _metrics(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    data = reader.get_metrics_data()
+    found: dict[str, list[Any]] = {}
+    for resource in data.resource_metrics if data is not None else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found
+
+
+def _values(span: ReadableSpan) -> list[str]:
+    """Every string the span carries: attribute values and event attribute values."""
+    found = [str(v) for v in (span.attributes or {}).values()]
+    for event in span.events:
+        found += [str(v) for v in (event.attributes or {}).values()]
+    return found
+
+
+async def test_a_run_is_one_workflow_span_with_its_agent_spans_commit_events_and_metrics(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    a, b = Scripted("a"), Scripted("b")
+    team = durable(
+        [a, b],
+        chain(a, b),
+        sqlite_url,
+        "traced",
+        name="pipeline",
+        tracer_provider=_PROVIDER,
+        meter_provider=meters,
+    )
+    result = await team.run(task="the secret task text")
+
+    workflow = [s for s in spans.get_finished_spans() if s.name == "invoke_workflow pipeline"]
+    assert len(workflow) == 1
+    span = workflow[0]
+    assert span.kind is SpanKind.INTERNAL
+    attributes = dict(span.attributes or {})
+    assert attributes["gen_ai.operation.name"] == "invoke_workflow"
+    assert attributes["gen_ai.workflow.name"] == "pipeline"
+    assert attributes["gen_ai.conversation.id"] == "traced"
+    assert attributes["graphflow_durable.run_id"] == "traced"
+    assert attributes["graphflow_durable.resumed"] is False
+    assert "graphflow_durable.resumed_from_step" not in attributes
+    assert attributes["graphflow_durable.status"] == "finished"
+    commits = [e for e in span.events if e.name == "graphflow_durable.commit"]
+    assert len(commits) >= 2
+    assert {"seq", "rows", "bytes", "duration_s"} <= set(commits[0].attributes or {})
+
+    agents = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent ")]
+    by_node = {dict(s.attributes or {}).get("graphflow_durable.node"): s for s in agents}
+    assert set(by_node) >= {"a", "b"}
+    dispatching = {node: step.seq for step in team.history() for node in step.dispatched}
+    for node in ("a", "b"):
+        agent_attributes = dict(by_node[node].attributes or {})
+        assert by_node[node].context.trace_id == span.context.trace_id
+        assert agent_attributes["graphflow_durable.attempt"] == 1
+        assert agent_attributes["graphflow_durable.step"] == dispatching[node]
+        assert agent_attributes["gen_ai.conversation.id"] == "traced"
+
+    # No message text on the package's spans (the task's and the agents' replies).
+    texts = ["the secret task text", *(m.content for m in result.messages if isinstance(m.content, str))]
+    for value in _values(span):
+        assert not any(t in value for t in texts)
+
+    metrics = _metrics(reader)
+    assert sum(p.value for p in metrics["graphflow_durable.transitions"]) == len(commits)
+    assert sum(p.count for p in metrics["graphflow_durable.commit.duration"]) == len(commits)
+    assert [dict(p.attributes) for p in metrics["graphflow_durable.runs"]] == [{"status": "finished"}]
+
+
+async def test_a_second_attach_joins_the_runs_trace_with_a_link_to_the_first(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    a, b = Scripted("a", says=["STOP"]), Scripted("b")
+    team = durable([a, b], chain(a, b), sqlite_url, "twice", TextMentionTermination("STOP"), name="pipe")
+    caller = _PROVIDER.get_tracer("test")
+    with caller.start_as_current_span("caller") as outer:
+        await team.run(task="go")
+    second = durable([Scripted("a"), Scripted("b")], chain(a, b), sqlite_url, "twice", name="pipe")
+    await second.run()
+    first_span, second_span = [s for s in spans.get_finished_spans() if s.name == "invoke_workflow pipe"]
+    assert first_span.parent is not None and first_span.parent.span_id == outer.get_span_context().span_id
+    assert second_span.context.trace_id == outer.get_span_context().trace_id
+    assert second_span.parent is not None and second_span.parent.span_id == outer.get_span_context().span_id
+    assert [link.context.span_id for link in second_span.links] == [first_span.context.span_id]
+
+
+async def test_tracing_disabled_by_autogens_switch_records_nothing(
+    sqlite_url: str, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")
+    reader = InMemoryMetricReader()
+    a, b = Scripted("a"), Scripted("b")
+    team = durable(
+        [a, b],
+        chain(a, b),
+        sqlite_url,
+        "dark",
+        name="pipe",
+        tracer_provider=_PROVIDER,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    await team.run(task="go")
+    ours = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name.startswith("invoke_workflow")
+        or any(k.startswith("graphflow_durable.") for k in s.attributes or {})
+    ]
+    assert ours == []
+    assert _metrics(reader) == {}

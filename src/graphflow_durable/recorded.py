@@ -108,6 +108,9 @@ class CallLink(Protocol):
 
     def fail(self, exc: BaseException) -> None: ...
 
+    def replayed(self, tokens: int) -> None:
+        """A recorded call was replayed instead of made (``tokens``: its model tokens; telemetry)."""
+
 
 class _TurnCalls:
     """One attempt of one turn's recorded calls, shared by every wrapper the turn calls through:
@@ -205,6 +208,8 @@ class _TurnCalls:
         identity = (ctx.run_id, self.key, ctx.node, ctx.step, ctx.attempt, kind, name, ident)
         record = CallRecord(*identity, fingerprint, outcome, result, prompt, completion, time.time())
         await self._fenced(self.link.store.calls.record, record)
+        if result is None:
+            self.link.replayed((prompt or 0) + (completion or 0))
 
 
 class _Scope:

@@ -504,6 +504,9 @@ class _Link:
         self.store = store
         self.fencing_token = 0
 
+    def replayed(self, tokens: int) -> None:
+        """Telemetry of a replayed call: none here."""
+
 
 def test_recorded_wrappers_round_trip_as_components_with_the_inner_nested() -> None:
     inner = ReplayChatCompletionClient(["one", "two"])

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from agents import Scripted, chain, close_stores, durable
+from graphflow_durable import RetryPolicy
 
 _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()
@@ -149,3 +150,32 @@ async def test_tracing_disabled_by_autogens_switch_records_nothing(
     ]
     assert ours == []
     assert _metrics(reader) == {}
+
+
+async def test_a_retried_turn_counts_its_retry_and_the_calls_and_tokens_its_replay_saved(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    from integration.test_recorded_calls import Ran, assistant, team_of
+
+    reader = InMemoryMetricReader()
+    agent = assistant([], Ran(), crash_on=2, error=ConnectionError)  # fails once, after two calls
+    team = team_of(
+        agent,
+        sqlite_url,
+        retry=RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False),
+        tracer_provider=_PROVIDER,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    try:
+        await team.run(task="go")
+    finally:
+        team.store.close()
+    metrics = _metrics(reader)
+    assert sum(p.value for p in metrics["graphflow_durable.retries"]) == 1
+    assert sum(p.value for p in metrics["graphflow_durable.calls.replayed"]) == 4  # two model, two tool
+    assert sum(p.value for p in metrics["graphflow_durable.tokens.saved"]) > 0
+    (workflow,) = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_workflow ")]
+    names = [e.name for e in workflow.events]
+    assert names.count("graphflow_durable.retry") == 1
+    assert names.count("graphflow_durable.call_replayed") == 4
+    assert dict(workflow.attributes or {})["graphflow_durable.round"] == 1

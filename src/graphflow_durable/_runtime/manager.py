@@ -55,6 +55,7 @@ from graphflow_durable._runtime.commits import Commits
 from graphflow_durable._runtime.container import GroupChatAttemptFailed, Turns, answer_delta
 from graphflow_durable._runtime.gate import GroupChatInputPending
 from graphflow_durable._runtime.stops import RoundStops, RunControl
+from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import NodeFailedError, NodeTimeoutError, StateFormatError
 from graphflow_durable.retry import NodeRetryEvent, delay, is_retryable
@@ -83,6 +84,7 @@ class ManagerLink(Protocol):
     max_crash_attempts: int
     releases_backoffs: bool
     """Driven by a pool worker: a back-off of :data:`RELEASE_BACKOFF` seconds or more releases the run."""
+    telemetry: Telemetry
 
     @property
     def commits(self) -> Commits: ...
@@ -241,6 +243,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             "error": message.error,
             "elapsed": round(message.elapsed, 3),
         }
+        self._link.telemetry.attempt_failed(name, message.attempt, message.error_type, retry)
         if policy is None or not retry:
             await self._exhausted(name, used, message, exc, data)
             return

@@ -331,9 +331,15 @@ class RunSession:
             try:
                 run = await asyncio.to_thread(self.store.get_run, self.run_id)
                 status = "unknown" if run is None else run.status
+                if run is not None:
+                    telemetry.round(await asyncio.to_thread(self.store._driver.rounds, self.run_id))
             except StoreError:
                 status = "unknown"
         telemetry.end(status)
+
+    def replayed(self, tokens: int) -> None:
+        """A recorded call of a turn was replayed instead of made (``tokens``: its model tokens)."""
+        self.telemetry.replayed(tokens)
 
     async def detach(self, clean: bool, failed: bool, error: BaseException | None = None) -> None:
         """Record how the run ended if the manager did not (interrupted or failed, with ``error`` as
@@ -429,6 +435,7 @@ class RunSession:
         again at once; the next attach restores the team from the store (a waiting turn's agent may
         have changed its state before it asked)."""
         self.forget()
+        self.telemetry.event("park", {"requests": len(request_ids)})
         wake = self.store.requests.wake_if_answered
         if await asyncio.to_thread(wake, self.run_id, request_ids, fencing_token=self.fencing_token):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)

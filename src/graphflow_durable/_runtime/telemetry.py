@@ -183,13 +183,6 @@ class Telemetry:
         instruments["commit"].record(seconds)
         instruments["transitions"].add(1)
 
-    def retried(self, node: str, attempt: int, error_type: str) -> None:
-        """A failed attempt of ``node``'s turn that runs again."""
-        if not self.enabled:
-            return
-        self.event("retry", {"node": node, "attempt": attempt, "error.type": error_type})
-        self._meter()["retries"].add(1)
-
     def replayed(self, tokens: int) -> None:
         """A recorded call replayed instead of made (``tokens`` its model tokens, 0 for a tool)."""
         if not self.enabled:
@@ -198,6 +191,22 @@ class Telemetry:
         instruments = self._meter()
         instruments["replayed"].add(1)
         instruments["tokens"].add(tokens)
+
+    def attempt_failed(self, node: str, attempt: int, error_type: str, retried: bool) -> None:
+        """An attempt of ``node``'s turn failed (a ``timeout`` event when it timed out); ``retried``:
+        it runs again (a ``retry`` event, counted)."""
+        if not self.enabled:
+            return
+        if error_type == "NodeTimeoutError":
+            self.event("timeout", {"node": node, "attempt": attempt})
+        if retried:
+            self.event("retry", {"node": node, "attempt": attempt, "error.type": error_type})
+            self._meter()["retries"].add(1)
+
+    def round(self, number: int) -> None:
+        """The run's round at the end of the attach (``graphflow_durable.round``)."""
+        if self.span is not None:
+            self.span.set_attribute(f"{_NS}.round", number)
 
     def lease_lost(self) -> None:
         """The lease was lost: another driver holds the run."""

@@ -411,6 +411,15 @@ class Driver:
             found = conn.execute(sa.select(runs.c.trace_context).where(runs.c.run_id == run_id)).scalar()
         return None if found is None else str(found)
 
+    def rounds(self, run_id: str) -> int:
+        """How many rounds the run has begun (its ``start`` steps)."""
+        steps = schema.steps
+        query = sa.select(sa.func.count()).where(
+            steps.c.run_id == run_id, steps.c.kind == StepKind.START.value
+        )
+        with self._guard(f"counting the rounds of run {run_id}", run_id), self._e.read.begin() as conn:
+            return int(conn.execute(query).scalar_one())
+
     def set_trace_context(self, run_id: str, value: str) -> None:
         """Store the run's trace context (telemetry only: no transition, so no fencing)."""
         runs = schema.runs

@@ -53,3 +53,7 @@ def test_a_run_killed_and_resumed_in_another_process_is_one_trace_with_a_link(tm
     assert all(s["attributes"]["gen_ai.conversation.id"] == RUN for s in agents)
     retried = [s["attributes"] for s in agents if s["attributes"]["graphflow_durable.attempt"] == 2]
     assert retried, "the turn the kill interrupted runs again as attempt 2"
+    (totals,) = [r["totals"] for r in _spans(log, "metrics")]  # the resumed process's
+    assert totals["graphflow_durable.lease.takeovers"] == 1
+    assert totals["graphflow_durable.runs"] == 1
+    assert totals["graphflow_durable.transitions"] >= 1

@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -53,8 +55,26 @@ class SpanLog(SpanProcessor):
         self._write("end", span)
 
 
+def log_metrics(path: str, reader: InMemoryMetricReader) -> None:
+    """The process's metric totals (sums of each metric's points), one JSON line."""
+    data = reader.get_metrics_data()
+    totals: dict[str, float] = {}
+    for resource in data.resource_metrics if data is not None else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    totals[metric.name] = totals.get(metric.name, 0) + getattr(point, "value", 0)
+    with Path(path).open("a", encoding="utf-8") as out:
+        out.write(json.dumps({"phase": "metrics", "pid": os.getpid(), "totals": totals}) + "\n")
+
+
 if __name__ == "__main__":
+    path = os.environ["GFD_SPAN_LOG"]
     provider = TracerProvider()
-    provider.add_span_processor(SpanLog(os.environ["GFD_SPAN_LOG"]))
+    provider.add_span_processor(SpanLog(path))
     trace.set_tracer_provider(provider)
-    sys.exit(asyncio.run(worker.main(sys.argv[1:])))
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    code = asyncio.run(worker.main(sys.argv[1:]))
+    log_metrics(path, reader)
+    sys.exit(code)

@@ -162,8 +162,11 @@ class Telemetry:
 
     def context(self) -> contextvars.Context:
         """A copy of the current context with the attach's span current: the tasks that run the
-        team are created in it, so AutoGen's spans of the run sit in the workflow span's trace."""
-        token = otel_context.attach(trace.set_span_in_context(self.span or trace.INVALID_SPAN))
+        team are created in it, so AutoGen's spans of the run sit in the workflow span's trace.
+        Recording nothing, the current context as it is (AutoGen's spans keep the caller's)."""
+        if self.span is None or not self.span.is_recording():
+            return contextvars.copy_context()
+        token = otel_context.attach(trace.set_span_in_context(self.span))
         try:
             return contextvars.copy_context()
         finally:

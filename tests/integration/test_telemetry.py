@@ -110,14 +110,14 @@ async def test_a_run_is_one_workflow_span_with_its_agent_spans_commit_events_and
 
 
 async def test_a_second_attach_joins_the_runs_trace_with_a_link_to_the_first(
-    sqlite_url: str, spans: InMemorySpanExporter
+    store_url: str, spans: InMemorySpanExporter
 ) -> None:
     a, b = Scripted("a", says=["STOP"]), Scripted("b")
-    team = durable([a, b], chain(a, b), sqlite_url, "twice", TextMentionTermination("STOP"), name="pipe")
+    team = durable([a, b], chain(a, b), store_url, "twice", TextMentionTermination("STOP"), name="pipe")
     caller = _PROVIDER.get_tracer("test")
     with caller.start_as_current_span("caller") as outer:
         await team.run(task="go")
-    second = durable([Scripted("a"), Scripted("b")], chain(a, b), sqlite_url, "twice", name="pipe")
+    second = durable([Scripted("a"), Scripted("b")], chain(a, b), store_url, "twice", name="pipe")
     await second.run()
     first_span, second_span = [s for s in spans.get_finished_spans() if s.name == "invoke_workflow pipe"]
     assert first_span.parent is not None and first_span.parent.span_id == outer.get_span_context().span_id

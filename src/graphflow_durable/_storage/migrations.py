@@ -208,12 +208,6 @@ def _m0007_cancel_request(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN cancel_requested_at DOUBLE PRECISION"))
 
 
-def _m0013_trace_context(conn: Connection) -> None:
-    """Version 13: ``graphflow_runs.trace_context``, JSON ``{"root", "last"}``: the W3C trace
-    context every attach of the run is a child of, and the last attach's span (each links to it)."""
-    conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN trace_context TEXT"))
-
-
 def _m0008_input_requests(conn: Connection) -> None:
     """Version 8: ``graphflow_input_requests``, the requests for human input of runs (asked,
     answered, the deadline and its default); frozen copy."""
@@ -356,6 +350,12 @@ def _m0012_call_records(conn: Connection) -> None:
         sa.Column("checksum", sa.BigInteger, nullable=False),
         sa.Index("graphflow_call_records_turn", "run_id", "turn_key"),
     ).create(conn)
+
+
+def _m0013_trace_context(conn: Connection) -> None:
+    """Version 13: ``graphflow_runs.trace_context``, JSON ``{"root", "last"}``: the W3C trace
+    context every attach of the run is a child of, and the last attach's span (each links to it)."""
+    conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN trace_context TEXT"))
 
 
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Sequence
@@ -98,6 +99,8 @@ class Commits:
         request = self._creation
         assert request is not None
         self._creation = None
+        if self.telemetry.enabled:  # the run's trace context, in the transaction that creates it
+            request = dataclasses.replace(request, trace_context=self.telemetry.take_pending())
         self._creating = self._key.store._driver.submit_create_run(request)
         self._unsettled.append((0, self._creating))
 

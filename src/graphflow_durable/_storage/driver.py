@@ -73,7 +73,8 @@ class CommitRequest:
 class CreateRequest:
     """A new run ``run_id`` (status ``running``), leased to ``owner`` for ``lease_seconds``: at head
     0, or at head 1 with ``first_step`` and ``agent_states``. ``host``/``pid`` identify the owner's
-    process (default: this process). ``parent_run_id``: the outer run of a nested team's run."""
+    process (default: this process). ``parent_run_id``: the outer run of a nested team's run.
+    ``trace_context``: the run's OpenTelemetry trace context (JSON, see ``schema.runs``), if any."""
 
     run_id: str
     _: KW_ONLY
@@ -86,6 +87,7 @@ class CreateRequest:
     pid: int | None = None
     first_step: Step | None = None
     agent_states: Sequence[AgentState] = ()
+    trace_context: str | None = None
 
 
 def _state_rows(agent_states: Sequence[AgentState]) -> list[AgentStateRow]:
@@ -116,6 +118,7 @@ def encode_creation(request: CreateRequest, now: float) -> CreateParams:
         "parent_run_id": request.parent_run_id,  # the outer run of a nested team's run (or None)
         "created_at": now,
         "updated_at": now,
+        "trace_context": request.trace_context,
         "p_now": now,
         "p_seconds": request.lease_seconds,
     }

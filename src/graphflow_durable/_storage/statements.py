@@ -215,7 +215,7 @@ INSERT_RUN = sa.insert(runs)
 NEW_RUN_COLUMNS = (
     "run_id", "graph_fingerprint", "graph", "status", "head_seq", "message_count", "task", "result",
     "lease_owner", "lease_host", "lease_pid", "lease_process", "fencing_token", "parent_run_id",
-    "created_at", "updated_at",
+    "created_at", "updated_at", "trace_context",
 )  # fmt: skip
 INSERT_STEP = sa.insert(steps)
 INSERT_MESSAGE = sa.insert(messages)

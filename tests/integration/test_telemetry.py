@@ -179,3 +179,13 @@ async def test_a_retried_turn_counts_its_retry_and_the_calls_and_tokens_its_repl
     assert names.count("graphflow_durable.retry") == 1
     assert names.count("graphflow_durable.call_replayed") == 4
     assert dict(workflow.attributes or {})["graphflow_durable.round"] == 1
+
+
+def test_the_providers_are_not_part_of_the_component_config(sqlite_url: str) -> None:
+    a, b = Scripted("a"), Scripted("b")
+    team = durable(
+        [a, b], chain(a, b), sqlite_url, "config", tracer_provider=_PROVIDER, meter_provider=MeterProvider()
+    )
+    config = team.dump_component().config
+    assert not any("provider" in key for key in config)
+    close_stores()

@@ -189,3 +189,16 @@ def test_the_providers_are_not_part_of_the_component_config(sqlite_url: str) -> 
     config = team.dump_component().config
     assert not any("provider" in key for key in config)
     close_stores()
+
+
+async def test_a_submitted_runs_drive_joins_the_trace_of_the_submit_call(
+    store_url: str, spans: InMemorySpanExporter
+) -> None:
+    a, b = Scripted("a"), Scripted("b")
+    team = durable([a, b], chain(a, b), store_url, "submitted", name="pipe")
+    with _PROVIDER.get_tracer("test").start_as_current_span("submit") as submit:
+        team.store.queue.submit("submitted", task="go", team=None)
+    await team.run(task="go")  # as a worker's drive of the claimed run (outside the submit's span)
+    (workflow,) = [s for s in spans.get_finished_spans() if s.name == "invoke_workflow pipe"]
+    assert workflow.context.trace_id == submit.get_span_context().trace_id
+    assert workflow.parent is not None and workflow.parent.span_id == submit.get_span_context().span_id

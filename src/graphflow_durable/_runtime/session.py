@@ -20,6 +20,7 @@ assigns the session's fields; its parts report to the control, never back to the
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -309,8 +310,12 @@ class RunSession:
         """Start the attach's workflow span (see :class:`Telemetry`): ``run`` is what the attach
         returned (``None``: a new run), ``start_ns`` when the attach began."""
         stored = None
+        driver = self.store._driver
         if run is not None and not tracing_disabled():
-            stored = await asyncio.to_thread(self.store._driver.trace_context, self.run_id)
+            stored = await asyncio.to_thread(driver.trace_context, self.run_id)
+        elif run is None and not tracing_disabled():  # a new run: submitted to a pool, its submit's trace
+            submitted = await asyncio.to_thread(driver.submitted_trace_context, self.run_id)
+            stored = None if submitted is None else json.dumps({"root": submitted})
         resumed = run is not None and run.status not in ENDED_STATUSES
         self.telemetry.begin(
             team_name,

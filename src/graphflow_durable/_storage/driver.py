@@ -414,6 +414,13 @@ class Driver:
             found = conn.execute(sa.select(runs.c.trace_context).where(runs.c.run_id == run_id)).scalar()
         return None if found is None else str(found)
 
+    def submitted_trace_context(self, run_id: str) -> str | None:
+        """The ``traceparent`` of the call that submitted the run to the pool, if any."""
+        queue = schema.queue
+        with self._guard(f"reading the submission of run {run_id}", run_id), self._e.read.begin() as conn:
+            found = conn.execute(sa.select(queue.c.trace_context).where(queue.c.run_id == run_id)).scalar()
+        return None if found is None else str(found)
+
     def rounds(self, run_id: str) -> int:
         """How many rounds the run has begun (its ``start`` steps)."""
         steps = schema.steps

@@ -354,8 +354,10 @@ def _m0012_call_records(conn: Connection) -> None:
 
 def _m0013_trace_context(conn: Connection) -> None:
     """Version 13: ``graphflow_runs.trace_context``, JSON ``{"root", "last"}``: the W3C trace
-    context every attach of the run is a child of, and the last attach's span (each links to it)."""
+    context every attach of the run is a child of, and the last attach's span (each links to it);
+    ``graphflow_queue.trace_context``: the ``traceparent`` of the call that submitted the run."""
     conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN trace_context TEXT"))
+    conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN trace_context TEXT"))
 
 
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
@@ -377,7 +379,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (10, "fencing tokens from one store-wide counter, never repeated for a run id", _m0010_fencing_tokens),
     (11, "a nested team's run records its outer run (parent_run_id)", _m0011_nested_run_parents),
     (12, "create the records of model and tool calls made inside turns", _m0012_call_records),
-    (13, "a run's trace context for OpenTelemetry (trace_context)", _m0013_trace_context),
+    (13, "a run's and a submission's trace context for OpenTelemetry", _m0013_trace_context),
 )
 
 #: The schema version this package writes.

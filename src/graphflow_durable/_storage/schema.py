@@ -152,6 +152,8 @@ queue = sa.Table(
     sa.Column("claim_token", sa.BigInteger, nullable=False),  # from the counter too (version 10)
     sa.Column("created_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+    # the submitting call's W3C traceparent, the run's trace (version 13; NULL: none)
+    sa.Column("trace_context", sa.Text, nullable=True),
     sa.Index("graphflow_queue_status", "status", "created_at"),
     sa.Index("graphflow_queue_team", "team"),
 )

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from sqlalchemy.engine import RowMapping
 
 from graphflow_durable._model.codec import dumps, loads
@@ -248,6 +249,16 @@ def claimable_submissions(
 _QUEUE_NULLS = ("not_before", "last_error", "claimed_by", "claim_host", "claim_pid", "claim_expires_at")
 
 
+def _caller_traceparent() -> str | None:
+    """The W3C ``traceparent`` of the submitting caller's current span: the run's trace, which the
+    worker's drive joins (``None``: no span, or tracing off by AutoGen's switch)."""
+    if os.environ.get("AUTOGEN_DISABLE_RUNTIME_TRACING", "").strip().lower() == "true":
+        return None
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier.get("traceparent")
+
+
 class WorkQueue:
     """Submit, claim, release and fail runs of a worker pool: ``store.queue``.
 
@@ -310,7 +321,8 @@ class WorkQueue:
                         "created_at": now,
                         "updated_at": now,
                     }
-                    conn.execute(sa.insert(queue).values(values))
+                    traced = {"trace_context": _caller_traceparent()}
+                    conn.execute(sa.insert(queue).values({**values, **traced}))
                     return submission({**values, **dict.fromkeys(_QUEUE_NULLS)})
             except StoreError as exc:
                 if not isinstance(exc.__cause__, sa.exc.IntegrityError):

@@ -179,7 +179,9 @@ class Commits:
         if pending is not None:
             driver = self._key.store._driver
             try:
-                await asyncio.to_thread(driver.set_trace_context, self._key.run_id, pending)
+                await asyncio.to_thread(
+                    driver.set_trace_context, self._key.run_id, pending, self._lease.token
+                )
             except StoreError as exc:
                 logger.warning("run %s: storing its trace context failed (%s)", self._key.run_id, exc)
 

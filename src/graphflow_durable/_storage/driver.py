@@ -430,8 +430,10 @@ class Driver:
         with self._guard(f"counting the rounds of run {run_id}", run_id), self._e.read.begin() as conn:
             return int(conn.execute(query).scalar_one())
 
-    def set_trace_context(self, run_id: str, value: str) -> None:
-        """Store the run's trace context (telemetry only: no transition, so no fencing)."""
+    def set_trace_context(self, run_id: str, value: str, fencing_token: int) -> None:
+        """Store the run's trace context if ``fencing_token`` still holds the run (a stale driver's
+        spans are not the run's last)."""
         runs = schema.runs
+        held = sa.and_(runs.c.run_id == run_id, runs.c.fencing_token == fencing_token)
         with self._guard(f"storing the trace context of run {run_id}", run_id), self._e.write.begin() as conn:
-            conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(trace_context=value))
+            conn.execute(sa.update(runs).where(held).values(trace_context=value))

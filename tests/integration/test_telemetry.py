@@ -202,3 +202,20 @@ async def test_a_submitted_runs_drive_joins_the_trace_of_the_submit_call(
     (workflow,) = [s for s in spans.get_finished_spans() if s.name == "invoke_workflow pipe"]
     assert workflow.context.trace_id == submit.get_span_context().trace_id
     assert workflow.parent is not None and workflow.parent.span_id == submit.get_span_context().span_id
+
+
+async def test_agent_spans_go_to_the_teams_own_tracer_provider_tagged_under_the_workflow_span(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    own = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(own))
+    a, b = Scripted("a"), Scripted("b")
+    team = durable([a, b], chain(a, b), sqlite_url, "own", name="pipe", tracer_provider=provider)
+    await team.run(task="go")
+    (workflow,) = [s for s in own.get_finished_spans() if s.name == "invoke_workflow pipe"]
+    agents = [s for s in own.get_finished_spans() if s.name.startswith("invoke_agent ")]
+    assert sorted(dict(s.attributes or {})["graphflow_durable.node"] for s in agents) == ["a", "b"]
+    for agent in agents:
+        assert agent.parent is not None and agent.context.trace_id == workflow.context.trace_id
+    assert not [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent ")]

@@ -6,16 +6,18 @@ The manager dispatches a node's turn and records its :class:`~graphflow_durable.
 :class:`Turns`; the node's container runs the agent inside :meth:`Turns.running`, which makes that
 context (and the run's store, for a nested durable team) visible to the agent's code.
 
-Under a node's retry or timeout policy (:class:`Turns` holds them) the container runs each attempt
-itself: the agent's stream through ``retry.within_limits`` on the turn's own child token, and a
-failed attempt reported to the manager (:class:`GroupChatAttemptFailed`, its exception kept in
-:class:`Turns`) instead of ending the run. With no policy, the turn is GraphFlow's, unchanged.
+The container runs each attempt of an agent's turn itself, as GraphFlow's container does, inside
+AutoGen's ``invoke_agent`` span (on the team's tracer provider, given the turn's node, step,
+attempt and run): the agent's stream through ``retry.within_limits`` on the turn's own child token.
+Under a node's retry or timeout policy (:class:`Turns` holds them) a failed attempt is reported to
+the manager (:class:`GroupChatAttemptFailed`, its exception kept in :class:`Turns`) instead of
+ending the run; with no policy, it ends the run as in GraphFlow. A nested team's turn is GraphFlow's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -39,6 +41,7 @@ from autogen_core import (
     rpc,
     trace_invoke_agent_span,
 )
+from opentelemetry.trace import Tracer
 from pydantic import BaseModel
 
 from graphflow_durable import context as _context
@@ -77,16 +80,13 @@ class Turns:
         self._errors: dict[str, BaseException] = {}
         self.retry: dict[str, RetryPolicy | None] = {}
         self.timeout: dict[str, TimeoutPolicy | None] = {}
+        self.tracer: Tracer | None = None  # of the turns' invoke_agent spans (the team's provider)
 
     def policies(
         self, retry: Mapping[str, RetryPolicy | None], timeout: Mapping[str, TimeoutPolicy | None]
     ) -> None:
         """Each node's retry and timeout policy (``retry_policies`` / ``timeout_policies``)."""
         self.retry, self.timeout = dict(retry), dict(timeout)
-
-    def guarded(self, node: str) -> bool:
-        """Whether ``node``'s turns run under a policy (else exactly as GraphFlow runs them)."""
-        return self.retry.get(node) is not None or self.timeout.get(node) is not None
 
     def failed_with(self, node: str, exc: BaseException) -> None:
         """An attempt of ``node``'s turn raised ``exc`` (kept, so that the run's error chains it)."""
@@ -131,25 +131,6 @@ class Turns:
         finally:
             _outer_store.reset(store)
             _context._current.reset(context)
-
-
-class _Tagging:
-    """A participant agent for one unguarded turn: itself, except that its stream first gives the
-    current span (GraphFlow's container opened AutoGen's ``invoke_agent`` span around it) the
-    turn's node, step, attempt and run."""
-
-    def __init__(self, agent: ChatAgent) -> None:
-        self._agent = agent
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._agent, name)
-
-    async def on_messages_stream(
-        self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken
-    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | Response, None]:
-        tag_agent_span(_context.current_execution())
-        async for item in self._agent.on_messages_stream(messages, cancellation_token):
-            yield item
 
 
 def outer_run_store() -> Store | None:
@@ -202,13 +183,6 @@ class DurableChatAgentContainer(ChatAgentContainer):
             try:
                 if isinstance(self._agent, Team):
                     await ChatAgentContainer.handle_request(self, message, ctx)
-                elif not self._turns.guarded(self._agent.name):
-                    agent = self._agent
-                    self._agent = _Tagging(agent)  # type: ignore[assignment]  # for one turn
-                    try:
-                        await ChatAgentContainer.handle_request(self, message, ctx)
-                    finally:
-                        self._agent = agent
                 elif not await self._attempt(self._agent, ctx):
                     return  # the manager records the failed attempt; the input stays for the next
             except InputPending as pending:  # the turn waits for a person: its input stays as it is
@@ -226,7 +200,7 @@ class DurableChatAgentContainer(ChatAgentContainer):
 
     async def _attempt(self, agent: ChatAgent, ctx: MessageContext) -> bool:
         """One attempt of the agent's turn under its node's policies (ChatAgentContainer's turn, with
-        the time limits on its own token): whether it answered. An exception the retry logic takes
+        the time limits, if any, on its own token): whether it answered. An exception the retry logic takes
         (any under a retry policy, a timeout under a timeout policy) goes to the manager as
         :class:`GroupChatAttemptFailed`; any other takes GraphFlow's path (the run fails)."""
         name = agent.name
@@ -239,10 +213,12 @@ class DurableChatAgentContainer(ChatAgentContainer):
         started = loop.time()
         try:
             with trace_invoke_agent_span(
-                agent_name=name, agent_description=agent.description, agent_id=str(self.id)
+                agent_name=name,
+                agent_description=agent.description,
+                agent_id=str(self.id),
+                tracer=self._turns.tracer,
             ):
-                # GraphFlow's container opens this span around a turn; a guarded turn is ours.
-                tag_agent_span(execution)
+                tag_agent_span(execution)  # the span GraphFlow's container opens, with the turn's ids
                 response: Response | None = None
                 stream = agent.on_messages_stream(self._message_buffer, token)
                 limits = self._turns.timeout.get(name)

@@ -317,6 +317,7 @@ class RunSession:
             submitted = await asyncio.to_thread(driver.submitted_trace_context, self.run_id)
             stored = None if submitted is None else json.dumps({"root": submitted})
         resumed = run is not None and run.status not in ENDED_STATUSES
+        self.turns.tracer = self.telemetry.agent_tracer()
         self.telemetry.begin(
             team_name,
             self.run_id,

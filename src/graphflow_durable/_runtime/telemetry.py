@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
-from opentelemetry.trace import Link, NoOpTracerProvider, Span, SpanKind, TracerProvider
+from opentelemetry.trace import Link, NoOpTracerProvider, Span, SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from graphflow_durable.context import ExecutionContext
@@ -154,6 +154,14 @@ class Telemetry:
             self._pending = json.dumps({"root": first, "last": own})
             if took_over:
                 self._meter()["takeovers"].add(1)
+
+    def agent_tracer(self) -> Tracer | None:
+        """The tracer of AutoGen's ``invoke_agent`` spans of the team's turns: AutoGen's scope on the
+        team's provider, so that they reach the exporter the workflow span reaches (``None``: the
+        global provider, or tracing off -- AutoGen's own default then)."""
+        if self.tracer_provider is None or tracing_disabled():
+            return None
+        return self.tracer_provider.get_tracer("autogen-core")
 
     def take_pending(self) -> str | None:
         """The trace context to store on the run once this attach has committed (then ``None``)."""

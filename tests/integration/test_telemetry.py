@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from agents import Scripted, chain, close_stores, durable
-from graphflow_durable import RetryPolicy
+from agents import Scripted, chain, close_stores, durable, hanging
+from graphflow_durable import RetryPolicy, TimeoutPolicy
 
 _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()
@@ -219,3 +219,52 @@ async def test_agent_spans_go_to_the_teams_own_tracer_provider_tagged_under_the_
     for agent in agents:
         assert agent.parent is not None and agent.context.trace_id == workflow.context.trace_id
     assert not [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent ")]
+
+
+async def test_a_park_and_the_answer_given_later_are_events_in_the_runs_one_trace(
+    store_url: str, spans: InMemorySpanExporter
+) -> None:
+    from integration.test_flow_human_input import one
+
+    first = one(store_url, "parked", human_input="wait", tracer_provider=_PROVIDER)
+    waiting = await first.run(task="go")
+    assert waiting.stop_reason is not None and waiting.stop_reason.startswith("waiting for input")
+    first.store.respond("parked", "the secret answer text")
+    second = one(store_url, "parked", human_input="wait", tracer_provider=_PROVIDER)
+    await second.run()
+    parked, answered = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_workflow ")]
+    (park,) = [e for e in parked.events if e.name == "graphflow_durable.park"]
+    assert dict(park.attributes or {})["request_ids"] == ("H/3",)
+    assert dict(parked.attributes or {})["graphflow_durable.status"] == "waiting"
+    (answer,) = [e for e in answered.events if e.name == "graphflow_durable.answer"]
+    attributes = dict(answer.attributes or {})
+    assert attributes["node"] == "H" and attributes["answered_by"] == "respond"
+    assert attributes["request_id"] == "H/3" and attributes["waited_s"] >= 0
+    assert answered.context.trace_id == parked.context.trace_id
+    assert not any("secret answer" in v for v in _values(answered) + _values(parked))
+    close_stores()
+
+
+async def test_a_timed_out_attempt_is_a_timeout_event_then_a_retry_event(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    agents = [Scripted(n, before=hanging(1) if n == "b" else None) for n in "ab"]
+    retry = RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False)
+    team = durable(
+        agents,
+        chain(*agents),
+        sqlite_url,
+        "slow",
+        name="pipe",
+        retry=retry,
+        timeout=TimeoutPolicy(idle_timeout=0.3),
+    )
+    await team.run(task="go")
+    (workflow,) = [s for s in spans.get_finished_spans() if s.name == "invoke_workflow pipe"]
+    events = [
+        (e.name, dict(e.attributes or {})) for e in workflow.events if e.name != "graphflow_durable.commit"
+    ]
+    assert events == [
+        ("graphflow_durable.timeout", {"node": "b", "attempt": 1}),
+        ("graphflow_durable.retry", {"node": "b", "attempt": 1, "error.type": "NodeTimeoutError"}),
+    ]

@@ -65,6 +65,9 @@ class GateLink(CallLink, Protocol):
 
     nested: bool
 
+    def answer_used(self, request: InputRequest) -> None:
+        """A turn takes ``request``'s answer (telemetry: who answered, how long it waited)."""
+
 
 class HumanGate:
     """The team's input-function interception: settings per node, the turn's request counters."""
@@ -156,6 +159,7 @@ class HumanGate:
                     node,
                     rid,
                 )
+            self._session.answer_used(found)
             return found.answer
         if found.deadline is not None and time.time() >= found.deadline:
             return await self._late(found, token)
@@ -189,6 +193,7 @@ class HumanGate:
                 fencing_token=token,
             )
             logger.warning("run %s: request %s passed its deadline: the default answer is taken", run_id, rid)
+            self._session.answer_used(replace(request, answered_by="default", answered_at=time.time()))
             return request.default
         except NotWaitingError:  # answered meanwhile: that answer wins
             found = await asyncio.to_thread(store.requests.get, run_id, rid)

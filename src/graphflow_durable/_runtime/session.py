@@ -56,7 +56,15 @@ from graphflow_durable.errors import (
     StoreError,
 )
 from graphflow_durable.scheduler import GraphSpec, initial
-from graphflow_durable.store import ENDED_STATUSES, RunRecord, RunUpdate, Step, StepKind, Store
+from graphflow_durable.store import (
+    ENDED_STATUSES,
+    InputRequest,
+    RunRecord,
+    RunUpdate,
+    Step,
+    StepKind,
+    Store,
+)
 
 __all__ = ["RunSession"]
 
@@ -343,6 +351,11 @@ class RunSession:
                 status = "unknown"
         telemetry.end(status)
 
+    def answer_used(self, request: InputRequest) -> None:
+        """A turn takes ``request``'s answer: an ``answer`` event (never the answer's text)."""
+        waited = None if request.answered_at is None else request.answered_at - request.created_at
+        self.telemetry.answered(request.node, request.request_id, request.answered_by, waited)
+
     def replayed(self, tokens: int) -> None:
         """A recorded call of a turn was replayed instead of made (``tokens``: its model tokens)."""
         self.telemetry.replayed(tokens)
@@ -441,7 +454,7 @@ class RunSession:
         again at once; the next attach restores the team from the store (a waiting turn's agent may
         have changed its state before it asked)."""
         self.forget()
-        self.telemetry.event("park", {"requests": len(request_ids)})
+        self.telemetry.event("park", {"requests": len(request_ids), "request_ids": list(request_ids)})
         wake = self.store.requests.wake_if_answered
         if await asyncio.to_thread(wake, self.run_id, request_ids, fencing_token=self.fencing_token):
             logger.info("run %s: answered while it parked; it is ready to resume", self.run_id)

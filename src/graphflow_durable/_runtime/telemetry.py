@@ -214,6 +214,14 @@ class Telemetry:
             self.event("retry", {"node": node, "attempt": attempt, "error.type": error_type})
             self._meter()["retries"].add(1)
 
+    def answered(self, node: str, request_id: str, by: str | None, waited: float | None) -> None:
+        """A turn takes the answer to ``request_id`` (``by``: respond, inline or default; ``waited``:
+        seconds from the question to the answer): an ``answer`` event."""
+        attributes: dict[str, Any] = {"node": node, "request_id": request_id, "answered_by": by or ""}
+        if waited is not None:
+            attributes["waited_s"] = round(waited, 3)
+        self.event("answer", attributes)
+
     def round(self, number: int) -> None:
         """The run's round at the end of the attach (``graphflow_durable.round``)."""
         if self.span is not None:

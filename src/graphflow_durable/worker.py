@@ -46,6 +46,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Literal, Protocol
 
+from opentelemetry.metrics import MeterProvider
+
+from graphflow_durable._runtime.telemetry import PoolMetrics
 from graphflow_durable._storage.urls import safe_url
 from graphflow_durable.errors import (
     ConflictError,
@@ -410,6 +413,10 @@ class Worker:
             a database error the worker claims nothing for the same growing back-off (reset by
             the next successful claim).
         owner: this worker's id (default ``host:pid:random``).
+        meter_provider: the meter provider of the pool's metrics, ``graphflow_durable.queue.depth``
+            (the items claimable now, observed when a reader collects) and
+            ``graphflow_durable.queue.claim.latency`` (default: the global one; nothing under
+            ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``). A run's own metrics come from its team's.
 
     Raises:
         UsageError: (a ``ValueError``) neither or both of ``factories`` and ``team`` were given, or
@@ -433,6 +440,7 @@ class Worker:
         backoff_seconds: float = 1.0,
         max_backoff_seconds: float = 300.0,
         owner: str | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         if (factories is None) == (team is None):
             raise UsageError(
@@ -467,6 +475,7 @@ class Worker:
         self._driving: set[str] = set()
         self._database = _DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
         self._driver = _RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
+        self._metrics = PoolMetrics(meter_provider, self.owner, self._depth)
         if isinstance(store, str):
             try:
                 self._store = Store(store)
@@ -582,6 +591,15 @@ class Worker:
             self._database.back()
         return self._store
 
+    def _depth(self) -> int | None:
+        """The items this worker could claim now (the metrics reader's thread), ``None`` unknown."""
+        store = self._store
+        try:
+            return None if store is None else store.queue.depth(self.teams)
+        except StoreError as exc:
+            _log.debug("worker %s: counting the claimable work failed: %s", self.owner, exc)
+            return None
+
     async def _loop(self, *, until_idle: bool) -> None:
         self._wake = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
@@ -608,6 +626,7 @@ class Worker:
                     if claim is None:
                         break
                     claimed = True
+                    self._metrics.claimed(claim.claimable_since)
                     self._driving.add(claim.run_id)
                     tasks.add(asyncio.ensure_future(self._drive(claim)))
                 if until_idle and not tasks and not claimed and not paused:
@@ -625,6 +644,7 @@ class Worker:
             await _drain(tasks, self._wake, self._grace, lambda: self._halting)
             _log.info("worker %s: stopped", self.owner)
             if self._own_store and self._store is not None:
+                self._metrics.running = False
                 self._store.close()
 
     def _factory(self, claim: Claim) -> TeamFactory:

@@ -4,7 +4,9 @@ metrics, no message text, and nothing at all under ``AUTOGEN_DISABLE_RUNTIME_TRA
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from agents import Scripted, chain, close_stores, durable, hanging
-from graphflow_durable import RetryPolicy, TimeoutPolicy
+from graphflow_durable import RetryPolicy, Store, TimeoutPolicy, Worker
 
 _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()
@@ -268,3 +270,40 @@ async def test_a_timed_out_attempt_is_a_timeout_event_then_a_retry_event(
         ("graphflow_durable.timeout", {"node": "b", "attempt": 1}),
         ("graphflow_durable.retry", {"node": "b", "attempt": 1, "error.type": "NodeTimeoutError"}),
     ]
+
+
+async def test_a_pool_reports_its_queue_depth_and_the_latency_of_each_claim(store: Store) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
+    from poolteam import team
+
+    for i in range(3):
+        store.queue.submit(f"r{i}", task=f"task {i}", team="t")
+    store.queue.submit("other", task="x", team="not-mine")
+    reader = InMemoryMetricReader()
+    worker = Worker(
+        store, {"t": team}, poll_interval=0.01, meter_provider=MeterProvider(metric_readers=[reader])
+    )
+    assert [(p.value, dict(p.attributes)) for p in _metrics(reader)["graphflow_durable.queue.depth"]] == [
+        (3, {"worker": worker.owner})
+    ]
+    await worker.run_until_idle()
+    metrics = _metrics(reader)
+    assert [p.value for p in metrics["graphflow_durable.queue.depth"]] == [0]
+    (latency,) = metrics["graphflow_durable.queue.claim.latency"]
+    assert latency.count == 3 and latency.min >= 0
+
+
+async def test_a_pool_records_no_metrics_with_tracing_disabled(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
+    from poolteam import team
+
+    monkeypatch.setenv("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")
+    store.queue.submit("r", task="task", team="t")
+    reader = InMemoryMetricReader()
+    worker = Worker(
+        store, {"t": team}, poll_interval=0.01, meter_provider=MeterProvider(metric_readers=[reader])
+    )
+    await worker.run_until_idle()
+    assert _metrics(reader) == {}

@@ -111,8 +111,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         300,
         "When a round ends, and why a run stops dispatching (the run's control, its log filters).",
     ),
-    "_runtime/telemetry.py": (  # new: OpenTelemetry traces and metrics of runs
-        300,
+    "_runtime/telemetry.py": (  # new: OpenTelemetry traces and metrics of runs; 350: a pool's, content
+        350,
         "What a durable run records for OpenTelemetry, through ``opentelemetry-api`` only: one s...",
     ),
     "_runtime/team.py": (
@@ -179,8 +179,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         450,
         "Store URLs: the package's options in the query, the driver's options, and the URL to wr...",
     ),
-    "_storage/workqueue.py": (
-        600,
+    "_storage/workqueue.py": (  # 600 -> 650: the queue's depth and when an item became claimable
+        650,
         "The worker-pool queue: ``store.queue``, its value objects and the statements of its claim.",
     ),
     "_storage/writer.py": (
@@ -229,8 +229,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
     ),
     "scheduler.py": (450, "GraphFlow's scheduling rules as pure functions over a plain, serialisable state."),
     "store.py": (800, "The run store: the only code that runs SQL. It knows nothing of AutoGen beyond JSON."),
-    "worker.py": (
-        650,
+    "worker.py": (  # 650 -> 700: the pool's metrics (queue depth, claim latency)
+        700,
         "A worker that claims runs from a store and drives them to completion; run several for a...",
     ),
 }

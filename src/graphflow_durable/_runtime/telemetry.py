@@ -10,18 +10,19 @@ from __future__ import annotations
 import contextvars
 import json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
+from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 from opentelemetry.trace import Link, NoOpTracerProvider, Span, SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from graphflow_durable.context import ExecutionContext
 
-__all__ = ["DISABLE_ENV", "Telemetry", "tag_agent_span", "tracing_disabled"]
+__all__ = ["DISABLE_ENV", "PoolMetrics", "Telemetry", "tag_agent_span", "tracing_disabled"]
 
 #: AutoGen's switch for its runtime's tracing; it turns off everything this package records too.
 DISABLE_ENV = "AUTOGEN_DISABLE_RUNTIME_TRACING"
@@ -258,3 +259,35 @@ def tag_agent_span(execution: ExecutionContext | None) -> None:
             "gen_ai.conversation.id": execution.run_id,
         }
     )
+
+
+class PoolMetrics:
+    """A worker's metrics: ``graphflow_durable.queue.claim.latency`` (histogram, seconds from when
+    an item became claimable to its claim) and ``graphflow_durable.queue.depth`` (observable gauge:
+    the items claimable now, counted by ``depth`` only when a reader collects, until the worker
+    closes its store; attribute ``worker``). Nothing under ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``."""
+
+    def __init__(self, provider: MeterProvider | None, worker: str, depth: Callable[[], int | None]) -> None:
+        self._worker = {"worker": worker}
+        self._depth = depth
+        self.running = True  # the worker closed its store: its gauge reports nothing any more
+        meter = None if tracing_disabled() else (provider or metrics.get_meter_provider()).get_meter(_SCOPE)
+        self._latency = None
+        if meter is not None:
+            self._latency = meter.create_histogram(
+                f"{_NS}.queue.claim.latency", unit="s", description="From claimable to claimed"
+            )
+            meter.create_observable_gauge(
+                f"{_NS}.queue.depth", callbacks=[self._observe], description="Items claimable now"
+            )
+
+    def claimed(self, claimable_since: float | None) -> None:
+        """A worker claimed an item claimable since ``claimable_since`` (epoch seconds)."""
+        if self._latency is not None and claimable_since is not None and not tracing_disabled():
+            self._latency.record(max(time.time() - claimable_since, 0.0), self._worker)
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        if not self.running or tracing_disabled():
+            return []
+        found = self._depth()
+        return [] if found is None else [Observation(found, self._worker)]

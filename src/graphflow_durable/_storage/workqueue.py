@@ -89,6 +89,8 @@ class Claim:
         reason: why it was claimable: ``"submitted"``, ``"free"``, ``"expired"`` or
             ``"holder process N on this host is gone"``.
         attempts: how many times workers failed this run before.
+        claimable_since: when it became claimable (epoch seconds, by the database's clock): its
+            submission, the end of its retry back-off, or the end of its previous holder's lease.
     """
 
     run_id: str
@@ -101,6 +103,7 @@ class Claim:
     status: str | None
     reason: str
     attempts: int
+    claimable_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,24 @@ def _due(now: float) -> sa.ColumnElement[bool]:
     return sa.or_(_Q.not_before.is_(None), _Q.not_before <= now)
 
 
+def _runs_claimable(
+    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float, skip: Sequence[str] = ()
+) -> tuple[sa.ColumnElement[bool], ...]:
+    takeable = sa.or_(
+        _R.lease_owner.is_(None),
+        _R.lease_expires_at.is_(None),
+        _R.lease_expires_at < DB_NOW,
+        sa.and_(_R.lease_host == host, _R.lease_pid.in_(list(dead_pids))),
+    )
+    return (
+        _unfinished(now),
+        takeable,
+        _R.run_id.not_in(list(skip)) if skip else sa.true(),
+        _due(now),
+        _team_filter(teams),
+    )
+
+
 def claimable_runs(
     *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float, skip: Sequence[str] = ()
 ) -> sa.Select[Any]:
@@ -195,40 +216,29 @@ def claimable_runs(
     since the claim draws a new fencing token that fences that driver off. ``skip`` lists the runs
     the claimant still drives.
     """
-    takeable = sa.or_(
-        _R.lease_owner.is_(None),
-        _R.lease_expires_at.is_(None),
-        _R.lease_expires_at < DB_NOW,
-        sa.and_(_R.lease_host == host, _R.lease_pid.in_(list(dead_pids))),
-    )
     return (
         sa.select(
             DB_NOW.label("db_now"),
             _R.run_id,
             _R.status,
+            _R.updated_at,
             *LEASE_COLUMNS,
             _Q.team,
             _Q.task,
+            _Q.not_before,
             sa.func.coalesce(_Q.attempts, 0).label("attempts"),
         )
         .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
-        .where(
-            _unfinished(now),
-            takeable,
-            _R.run_id.not_in(list(skip)) if skip else sa.true(),
-            _due(now),
-            _team_filter(teams),
-        )
+        .where(*_runs_claimable(teams=teams, host=host, dead_pids=dead_pids, now=now, skip=skip))
         .order_by(_R.updated_at, _R.run_id)
         .limit(1)
         .with_for_update(of=runs, skip_locked=True)
     )
 
 
-def claimable_submissions(
+def _submissions_claimable(
     *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
-) -> sa.Select[Any]:
-    """The oldest submission whose run does not exist yet and whose claim is free, expired or dead."""
+) -> tuple[sa.ColumnElement[bool], ...]:
     takeable = sa.or_(
         _Q.claimed_by.is_(None),
         _Q.claim_expires_at.is_(None),
@@ -236,13 +246,26 @@ def claimable_submissions(
         sa.and_(_Q.claim_host == host, _Q.claim_pid.in_(list(dead_pids))),
     )
     no_run = ~sa.exists().where(_R.run_id == _Q.run_id)
+    return (no_run, takeable, _due(now), _team_filter(teams))
+
+
+def claimable_submissions(
+    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
+) -> sa.Select[Any]:
+    """The oldest submission whose run does not exist yet and whose claim is free, expired or dead."""
     return (
         sa.select(queue, DB_NOW.label("db_now"))
-        .where(no_run, takeable, _due(now), _team_filter(teams))
+        .where(*_submissions_claimable(teams=teams, host=host, dead_pids=dead_pids, now=now))
         .order_by(_Q.created_at, _Q.run_id)
         .limit(1)
         .with_for_update(of=queue, skip_locked=True)
     )
+
+
+def _claimable_since(*times: float | None, now: float) -> float:
+    """When an item became claimable: the latest of ``times`` (its submission, the end of its
+    back-off, of the previous holder's lease), never after ``now`` (a dead holder's lease)."""
+    return min(max((t for t in times if t is not None), default=now), now)
 
 
 #: Queue columns a new submission leaves NULL.
@@ -419,6 +442,11 @@ class WorkQueue:
             status=row.status,
             reason="free" if row.lease_owner is None else reason,
             attempts=int(row.attempts),
+            claimable_since=_claimable_since(
+                row.not_before,
+                row.updated_at if row.lease_owner is None else row.lease_expires_at,
+                now=float(row.db_now),
+            ),
         )
 
     def _claim_submission(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
@@ -448,7 +476,29 @@ class WorkQueue:
             status=None,
             reason="submitted" if row["claimed_by"] is None else "the previous claim expired or died",
             attempts=int(row["attempts"]),
+            claimable_since=_claimable_since(
+                row["created_at"],
+                row["not_before"],
+                None if row["claimed_by"] is None else row["claim_expires_at"],
+                now=float(row["db_now"]),
+            ),
         )
+
+    def depth(self, teams: Sequence[str] | None = None) -> int:
+        """How many items a worker of ``teams`` (``None``: any) could claim now: unfinished runs whose
+        lease is free or expired and submissions not claimed, past their back-off (a lease held by a
+        dead process counts once it expires)."""
+        now = time.time()
+        here = socket.gethostname()
+        run_items = _runs_claimable(teams=teams, host=here, dead_pids=(), now=now)
+        submitted = _submissions_claimable(teams=teams, host=here, dead_pids=(), now=now)
+        count_runs = sa.select(sa.func.count()).select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
+        with self._guard("counting the claimable work"), self._e.read.begin() as conn:
+            found = conn.execute(count_runs.where(*run_items), {"p_now": now}).scalar_one()
+            found += conn.execute(
+                sa.select(sa.func.count()).select_from(queue).where(*submitted), {"p_now": now}
+            ).scalar_one()
+        return int(found)
 
     def release_claim(self, claim: Claim) -> bool:
         """Give back what :meth:`claim` took, if it is still held with the claim's token.

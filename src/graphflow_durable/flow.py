@@ -312,6 +312,7 @@ class DurableGraphFlow(GraphFlow):
             result, messages = await _opening(
                 session, run, messages, first_call, self._message_factory.create
             )
+            session.telemetry.task(messages or [])
             if result is not None:  # a finished or parked run, or a re-run script's ended round
                 if session.nested and first_call:  # see below: the outer turn hears its round again
                     ended = await asyncio.to_thread(session.last_round)

@@ -4,6 +4,7 @@ metrics, no message text, and nothing at all under ``AUTOGEN_DISABLE_RUNTIME_TRA
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -307,3 +308,42 @@ async def test_a_pool_records_no_metrics_with_tracing_disabled(
     )
     await worker.run_until_idle()
     assert _metrics(reader) == {}
+
+
+async def _texts_on_spans(url: str, run_id: str) -> tuple[list[ReadableSpan], list[str]]:
+    """Run a -> b with its own exporter: every span, and the task's and the agents' texts."""
+    own = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(own))
+    a, b = Scripted("a"), Scripted("b")
+    team = durable([a, b], chain(a, b), url, run_id, name="pipe", tracer_provider=provider)
+    result = await team.run(task="the secret task text")
+    replies = [m.to_text() for m in result.messages if m.source in ("a", "b")]
+    assert len(replies) == 2
+    return list(own.get_finished_spans()), ["the secret task text", *replies]
+
+
+async def test_no_span_or_event_carries_message_text_by_default(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    recorded, texts = await _texts_on_spans(sqlite_url, "quiet")
+    assert {s.name for s in recorded} >= {"invoke_workflow pipe", "invoke_agent a", "invoke_agent b"}
+    # The package's spans and the ones it tags; AutoGen's runtime spans ("autogen process ...", on
+    # the global provider) carry message payloads: AutoGen's business (its switch turns them off).
+    for span in [*recorded, *spans.get_finished_spans()]:
+        if span.name.startswith(("invoke_workflow ", "invoke_agent ")):
+            assert not [v for v in _values(span) if any(t in v for t in texts)], span.name
+
+
+async def test_message_content_is_on_the_spans_when_the_genai_opt_in_is_set(
+    sqlite_url: str, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    recorded, (task, a_said, b_said) = await _texts_on_spans(sqlite_url, "loud")
+    by_name = {s.name: dict(s.attributes or {}) for s in recorded}
+    assert json.loads(str(by_name["invoke_workflow pipe"]["gen_ai.input.messages"])) == [
+        {"role": "user", "name": "user", "parts": [{"type": "text", "content": task}]}
+    ]
+    (a_output,) = json.loads(str(by_name["invoke_agent a"]["gen_ai.output.messages"]))
+    assert a_output["parts"] == [{"type": "text", "content": a_said}] and a_output["name"] == "a"
+    assert b_said in str(by_name["invoke_agent b"]["gen_ai.output.messages"])

@@ -46,7 +46,7 @@ from pydantic import BaseModel
 
 from graphflow_durable import context as _context
 from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
-from graphflow_durable._runtime.telemetry import tag_agent_span
+from graphflow_durable._runtime.telemetry import record_output, tag_agent_span
 from graphflow_durable.context import ExecutionContext
 from graphflow_durable.errors import NodeTimeoutError
 from graphflow_durable.recorded import CallLink, recording
@@ -234,6 +234,7 @@ class DurableChatAgentContainer(ChatAgentContainer):
                     raise RuntimeError(
                         "The agent did not produce a final response. Check the agent's on_messages_stream method."
                     )
+                record_output(response.chat_message)  # its text only when the user opted in
         except InputPending:
             raise
         except Exception as exc:

@@ -11,7 +11,7 @@ import contextvars
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -22,10 +22,20 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from graphflow_durable.context import ExecutionContext
 
-__all__ = ["DISABLE_ENV", "PoolMetrics", "Telemetry", "tag_agent_span", "tracing_disabled"]
+__all__ = [
+    "CONTENT_ENV",
+    "DISABLE_ENV",
+    "PoolMetrics",
+    "Telemetry",
+    "record_output",
+    "tag_agent_span",
+    "tracing_disabled",
+]
 
 #: AutoGen's switch for its runtime's tracing; it turns off everything this package records too.
 DISABLE_ENV = "AUTOGEN_DISABLE_RUNTIME_TRACING"
+#: The GenAI semantic conventions' opt-in to message content on spans: off unless ``true``.
+CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _NS = "graphflow_durable"
 _SCOPE = "graphflow_durable"
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -34,6 +44,20 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 def tracing_disabled() -> bool:
     """Whether ``AUTOGEN_DISABLE_RUNTIME_TRACING`` is ``true`` (read at each attach)."""
     return os.environ.get(DISABLE_ENV, "").strip().lower() == "true"
+
+
+def _capture_content() -> bool:
+    return os.environ.get(CONTENT_ENV, "").strip().lower() == "true"
+
+
+def _messages(role: str, messages: Sequence[Any]) -> str:
+    """Messages as the GenAI conventions' ``gen_ai.*.messages`` JSON (text parts only)."""
+    return json.dumps(
+        [
+            {"role": role, "name": m.source, "parts": [{"type": "text", "content": m.to_text()}]}
+            for m in messages
+        ]
+    )
 
 
 def _carrier(ctx: otel_context.Context) -> str | None:
@@ -164,6 +188,13 @@ class Telemetry:
             return None
         return self.tracer_provider.get_tracer("autogen-core")
 
+    def task(self, messages: Sequence[Any]) -> None:
+        """The attach's task messages: ``gen_ai.input.messages`` on its span, only when message
+        content is opted in (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``)."""
+        if self.enabled and messages and _capture_content():
+            assert self.span is not None
+            self.span.set_attribute("gen_ai.input.messages", _messages("user", messages))
+
     def take_pending(self) -> str | None:
         """The trace context to store on the run once this attach has committed (then ``None``)."""
         pending, self._pending = self._pending, None
@@ -259,6 +290,16 @@ def tag_agent_span(execution: ExecutionContext | None) -> None:
             "gen_ai.conversation.id": execution.run_id,
         }
     )
+
+
+def record_output(message: Any) -> None:
+    """A turn's answer (an AutoGen chat message): ``gen_ai.output.messages`` on the current span
+    (AutoGen's ``invoke_agent`` span of the turn), only when message content is opted in."""
+    if tracing_disabled() or not _capture_content():
+        return
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute("gen_ai.output.messages", _messages("assistant", [message]))
 
 
 class PoolMetrics:

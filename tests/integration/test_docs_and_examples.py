@@ -115,3 +115,29 @@ def test_recorded_calls_example_resumes_a_killed_turn_paying_only_for_the_calls_
     assert "issue_refund: done" in second
     assert "model calls made: worker 1: 2, worker 2: 1 (worker 2 replayed 2 from the store" in done.stdout
     assert "lookup_order ran 1 time(s)" in done.stdout and "issue_refund ran 1 time(s)" in done.stdout
+
+
+def test_observe_example_follows_a_worker_driven_run_and_prints_one_trace_tree() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "observe.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    followed, tree = done.stdout.split("== trace ")
+    seqs = [line.split("]")[0] for line in followed.splitlines() if line.startswith("[")]
+    assert seqs == ["[0", "[1", "[2", "[3", "[4"]
+    assert "== round over: Digraph execution is complete" in followed
+    lines = tree.splitlines()
+    assert lines[0].endswith(": 1 trace(s)") and lines[1] == "submit"
+    assert lines[2].startswith("  invoke_workflow report  status=finished resumed=False")
+    agents = sorted(line.split("  ")[2] for line in lines[3:])
+    assert agents == [
+        "invoke_agent critique",
+        "invoke_agent plan",
+        "invoke_agent research",
+        "invoke_agent write",
+    ]
+    assert all(" attempt=1" in line and " step=" in line for line in lines[3:])

@@ -2,12 +2,15 @@
 
 Usage::
 
-    python benchmarks/cpu_ratio.py SHAPE N REPEATS [--policy]
+    python benchmarks/cpu_ratio.py SHAPE N REPEATS [--policy] [--tracing]
     PYTHONPATH=/tmp/pre/src python benchmarks/cpu_ratio.py loop 200 5   # an older tree
 
 Runs the case (100 B messages) as plain ``GraphFlow`` and as ``DurableGraphFlow`` on SQLite with
 ``synchronous=NORMAL`` (and, with ``--policy`` on a tree that has them, with ``harness.POLICY`` set:
-retry and timeout on every node, never triggered), alternated ``REPEATS`` times in this process.
+retry and timeout on every node, never triggered; with ``--tracing``, with an OpenTelemetry SDK
+tracer and meter provider that export nothing, so every span, event and metric is recorded and
+dropped: the cost of tracing on, against the default global no-op providers of the plain durable
+row), alternated ``REPEATS`` times in this process.
 Prints one JSON line: per configuration the median CPU time (``time.process_time``: every thread
 of the process, so the store's writer too) and wall time per transition, and their ratios. CPU
 time is less disturbed than wall time by other processes sharing the cores; run the two trees
@@ -40,6 +43,11 @@ async def once(case: Case, config: str, work: Path) -> tuple[float, float]:
     if config != "plain":
         store = Store(f"sqlite:///{work / (uuid.uuid4().hex + '.db')}", synchronous="NORMAL")
         options = POLICY if config.endswith("+policy") else {}
+        if config.endswith("+tracing"):
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.trace import TracerProvider
+
+            options = {"tracer_provider": TracerProvider(), "meter_provider": MeterProvider()}
     team = build_team(case, durable=store, run_id=uuid.uuid4().hex, **options)
     gc.collect()
     cpu, wall = time.process_time(), time.perf_counter()
@@ -57,6 +65,8 @@ async def main(argv: list[str]) -> None:
     configs = ["plain", "sqlite-normal"]
     if "--policy" in argv and has_policies():
         configs.append("sqlite-normal+policy")
+    if "--tracing" in argv:
+        configs.append("sqlite-normal+tracing")
     cpu: dict[str, list[float]] = {c: [] for c in configs}
     wall: dict[str, list[float]] = {c: [] for c in configs}
     work = Path(tempfile.mkdtemp(prefix="gfd-cpu-"))
@@ -71,7 +81,7 @@ async def main(argv: list[str]) -> None:
     for c in configs[1:]:
         for what in ("cpu", "wall"):
             out[c][f"{what}_x_plain"] = out[c][f"{what}_ms"] / out["plain"][f"{what}_ms"]
-            if c.endswith("+policy"):
+            if c.endswith(("+policy", "+tracing")):
                 out[c][f"{what}_x_normal"] = out[c][f"{what}_ms"] / out["sqlite-normal"][f"{what}_ms"]
     sys.stdout.write(json.dumps(out) + "\n")
 

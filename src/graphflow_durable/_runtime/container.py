@@ -8,7 +8,8 @@ context (and the run's store, for a nested durable team) visible to the agent's 
 
 The container runs each attempt of an agent's turn itself, as GraphFlow's container does, inside
 AutoGen's ``invoke_agent`` span (on the team's tracer provider, given the turn's node, step,
-attempt and run): the agent's stream through ``retry.within_limits`` on the turn's own child token.
+attempt and run): the agent's stream through ``retry.within_limits`` (on the turn's own child
+token under a time limit).
 Under a node's retry or timeout policy (:class:`Turns` holds them) a failed attempt is reported to
 the manager (:class:`GroupChatAttemptFailed`, its exception kept in :class:`Turns`) instead of
 ending the run; with no policy, it ends the run as in GraphFlow. A nested team's turn is GraphFlow's.
@@ -206,9 +207,11 @@ class DurableChatAgentContainer(ChatAgentContainer):
         name = agent.name
         execution = _context.current_execution()
         attempt = execution.attempt if execution is not None else 1
-        # The turn's own token: cancelling the delivered one would stop the batch's sibling turns.
-        token = CancellationToken()
-        ctx.cancellation_token.add_callback(token.cancel)
+        limits = self._turns.timeout.get(name)
+        token = ctx.cancellation_token  # GraphFlow's, unless a time limit may cancel the turn:
+        if limits is not None:  # its own then, as cancelling this one stops the sibling turns
+            token = CancellationToken()
+            ctx.cancellation_token.add_callback(token.cancel)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
@@ -221,7 +224,6 @@ class DurableChatAgentContainer(ChatAgentContainer):
                 tag_agent_span(execution)  # the span GraphFlow's container opens, with the turn's ids
                 response: Response | None = None
                 stream = agent.on_messages_stream(self._message_buffer, token)
-                limits = self._turns.timeout.get(name)
                 async for item in within_limits(
                     stream, limits, node=name, attempt=attempt, cancellation_token=token
                 ):

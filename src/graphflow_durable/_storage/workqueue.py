@@ -187,18 +187,27 @@ def _due(now: float) -> sa.ColumnElement[bool]:
     return sa.or_(_Q.not_before.is_(None), _Q.not_before <= now)
 
 
+def _takeable(
+    holder: Sequence[sa.Column[Any]], host: str, dead_pids: Sequence[int]
+) -> sa.ColumnElement[bool]:
+    """A lease or claim (its ``holder`` columns: owner, expiry, host, pid) that is free, expired,
+    or held by a dead process of ``host``."""
+    owner, expires, holder_host, holder_pid = holder
+    return sa.or_(
+        owner.is_(None),
+        expires.is_(None),
+        expires < DB_NOW,
+        sa.and_(holder_host == host, holder_pid.in_(list(dead_pids))),
+    )
+
+
 def _runs_claimable(
     *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float, skip: Sequence[str] = ()
 ) -> tuple[sa.ColumnElement[bool], ...]:
-    takeable = sa.or_(
-        _R.lease_owner.is_(None),
-        _R.lease_expires_at.is_(None),
-        _R.lease_expires_at < DB_NOW,
-        sa.and_(_R.lease_host == host, _R.lease_pid.in_(list(dead_pids))),
-    )
+    holder = (_R.lease_owner, _R.lease_expires_at, _R.lease_host, _R.lease_pid)
     return (
         _unfinished(now),
-        takeable,
+        _takeable(holder, host, dead_pids),
         _R.run_id.not_in(list(skip)) if skip else sa.true(),
         _due(now),
         _team_filter(teams),
@@ -239,14 +248,9 @@ def claimable_runs(
 def _submissions_claimable(
     *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
 ) -> tuple[sa.ColumnElement[bool], ...]:
-    takeable = sa.or_(
-        _Q.claimed_by.is_(None),
-        _Q.claim_expires_at.is_(None),
-        _Q.claim_expires_at < DB_NOW,
-        sa.and_(_Q.claim_host == host, _Q.claim_pid.in_(list(dead_pids))),
-    )
+    holder = (_Q.claimed_by, _Q.claim_expires_at, _Q.claim_host, _Q.claim_pid)
     no_run = ~sa.exists().where(_R.run_id == _Q.run_id)
-    return (no_run, takeable, _due(now), _team_filter(teams))
+    return (no_run, _takeable(holder, host, dead_pids), _due(now), _team_filter(teams))
 
 
 def claimable_submissions(

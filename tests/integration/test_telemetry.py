@@ -4,8 +4,10 @@ metrics, no message text, and nothing at all under ``AUTOGEN_DISABLE_RUNTIME_TRA
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,9 @@ from opentelemetry.trace import SpanKind
 
 from agents import Scripted, chain, close_stores, durable, hanging
 from graphflow_durable import RetryPolicy, Store, TimeoutPolicy, Worker
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
+from poolteam import team as pool_team
 
 _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()
@@ -274,15 +279,12 @@ async def test_a_timed_out_attempt_is_a_timeout_event_then_a_retry_event(
 
 
 async def test_a_pool_reports_its_queue_depth_and_the_latency_of_each_claim(store: Store) -> None:
-    sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
-    from poolteam import team
-
     for i in range(3):
         store.queue.submit(f"r{i}", task=f"task {i}", team="t")
     store.queue.submit("other", task="x", team="not-mine")
     reader = InMemoryMetricReader()
     worker = Worker(
-        store, {"t": team}, poll_interval=0.01, meter_provider=MeterProvider(metric_readers=[reader])
+        store, {"t": pool_team}, poll_interval=0.01, meter_provider=MeterProvider(metric_readers=[reader])
     )
     assert [(p.value, dict(p.attributes)) for p in _metrics(reader)["graphflow_durable.queue.depth"]] == [
         (3, {"worker": worker.owner})
@@ -297,14 +299,11 @@ async def test_a_pool_reports_its_queue_depth_and_the_latency_of_each_claim(stor
 async def test_a_pool_records_no_metrics_with_tracing_disabled(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
-    from poolteam import team
-
     monkeypatch.setenv("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")
     store.queue.submit("r", task="task", team="t")
     reader = InMemoryMetricReader()
     worker = Worker(
-        store, {"t": team}, poll_interval=0.01, meter_provider=MeterProvider(metric_readers=[reader])
+        store, {"t": pool_team}, poll_interval=0.01, meter_provider=MeterProvider(metric_readers=[reader])
     )
     await worker.run_until_idle()
     assert _metrics(reader) == {}
@@ -347,3 +346,13 @@ async def test_message_content_is_on_the_spans_when_the_genai_opt_in_is_set(
     (a_output,) = json.loads(str(by_name["invoke_agent a"]["gen_ai.output.messages"]))
     assert a_output["parts"] == [{"type": "text", "content": a_said}] and a_output["name"] == "a"
     assert b_said in str(by_name["invoke_agent b"]["gen_ai.output.messages"])
+
+
+def test_a_meter_provider_does_not_keep_a_dropped_worker_alive(sqlite_url: str) -> None:
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    worker = Worker(sqlite_url, {"t": pool_team}, meter_provider=meters)
+    worker.store.close()
+    dropped = weakref.ref(worker)
+    del worker
+    gc.collect()
+    assert dropped() is None

@@ -8,9 +8,11 @@ context), events per commit, the attributes on AutoGen's ``invoke_agent`` span o
 from __future__ import annotations
 
 import contextvars
+import inspect
 import json
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -310,8 +312,10 @@ class PoolMetrics:
 
     def __init__(self, provider: MeterProvider | None, worker: str, depth: Callable[[], int | None]) -> None:
         self._worker = {"worker": worker}
-        self._depth = depth
-        self.running = True  # the worker closed its store: its gauge reports nothing any more
+        # Weakly: the meter provider keeps the gauge's callback (so this object) for good, and a
+        # worker (its store) must not live as long as a global provider does.
+        self._depth = weakref.WeakMethod(depth) if inspect.ismethod(depth) else lambda: depth
+        self.running = True  # False once the worker closed its store: the gauge reports nothing
         meter = None if tracing_disabled() else (provider or metrics.get_meter_provider()).get_meter(_SCOPE)
         self._latency = None
         if meter is not None:
@@ -330,5 +334,6 @@ class PoolMetrics:
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         if not self.running or tracing_disabled():
             return []
-        found = self._depth()
+        depth = self._depth()
+        found = None if depth is None else depth()
         return [] if found is None else [Observation(found, self._worker)]

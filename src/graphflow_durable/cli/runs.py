@@ -1,4 +1,5 @@
-"""``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker pool.
+"""``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker pool;
+check stored runs against the current code before a deploy.
 
 A thin shell over :class:`graphflow_durable.store.Store` and :class:`graphflow_durable.worker.Worker`.
 Data goes to stdout, diagnostics (logging) to stderr. Run ``graphflow-durable --help`` (or ``python
@@ -48,6 +49,7 @@ from graphflow_durable.errors import (
     UsageError,
 )
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
+from graphflow_durable.preflight import check_runs, runs_to_check
 from graphflow_durable.store import RUN_STATUSES, Store
 from graphflow_durable.worker import TeamFactory, Worker, check_options
 
@@ -75,7 +77,8 @@ EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
 """``runs verify``: rows that do not match their checksums, or gaps in a run's log (a step or message
-row missing, a head moved back), were found (one line each on stdout)."""
+row missing, a head moved back), were found (one line each on stdout); ``check``: a stored run the
+current code would not resume as it is (one line per problem on stdout)."""
 EXIT_REFUSED = manage.EXIT_REFUSED
 """The run's state does not allow it: ``delete``/``prune`` of a running run without ``--force``,
 ``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run."""
@@ -111,10 +114,17 @@ commands:
                                      answer a waiting run's request for human input; the run
                                      becomes resumable (a worker of the pool picks it up)
   submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
+  check --team module:factory [RUN ...] [--json]
+                                     the pre-deploy check: load the stored runs (default: every
+                                     run not finished or cancelled) into fresh teams of the current
+                                     code, running no agent; one line per problem: a changed graph,
+                                     an agent state load_state refuses, a scheduler replay that
+                                     diverges (docs/operations.md)
 
 --team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
 module:factory alone claims every run (one kind of team per database). The factory is called as
-factory(run_id, store=..., lease_owner=..., lease_seconds=...) and returns a DurableGraphFlow.
+factory(run_id, store=..., lease_owner=..., lease_seconds=...) and returns a DurableGraphFlow;
+check calls it as factory(run_id, store=...).
 
 the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/runs.db
   options go in the URL's query: sqlite:///runs.db?synchronous=NORMAL,
@@ -134,7 +144,8 @@ exit codes:
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is
      cancelled, the request was already answered, or several are pending and none was named);
      nothing was changed
-  4  runs verify: damaged or missing rows were found (each printed on one line)
+  4  runs verify: damaged or missing rows were found (each printed on one line); check: problems
+     were found (each printed on one line); check also exits 2 for a --team it cannot import or call
   5  refused by the run's state: delete/prune of a running run without --force, retry of a run
      a live worker drives, cancel/retry of a stopped or finished run, supply to a run that did
      not fail on a node's spent budget (nothing was changed)
@@ -216,6 +227,21 @@ def _verify_command(**params: Any) -> int:
     return _main("runs", "verify", params)
 
 
+@cli.command(
+    "check",
+    help="load stored runs into fresh teams of the current code, running no agent; one line per "
+    "problem\n\nRUN: the runs to check (default: every run not finished or cancelled)",
+)
+@store_option
+@click.option(
+    "--team", required=True, metavar="module:factory", help="team factory: factory(run_id, store=...)"
+)
+@click.argument("run_ids", nargs=-1, metavar="[RUN]...")
+@json_option("one JSON object per problem: run_id, kind, subject, message")
+def _check_command(**params: Any) -> int:
+    return _main("check", None, params)
+
+
 def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
     return _main("runs", runs_command, params)
 
@@ -273,6 +299,11 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
     if args.command == "worker":
         return _worker(args, url)
+    factory = None
+    if args.command == "check":
+        for run_id in args.run_ids:
+            check_run_id(run_id, option="RUN")
+        factory = _load_factory(args.team, code=EXIT_USAGE)  # before the store is opened
     if args.command == "runs" and args.runs_command == "verify":
         for run_id in args.run_ids:
             check_run_id(run_id, option="RUN")
@@ -286,6 +317,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
     with _open_store(url, create=creating, given=given is not None) as store:
         if args.command == "submit":
             return _submit(store, args)
+        if factory is not None:
+            return _check(store, args, factory)
         if args.runs_command in timeline.COMMANDS:
             return timeline.run(store, args, _out)
         if args.runs_command == "verify":
@@ -369,13 +402,24 @@ def _list(store: Store, args: SimpleNamespace) -> int:
     return EXIT_OK
 
 
-def _load_factory(spec: str) -> TeamFactory:
-    factory = import_attribute(spec, flag="--team", example="myapp.teams:make_team", code=EXIT_ERROR)
+def _load_factory(spec: str, code: int = EXIT_ERROR) -> TeamFactory:
+    """The factory ``spec`` names; ``code``: the exit code when it cannot be imported or called."""
+    factory = import_attribute(spec, flag="--team", example="myapp.teams:make_team", code=code)
     if not callable(factory):
         raise CliError(
-            f"--team {spec!r}: {type(factory).__name__} is not callable, expected a team factory", EXIT_ERROR
+            f"--team {spec!r}: {type(factory).__name__} is not callable, expected a team factory", code
         )
     return factory  # type: ignore[no-any-return]
+
+
+def _check(store: Store, args: SimpleNamespace, factory: Any) -> int:
+    """``check``: each problem on one line (stdout), a summary on stderr; 0 clean, 4 problems."""
+    runs = runs_to_check(store, args.run_ids)  # an unknown RUN: exit 2, before any team is built
+    problems = asyncio.run(check_runs(factory, store, runs))
+    for problem in problems:
+        _out(json.dumps(problem.to_json(), sort_keys=True) if args.json else str(problem))
+    sys.stderr.write(f"graphflow-durable: {len(runs)} runs checked, {len(problems)} problems\n")
+    return EXIT_DAMAGED if problems else EXIT_OK
 
 
 def _worker(args: SimpleNamespace, url: str) -> int:

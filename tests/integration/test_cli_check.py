@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from agents import close_stores
+from graphflow_durable._storage import migrations as _migrations
+from graphflow_durable._storage.engine import open_engines
 from graphflow_durable.cli.runs import EXIT_DAMAGED, EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from graphflow_durable.store import Store
 
@@ -191,3 +193,25 @@ def test_check_with_an_unreachable_store_exits_1_without_the_password(
     assert (code, out) == (EXIT_ERROR, [])
     assert len(err) == 1 and err[0].startswith("graphflow-durable: "), err
     assert "s3cr3t" not in err[0] and "Traceback" not in err[0] and "alice:***@" in err[0]
+
+
+def test_check_migrates_nothing_a_store_at_an_older_schema_is_refused_unchanged(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before a deploy the old workers still run on the old schema: the check must not move it.
+    engines = open_engines(store_url)
+    try:
+        older = _migrations.MIGRATIONS[-2][0]
+        _migrations.migrate(engines.write, url=engines.url, migrations=_migrations.MIGRATIONS[:-1])
+        code, out, err = check(capsys, store_url, "--team", f"{TEAM}:make_team")
+        with engines.read.connect() as conn:
+            assert _migrations.current_version(conn) == older
+    finally:
+        engines.engine.dispose()
+    assert (code, out) == (EXIT_USAGE, [])
+    assert len(err) == 1 and f"has schema version {older}, older than" in err[0], err
+    assert "opened without migrating it; nothing was changed" in err[0]
+    assert check(capsys, store_url, "--team", f"{TEAM}:make_team", "--help")[0] == EXIT_OK
+    with Store(store_url):  # any other opening migrates it, and then the check runs
+        pass
+    assert check(capsys, store_url, "--team", f"{TEAM}:make_team")[0] == EXIT_OK

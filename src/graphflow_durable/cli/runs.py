@@ -314,7 +314,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         manage.check(args)  # before the store is opened
     if args.command == "runs" and args.runs_command == "respond":
         check_run_id(args.run_id, option="RUN")
-    with _open_store(url, create=creating, given=given is not None) as store:
+    # check changes nothing: not even the schema, which the old workers still use before the deploy.
+    with _open_store(url, create=creating, given=given is not None, migrate=factory is None) as store:
         if args.command == "submit":
             return _submit(store, args)
         if factory is not None:
@@ -336,11 +337,11 @@ def entry() -> None:
     sys.exit(main())
 
 
-def _open_store(url: str, *, create: bool, given: bool) -> Store:
+def _open_store(url: str, *, create: bool, given: bool, migrate: bool = True) -> Store:
     """The store at ``url``; unless ``create``, a URL with no store there is a usage error that says
     where the URL came from (nothing is created)."""
     try:
-        return Store(url, create=create)
+        return Store(url, create=create, migrate=migrate)
     except StoreConfigError as exc:
         if exc.option != "create":
             raise

@@ -165,7 +165,9 @@ async def _check_run(team: DurableGraphFlow, store: Store, run: RunRecord) -> li
     log = store.load(run_id)  # the resume's read: every row checked, agent states folded
     for agent in team._participants:
         state = log.agent_states.get(agent.name)
-        if state is None:
+        if state is None or isinstance(agent, DurableGraphFlow):
+            # A durable team inside: its load_state makes the state its own run's new start, a
+            # write; its run is its own (a nested run, left out of the check).
             continue
         try:
             await agent.load_state(state)

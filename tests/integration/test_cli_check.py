@@ -215,3 +215,31 @@ def test_check_migrates_nothing_a_store_at_an_older_schema_is_refused_unchanged(
     with Store(store_url):  # any other opening migrates it, and then the check runs
         pass
     assert check(capsys, store_url, "--team", f"{TEAM}:make_team")[0] == EXIT_OK
+
+
+def test_check_with_team_keys_checks_each_run_with_the_factory_of_its_key(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def go() -> None:
+        with Store(store_url) as store:
+            store.queue.submit("report-1", task="go", team="report")
+            store.queue.submit("longer-1", task="go", team="longer")
+        await checkteam.make_team("report-1", store=store_url, max_turns=1).run(task="go")
+        await checkteam.with_extra_node("longer-1", store=store_url, max_turns=1).run(task="go")
+
+    asyncio.run(go())
+    report, longer = f"report={TEAM}:make_team", f"longer={TEAM}:with_extra_node"
+    code, out, err = check(capsys, store_url, "--team", report)
+    assert (code, out) == (EXIT_OK, [])
+    assert err == ["graphflow-durable: 1 runs checked (1 of other teams left out), 0 problems"]
+    code, out, err = check(capsys, store_url, "--team", report, "--team", longer)
+    assert (code, out, err) == (EXIT_OK, [], ["graphflow-durable: 2 runs checked, 0 problems"])
+    # One factory for every run: the other team's run is another graph.
+    code, out, _ = check(capsys, store_url, "--team", f"{TEAM}:make_team")
+    assert code == EXIT_DAMAGED and out and all(line.startswith("longer-1: graph: ") for line in out)
+    code, out, err = check(capsys, store_url, "--team", report, "longer-1")
+    assert (code, out) == (EXIT_USAGE, [])
+    assert len(err) == 1 and "run longer-1 was not submitted with any --team KEY given (report)" in err[0]
+    code, _, err = check(capsys, store_url, "--team", report, "--team", f"{TEAM}:make_team")
+    assert code == EXIT_USAGE and "cannot be combined" in err[0]
+    assert checkteam.CALLS["on_messages"] == 2  # the two turns that made the runs; none since

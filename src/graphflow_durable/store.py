@@ -60,11 +60,11 @@ from graphflow_durable._storage.migrations import (
     Survey,
     current_version,
     holds_store,
-    migrate,
     no_store,
     refuse_unowned,
     survey,
 )
+from graphflow_durable._storage.migrations import migrate as migrate_schema  # Store(migrate=)
 from graphflow_durable._storage.reading import Verification, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
@@ -145,7 +145,12 @@ class Store:
         create: create the store when the database holds none (the default). ``False``: refuse a
             database without a store, creating nothing: a SQLite file that does not exist (or
             holds no store, or an in-memory database), a PostgreSQL database (schema) without the
-            store's tables. A store at an older schema version is migrated either way.
+            store's tables. A store at an older schema version is migrated either way, unless
+            ``migrate`` is false.
+        migrate: bring a store at an older schema version to this version's (the default).
+            ``False``: refuse it (:class:`StoreConfigError`, ``option`` ``"migrate"``), for a
+            look that must change nothing (``graphflow-durable check`` before a deploy: the old
+            workers still run on the old schema).
 
     Raises:
         StoreConfigError: (a ``ValueError`` and a :class:`StoreError`) the URL is malformed or
@@ -158,6 +163,8 @@ class Store:
             (a SQLite file is left byte for byte as it was).
             Also (``option == "create"``) when ``create`` is false and the database holds no
             store; nothing was created.
+            Also (``option == "migrate"``) when ``migrate`` is false and the store's schema is
+            older than this version's; nothing was changed.
         StoreError: the database could not be opened or migrated.
     """
 
@@ -169,6 +176,7 @@ class Store:
         pool_pre_ping: bool | None = None,
         shared: bool | None = None,
         create: bool = True,
+        migrate: bool = True,
     ) -> None:
         self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
         self._writer = CommitWriter(self._e)
@@ -181,15 +189,20 @@ class Store:
         try:
             with self._guard("opening the store"):
                 # Before the engine connects (that would create a missing SQLite file, and turn an
-                # existing one to WAL): a refused file is left as it was. migrate() checks again,
+                # existing one to WAL): a refused file is left as it was. migrate_schema() checks again,
                 # on both backends.
                 found = peek_sqlite(self._e.target, survey)
                 if not create:
                     self._refuse_no_sqlite_store(found)
                 if found is not None:
                     refuse_unowned(found, url=self._e.url, dialect=self._e.dialect, shared=shared)
-                self._version = migrate(
-                    self._e.migrate, read=self._e.read, url=self._e.url, shared=shared, create=create
+                self._version = migrate_schema(
+                    self._e.migrate,
+                    read=self._e.read,
+                    url=self._e.url,
+                    shared=shared,
+                    create=create,
+                    upgrade=migrate,
                 )
         except BaseException:
             self._e.engine.dispose()

@@ -204,8 +204,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "``graphflow-durable runs show|cancel|retry|supply|delete|prune|stats``: looking at and managin...",
     ),
     "cli/repair.py": (350, "``graphflow-repair``: check a saved GraphFlow team state, and repair it."),
-    "cli/runs.py": (
-        450,
+    "cli/runs.py": (  # 450 -> 525: the check command (the pre-deploy check), its team keys
+        525,
         "``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker...",
     ),
     "cli/timeline.py": (  # 250 -> 300: runs follow
@@ -229,6 +229,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
     ),
     "scheduler.py": (450, "GraphFlow's scheduling rules as pure functions over a plain, serialisable state."),
     "store.py": (800, "The run store: the only code that runs SQL. It knows nothing of AutoGen beyond JSON."),
+    "preflight.py": (
+        250,
+        "The pre-deploy check: stored runs loaded against the current code, with no agent started.",
+    ),
     "worker.py": (  # 650 -> 700: the pool's metrics (queue depth, claim latency)
         700,
         "A worker that claims runs from a store and drives them to completion; run several for a...",

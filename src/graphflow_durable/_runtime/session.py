@@ -66,7 +66,7 @@ from graphflow_durable.store import (
     Store,
 )
 
-__all__ = ["RunSession"]
+__all__ = ["RunSession", "last_error"]
 
 #: The session acts for DurableGraphFlow: it logs as the flow does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable.flow")
@@ -77,7 +77,7 @@ def _database_fault(error: BaseException | None) -> bool:
     return isinstance(error, StoreError) and not isinstance(error, (StoreCorruptError, SchemaVersionError))
 
 
-def _last_error(error: BaseException) -> str:
+def last_error(error: BaseException) -> str:
     """``error`` as a run's last error: its type and the first line of its message (GraphFlow's
     error text goes on with the agent's traceback)."""
     lines = str(error).strip().splitlines()
@@ -431,7 +431,7 @@ class RunSession:
     async def _record_error(self, error: BaseException) -> None:
         """Keep ``error`` as the run's last error (best effort, as the rest of :meth:`detach`)."""
         try:
-            await asyncio.to_thread(self.store.queue.record_error, self.run_id, error=_last_error(error))
+            await asyncio.to_thread(self.store.queue.record_error, self.run_id, error=last_error(error))
         except StoreError as exc:
             logger.warning("run %s: recording its error failed too (%s)", self.run_id, exc)
 

@@ -516,6 +516,7 @@ def migrate(
     migrations: Sequence[Migration] = MIGRATIONS,
     shared: bool = False,
     create: bool = True,
+    upgrade: bool = True,
 ) -> int:
     """Bring the database at ``write`` to the last of ``migrations``; return its version.
 
@@ -523,7 +524,8 @@ def migrate(
     ``write``) is used for the up-to-date check. ``url`` (password hidden) is only for messages.
     A database :func:`refuse_unowned` refuses is refused before any DDL (checked first without,
     then again with the lock). Unless ``create``, a database without a store is refused before any
-    DDL; a store at an older version is migrated either way.
+    DDL; a store at an older version is migrated either way, unless not ``upgrade``: then it is
+    refused before any DDL (a check that must change nothing, ``graphflow-durable check``).
 
     Raises:
         SchemaVersionError: the database's version is newer than the last migration known here.
@@ -541,6 +543,15 @@ def migrate(
         _refuse_newer(version, head, url)
         if version == head:
             return version
+        if not upgrade:
+            raise StoreConfigError(
+                f"database {url} has schema version {version}, older than the {head} of "
+                f"graphflow-durable {__version__}, and was opened without migrating it; nothing was "
+                "changed: check a migrated copy of it, or migrate it first (opening it with this version "
+                "does; workers of an older version then refuse it)",
+                url=url,
+                option="migrate",
+            )
     for number, description, function in migrations:
         with write.begin() as conn:
             _lock(conn)

@@ -1,4 +1,5 @@
-"""``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker pool.
+"""``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker pool;
+check stored runs against the current code before a deploy.
 
 A thin shell over :class:`graphflow_durable.store.Store` and :class:`graphflow_durable.worker.Worker`.
 Data goes to stdout, diagnostics (logging) to stderr. Run ``graphflow-durable --help`` (or ``python
@@ -48,7 +49,8 @@ from graphflow_durable.errors import (
     UsageError,
 )
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
-from graphflow_durable.store import RUN_STATUSES, Store
+from graphflow_durable.preflight import check_runs, runs_to_check
+from graphflow_durable.store import RUN_STATUSES, RunRecord, Store
 from graphflow_durable.worker import TeamFactory, Worker, check_options
 
 __all__ = [
@@ -66,16 +68,18 @@ EXIT_OK = 0
 """Done: listed, shown, cancelled, retried, deleted, pruned (also when nothing was left to prune),
 submitted (or already submitted with the same task), or the worker stopped cleanly."""
 EXIT_ERROR = 1
-"""The store could not be opened or used, or a team factory could not be imported."""
+"""The store could not be opened or used, or the worker's team factory could not be imported."""
 EXIT_USAGE = 2
 """Usage error (an unknown option, a missing argument, a bad option value), a store URL that is
 malformed or carries an unknown or bad option, or no store at the URL for a command that needs one
-(all but ``worker``, ``submit`` and ``runs import``, which create it)."""
+(all but ``worker``, ``submit`` and ``runs import``, which create it); ``check``: a ``--team`` it
+cannot import or call, or a store at an older schema version (``check`` migrates nothing)."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
 """``runs verify``: rows that do not match their checksums, or gaps in a run's log (a step or message
-row missing, a head moved back), were found (one line each on stdout)."""
+row missing, a head moved back), were found (one line each on stdout); ``check``: a stored run the
+current code would not resume as it is (one line per problem on stdout)."""
 EXIT_REFUSED = manage.EXIT_REFUSED
 """The run's state does not allow it: ``delete``/``prune`` of a running run without ``--force``,
 ``retry`` of a run a live driver holds, ``cancel``/``retry`` of a stopped or finished run."""
@@ -111,10 +115,17 @@ commands:
                                      answer a waiting run's request for human input; the run
                                      becomes resumable (a worker of the pool picks it up)
   submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
+  check --team [KEY=]module:factory [RUN ...] [--json]
+                                     the pre-deploy check: load the stored runs (default: every
+                                     run not finished or cancelled) into fresh teams of the current
+                                     code, running no agent; one line per problem: a changed graph,
+                                     an agent state load_state refuses, a scheduler replay that
+                                     diverges (docs/operations.md)
 
 --team for the worker: KEY=module:factory claims runs submitted with --team KEY (repeatable);
 module:factory alone claims every run (one kind of team per database). The factory is called as
-factory(run_id, store=..., lease_owner=..., lease_seconds=...) and returns a DurableGraphFlow.
+factory(run_id, store=..., lease_owner=..., lease_seconds=...) and returns a DurableGraphFlow;
+check calls it as factory(run_id, store=...), and takes --team as the worker does.
 
 the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/runs.db
   options go in the URL's query: sqlite:///runs.db?synchronous=NORMAL,
@@ -123,18 +134,20 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
 exit codes:
   0  done (listed; shown, cancelled, retried, supplied, deleted, pruned, also when nothing was left to
      prune; submitted or already submitted with the same task; worker stopped cleanly)
-  1  the store failed, or a team factory could not be imported
+  1  the store failed, or the worker's team factory could not be imported
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
      a RUN that does not exist, a STEP out of range, a FILE that is not a run export or fails
      its checks: the line names its first bad field, e.g. steps[3].node); no store at the URL:
      every command but worker, submit and runs import (which create the store) needs an
-     existing one and creates nothing (a mistyped --store is no new, empty store)
+     existing one and creates nothing (a mistyped --store is no new, empty store); check: a
+     --team it cannot import or call, a store at an older schema version (check migrates nothing)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is
      cancelled, the request was already answered, or several are pending and none was named);
      nothing was changed
-  4  runs verify: damaged or missing rows were found (each printed on one line)
+  4  runs verify: damaged or missing rows were found (each printed on one line); check: problems
+     were found (each printed on one line)
   5  refused by the run's state: delete/prune of a running run without --force, retry of a run
      a live worker drives, cancel/retry of a stopped or finished run, supply to a run that did
      not fail on a node's spent budget (nothing was changed)
@@ -216,6 +229,25 @@ def _verify_command(**params: Any) -> int:
     return _main("runs", "verify", params)
 
 
+@cli.command(
+    "check",
+    help="load stored runs into fresh teams of the current code, running no agent; one line per "
+    "problem\n\nRUN: the runs to check (default: every run not finished or cancelled)",
+)
+@store_option
+@click.option(
+    "--team",
+    multiple=True,
+    required=True,
+    metavar="[KEY=]module:factory",
+    help="team factory, called as factory(run_id, store=...); KEY=: for runs submitted with --team KEY",
+)
+@click.argument("run_ids", nargs=-1, metavar="[RUN]...")
+@json_option("one JSON object per problem: run_id, kind, subject, message")
+def _check_command(**params: Any) -> int:
+    return _main("check", None, params)
+
+
 def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
     return _main("runs", runs_command, params)
 
@@ -273,6 +305,11 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
     if args.command == "worker":
         return _worker(args, url)
+    factory = None
+    if args.command == "check":
+        for run_id in args.run_ids:
+            check_run_id(run_id, option="RUN")
+        factory = _team_factories(args.team, code=EXIT_USAGE)  # before the store is opened
     if args.command == "runs" and args.runs_command == "verify":
         for run_id in args.run_ids:
             check_run_id(run_id, option="RUN")
@@ -283,9 +320,12 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         manage.check(args)  # before the store is opened
     if args.command == "runs" and args.runs_command == "respond":
         check_run_id(args.run_id, option="RUN")
-    with _open_store(url, create=creating, given=given is not None) as store:
+    # check changes nothing: not even the schema, which the old workers still use before the deploy.
+    with _open_store(url, create=creating, given=given is not None, migrate=factory is None) as store:
         if args.command == "submit":
             return _submit(store, args)
+        if factory is not None:
+            return _check(store, args, factory)
         if args.runs_command in timeline.COMMANDS:
             return timeline.run(store, args, _out)
         if args.runs_command == "verify":
@@ -303,11 +343,11 @@ def entry() -> None:
     sys.exit(main())
 
 
-def _open_store(url: str, *, create: bool, given: bool) -> Store:
+def _open_store(url: str, *, create: bool, given: bool, migrate: bool = True) -> Store:
     """The store at ``url``; unless ``create``, a URL with no store there is a usage error that says
     where the URL came from (nothing is created)."""
     try:
-        return Store(url, create=create)
+        return Store(url, create=create, migrate=migrate)
     except StoreConfigError as exc:
         if exc.option != "create":
             raise
@@ -369,18 +409,19 @@ def _list(store: Store, args: SimpleNamespace) -> int:
     return EXIT_OK
 
 
-def _load_factory(spec: str) -> TeamFactory:
-    factory = import_attribute(spec, flag="--team", example="myapp.teams:make_team", code=EXIT_ERROR)
+def _load_factory(spec: str, code: int = EXIT_ERROR) -> TeamFactory:
+    """The factory ``spec`` names; ``code``: the exit code when it cannot be imported or called."""
+    factory = import_attribute(spec, flag="--team", example="myapp.teams:make_team", code=code)
     if not callable(factory):
         raise CliError(
-            f"--team {spec!r}: {type(factory).__name__} is not callable, expected a team factory", EXIT_ERROR
+            f"--team {spec!r}: {type(factory).__name__} is not callable, expected a team factory", code
         )
     return factory  # type: ignore[no-any-return]
 
 
-def _worker(args: SimpleNamespace, url: str) -> int:
-    check_options(**_worker_options(args))  # UsageError, exit 2: before any team module is imported
-    specs: list[str] = list(args.team)
+def _team_factories(specs: Sequence[str], code: int = EXIT_ERROR) -> TeamFactory | dict[str, TeamFactory]:
+    """``--team``'s values: one factory for every run (``module:factory``), or one per team key
+    (``KEY=module:factory``, repeatable); ``code``: the exit code for one that cannot be imported."""
     keyed = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs if "=" in spec}
     plain = [spec for spec in specs if "=" not in spec]
     if plain and (keyed or len(plain) > 1):
@@ -388,9 +429,47 @@ def _worker(args: SimpleNamespace, url: str) -> int:
             "--team module:factory (any run) cannot be combined with other --team options", EXIT_USAGE
         )
     if plain:
-        worker = Worker(url, team=_load_factory(plain[0]), **_worker_options(args))
+        return _load_factory(plain[0], code)
+    return {key: _load_factory(spec, code) for key, spec in keyed.items()}
+
+
+def _check(store: Store, args: SimpleNamespace, factories: TeamFactory | dict[str, TeamFactory]) -> int:
+    """``check``: each problem on one line (stdout), a summary on stderr; 0 clean, 4 problems. With
+    team keys, a run is checked with the factory of the key it was submitted with; by default the
+    runs of other keys (or none) are left out, as the worker's claims leave them."""
+    runs = runs_to_check(store, args.run_ids)  # an unknown RUN: exit 2, before any team is built
+    groups: dict[str | None, list[RunRecord]] = {}
+    for run in runs:
+        submitted = None if callable(factories) else store.queue.get_submission(run.run_id)
+        groups.setdefault(None if submitted is None else submitted.team, []).append(run)
+    if isinstance(factories, dict) and args.run_ids and (other := set(groups) - set(factories)):
+        named = next(r.run_id for key in other for r in groups[key])
+        raise CliError(
+            f"run {named} was not submitted with any --team KEY given ({', '.join(sorted(factories))}); "
+            "give --team KEY=module:factory for its key, or module:factory for every run",
+            EXIT_USAGE,
+        )
+    problems, checked = [], 0
+    for key, group in groups.items():
+        factory = factories if callable(factories) else factories.get(key or "")
+        if factory is not None:
+            # The worker's factory type; check_runs calls it as factory(run_id, store=...) only,
+            # and checks first that its signature allows that.
+            problems += asyncio.run(check_runs(factory, store, group))  # type: ignore[arg-type]
+            checked += len(group)
+    for problem in problems:
+        _out(json.dumps(problem.to_json(), sort_keys=True) if args.json else str(problem))
+    left = f" ({len(runs) - checked} of other teams left out)" if checked < len(runs) else ""
+    sys.stderr.write(f"graphflow-durable: {checked} runs checked{left}, {len(problems)} problems\n")
+    return EXIT_DAMAGED if problems else EXIT_OK
+
+
+def _worker(args: SimpleNamespace, url: str) -> int:
+    check_options(**_worker_options(args))  # UsageError, exit 2: before any team module is imported
+    factories = _team_factories(args.team)
+    if callable(factories):
+        worker = Worker(url, team=factories, **_worker_options(args))
     else:
-        factories = {key: _load_factory(spec) for key, spec in keyed.items()}
         worker = Worker(url, factories, **_worker_options(args))
 
     async def go() -> None:

@@ -229,6 +229,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
     ),
     "scheduler.py": (450, "GraphFlow's scheduling rules as pure functions over a plain, serialisable state."),
     "store.py": (800, "The run store: the only code that runs SQL. It knows nothing of AutoGen beyond JSON."),
+    "testing.py": (  # new: the crash kit (crash_matrix), a user's team crashed at every commit
+        700,
+        "The crash kit: prove that a user's own team survives a crash at any point (see docs/cra...",
+    ),
     "worker.py": (
         650,
         "A worker that claims runs from a store and drives them to completion; run several for a...",

@@ -1,0 +1,123 @@
+"""Teams for the crash kit's tests (importable by name, for ``mode="subprocess"``): a correct one
+with a conditional loop and idempotent effects, and two broken ones the kit must catch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.messages import BaseChatMessage
+from autogen_agentchat.teams import DiGraphBuilder
+
+from agents import Scripted
+from graphflow_durable import current_execution
+from graphflow_durable.flow import DurableGraphFlow
+from graphflow_durable.testing import record_effect
+
+#: The outside world the effects land in: what was done, by idempotency key.
+DONE: set[str] = set()
+#: A counter kept outside every agent's state (the bug of the counter team).
+COUNTER = {"n": 0}
+
+
+async def send_once(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+    """An effect done once per turn, whatever the attempt: checked against its idempotency key."""
+    ctx = current_execution()
+    assert ctx is not None
+    if ctx.idempotency_key not in DONE:
+        DONE.add(ctx.idempotency_key)
+        record_effect(f"sent by {agent.name}")
+
+
+async def send_always(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+    """The same effect, done again by a turn that runs again (no idempotency key)."""
+    record_effect(f"sent by {agent.name}")
+
+
+def _team(
+    run_id: str, store: Any, agents: list[Any], loop: tuple[Any, Any], **conditions: Any
+) -> DurableGraphFlow:
+    a, b, c, d = agents
+    builder = DiGraphBuilder()
+    for agent in agents:
+        builder.add_node(agent)
+    builder.add_edge(a, b)
+    builder.add_edge(b, c)
+    builder.add_edge(c, b, condition=loop[0], activation_group="loop", activation_condition="any")
+    builder.add_edge(c, d, condition=loop[1])
+    builder.set_entry_point(a)
+    return DurableGraphFlow(
+        agents,
+        builder.build(),
+        termination_condition=MaxMessageTermination(30),
+        store=store,
+        run_id=run_id,
+        **conditions,
+    )
+
+
+def make_team(run_id: str, *, store: Any, **durable: Any) -> DurableGraphFlow:
+    """A -> B -> C, C loops back to B when it says "again" (twice), then C -> D ("done"); B and D
+    send an effect once per turn."""
+    agents = [
+        Scripted("A"),
+        Scripted("B", before=send_once),
+        Scripted("C", says=["again", "again", "done"]),
+        Scripted("D", before=send_once),
+    ]
+    return _team(run_id, store, agents, ("again", "done"), **durable)
+
+
+def make_effect_twice_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """As :func:`make_team`, but D sends its effect again when its turn runs again."""
+    agents = [
+        Scripted("A"),
+        Scripted("B"),
+        Scripted("C", says=["again", "again", "done"]),
+        Scripted("D", before=send_always),
+    ]
+    return _team(run_id, store, agents, ("again", "done"))
+
+
+class Forgetful(Scripted):
+    """Counts the messages it has heard and says the count; its saved state drops the count."""
+
+    def __init__(self, name: str, says: Sequence[str] = ()) -> None:
+        super().__init__(name, says)
+        self.heard = 0
+
+    async def on_messages(self, messages: Sequence[BaseChatMessage], cancellation_token: Any) -> Any:
+        self.heard += len(messages)
+        response = await super().on_messages(messages, cancellation_token)
+        response.chat_message.content += f" heard {self.heard}"  # type: ignore[union-attr]
+        return response
+
+    async def save_state(self) -> Mapping[str, Any]:
+        return {"turn": self.turn}  # the bug: "heard" is not saved
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        self.turn = int(state["turn"])
+
+
+def make_forgetful_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """As :func:`make_team`, with C an agent whose save_state drops a field."""
+    agents = [Scripted("A"), Scripted("B"), Forgetful("C", says=["again", "again", "done"]), Scripted("D")]
+    return _team(run_id, store, agents, ("again", "done"))
+
+
+async def count(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
+    COUNTER["n"] += 1
+
+
+def make_counter_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """C loops back to B while a global counter (of C's turns, outside every agent's state) is
+    below 3: a fresh process starts it at 0 again."""
+    COUNTER["n"] = 0
+    agents = [Scripted("A"), Scripted("B"), Scripted("C", before=count), Scripted("D")]
+    return _team(
+        run_id,
+        store,
+        agents,
+        (lambda _m: COUNTER["n"] < 3, lambda _m: COUNTER["n"] >= 3),
+    )

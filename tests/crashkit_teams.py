@@ -121,3 +121,20 @@ def make_counter_team(run_id: str, *, store: Any) -> DurableGraphFlow:
         agents,
         (lambda _m: COUNTER["n"] < 3, lambda _m: COUNTER["n"] >= 3),
     )
+
+
+def make_fanout_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """AutoGen's own GraphFlow test shape of a parallel fan-out joined by "all" (upstream's
+    ``test_digraph_group_chat_parallel_join_all``): A -> (B, C) -> D; B and C send an effect once."""
+    a, b, c, d = (
+        Scripted("A"),
+        Scripted("B", before=send_once),
+        Scripted("C", before=send_once),
+        Scripted("D"),
+    )
+    builder = DiGraphBuilder()
+    for agent in (a, b, c, d):
+        builder.add_node(agent)
+    builder.add_edge(a, b).add_edge(a, c).add_edge(b, d).add_edge(c, d)
+    builder.set_entry_point(a)
+    return DurableGraphFlow([a, b, c, d], builder.build(), store=store, run_id=run_id)

@@ -159,8 +159,11 @@ class _Point:
 
     def describe(self) -> str:
         if self.kind == "after":
-            return f"after commit {self.index}"
-        return f"inside turn {self.index} (its answer not committed)"
+            what = (
+                "the round's start" if self.index == 0 else f"{self.node}'s answer" if self.node else "a step"
+            )
+            return f"after commit {self.index} ({what})"
+        return f"inside turn {self.index} ({self.node}'s, its answer not committed)"
 
 
 class _Trap:
@@ -210,12 +213,12 @@ class _Trap:
             crashed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
             def durable(done: asyncio.Future[Any]) -> None:
+                self.on_fire()
                 if done.cancelled() or done.exception() is not None:
                     if not crashed.done():
                         crashed.set_exception(_Crash("the commit failed before the crash"))
                     return
                 try:
-                    self.on_fire()
                     self.action()
                 except _Crash as exc:
                     if not crashed.done():
@@ -296,6 +299,15 @@ def _outcome(store: Store, run_id: str) -> _Outcome:
     return _Outcome(transcript, completions, status, run.lease_owner if run is not None else None)
 
 
+@dataclass(frozen=True)
+class _Reference:
+    """The uninterrupted run: its outcome, the turns each node ran, the effects per node."""
+
+    outcome: _Outcome
+    turns: Counter[str]
+    effects: Counter[tuple[str, str]]
+
+
 def _turns(entries: Sequence[_Entry], run_id: str) -> Counter[str]:
     """Turns run per node, counting each idempotency key once (a stream may call itself)."""
     keys = {(e.key, e.node) for e in entries if e.kind == "turn" and e.run_id == run_id}
@@ -312,15 +324,14 @@ def _text(body: Mapping[str, Any]) -> str:
 
 
 def _compare(
-    ref: _Outcome,
-    ref_turns: Counter[str],
-    ref_effects: Counter[tuple[str, str]],
+    reference: _Reference,
     got: _Outcome,
     before: Counter[str],
     resumed_turns: Counter[str],
     effects: list[_Entry],
 ) -> str | None:
     """The first difference between the reference and a crashed-and-resumed run, in words."""
+    ref, ref_turns, ref_effects = reference.outcome, reference.turns, reference.effects
     if got.transcript != ref.transcript:
         for i, (a, b) in enumerate(zip(ref.transcript, got.transcript, strict=False)):
             if a != b:
@@ -503,43 +514,56 @@ async def _matrix(
     points: Points,
     sample: int | None,
 ) -> CrashReport:
-    with _no_always_resume():
-        prefix = uuid.uuid4().hex[:8]
-        ref_id = f"crashkit-{prefix}-reference"
-        team = factory(ref_id, store=store)
-        _watch_agents(team)
-        trap = _Trap(store, ref_id, None, _raise_crash)
-        start = len(_ledger)
-        with trap.installed():
-            await _run(team, task)
-        ref = _outcome(store, ref_id)
-        ref_turns = _turns(_ledger[start:], ref_id)
-        ref_effects = Counter((e.node, e.name) for e in _effects(_ledger[start:], ref_id))
-        candidates: list[_Point] = []
-        turn = 0
-        for k, (kind, node) in enumerate(trap.commits):
-            if kind == StepKind.COMPLETE.value:
-                if points in ("mid-turn", "both"):
-                    candidates.append(_Point("turn", turn, node))
-                turn += 1
-            if points in ("every-commit", "both"):
-                candidates.append(_Point("after", k, node))
-        chosen = _sampled(len(candidates), sample)
-        report = CrashReport(points=len(chosen))
-        for number in chosen:
-            point = candidates[number]
-            run_id = f"crashkit-{prefix}-{number}"
-            if spec is None:
-                difference = await _inprocess(
-                    factory, task, store, run_id, point, ref, ref_turns, ref_effects
-                )
-            else:
-                difference = await _subprocess(
-                    factory, spec, task, store, run_id, point, ref, ref_turns, ref_effects
-                )
-            if difference is not None:
-                report.failures.append(CrashFailure(number, point.node, f"{point.describe()}: {difference}"))
-        return report
+    mark = len(_ledger)
+    try:
+        with _no_always_resume():
+            return await _points(factory, spec, task, store, points, sample)
+    finally:
+        del _ledger[mark:]  # the matrix's own entries: none outlives it
+
+
+async def _points(
+    factory: Callable[..., DurableGraphFlow],
+    spec: str | None,
+    task: Any,
+    store: Store,
+    points: Points,
+    sample: int | None,
+) -> CrashReport:
+    prefix = uuid.uuid4().hex[:8]
+    ref_id = f"crashkit-{prefix}-reference"
+    team = factory(ref_id, store=store)
+    _watch_agents(team)
+    trap = _Trap(store, ref_id, None, _raise_crash)
+    start = len(_ledger)
+    with trap.installed():
+        await _run(team, task)
+    ref = _Reference(
+        _outcome(store, ref_id),
+        _turns(_ledger[start:], ref_id),
+        Counter((e.node, e.name) for e in _effects(_ledger[start:], ref_id)),
+    )
+    candidates: list[_Point] = []
+    turn = 0
+    for k, (kind, node) in enumerate(trap.commits):
+        if kind == StepKind.COMPLETE.value:
+            if points in ("mid-turn", "both"):
+                candidates.append(_Point("turn", turn, node))
+            turn += 1
+        if points in ("every-commit", "both"):
+            candidates.append(_Point("after", k, node))
+    chosen = _sampled(len(candidates), sample)
+    report = CrashReport(points=len(chosen))
+    for number in chosen:
+        point = candidates[number]
+        run_id = f"crashkit-{prefix}-{number}"
+        if spec is None:
+            difference = await _inprocess(factory, task, store, run_id, point, ref)
+        else:
+            difference = await _subprocess(factory, spec, task, store, run_id, point, ref)
+        if difference is not None:
+            report.failures.append(CrashFailure(number, point.node, f"{point.describe()}: {difference}"))
+    return report
 
 
 async def _inprocess(
@@ -548,9 +572,7 @@ async def _inprocess(
     store: Store,
     run_id: str,
     point: _Point,
-    ref: _Outcome,
-    ref_turns: Counter[str],
-    ref_effects: Counter[tuple[str, str]],
+    ref: _Reference,
 ) -> str | None:
     start = len(_ledger)
     trap = _Trap(store, run_id, point, _raise_crash)
@@ -565,7 +587,7 @@ async def _inprocess(
     team = leg = None  # type: ignore[assignment]  # every object of the crashed team dropped
     if not trap.fired:
         return "the crash point was never reached: the run did not repeat the reference's commits"
-    return await _resume(factory, task, store, run_id, start, ref, ref_turns, ref_effects)
+    return await _resume(factory, task, store, run_id, start, ref)
 
 
 async def _resume(
@@ -574,9 +596,7 @@ async def _resume(
     store: Store,
     run_id: str,
     start: int,
-    ref: _Outcome,
-    ref_turns: Counter[str],
-    ref_effects: Counter[tuple[str, str]],
+    ref: _Reference,
 ) -> str | None:
     """Resume the crashed run in a fresh team and compare it with the reference."""
     crashed = await asyncio.to_thread(store.get_run, run_id)
@@ -593,7 +613,7 @@ async def _resume(
         return f"the resume raised {type(exc).__name__}: {exc}"
     got = await asyncio.to_thread(_outcome, store, run_id)
     resumed = _turns(_ledger[middle:], run_id)
-    return _compare(ref, ref_turns, ref_effects, got, before, resumed, _effects(_ledger[start:], run_id))
+    return _compare(ref, got, before, resumed, _effects(_ledger[start:], run_id))
 
 
 async def _subprocess(
@@ -603,9 +623,7 @@ async def _subprocess(
     store: Store,
     run_id: str,
     point: _Point,
-    ref: _Outcome,
-    ref_turns: Counter[str],
-    ref_effects: Counter[tuple[str, str]],
+    ref: _Reference,
 ) -> str | None:
     with tempfile.TemporaryDirectory(prefix="gfd-crashkit-") as tmp:
         ledger = Path(tmp) / "ledger.jsonl"
@@ -631,7 +649,7 @@ async def _subprocess(
             for line in ledger.read_text(encoding="utf-8").splitlines():
                 with contextlib.suppress(ValueError, TypeError):  # a line cut by the kill
                     _ledger.append(_Entry(*json.loads(line)))
-    return await _resume(factory, task, store, run_id, start, ref, ref_turns, ref_effects)
+    return await _resume(factory, task, store, run_id, start, ref)
 
 
 def _child(argv: list[str]) -> int:

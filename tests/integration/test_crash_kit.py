@@ -5,7 +5,11 @@ that reads a global counter and an effect applied again by a resumed turn, namin
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,3 +142,15 @@ def test_subprocess_mode_finds_the_dropped_field_too(sqlite_url: str) -> None:
     report = matrix(teams.make_forgetful_team, sqlite_url, mode="subprocess", sample=3)
     assert [f.node for f in report.failures] == ["B"]
     assert "transcript differs" in report.failures[0].difference
+
+
+def test_the_crash_kit_page_example_runs_and_passes(tmp_path: Path) -> None:
+    page = Path(__file__).parents[2] / "docs" / "crash-kit.md"
+    code = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)[0]
+    script = tmp_path / "crash_kit_example.py"
+    script.write_text(code, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "7 crash points, 0 failures" in done.stdout

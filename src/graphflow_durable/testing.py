@@ -500,29 +500,18 @@ async def crash_matrix(
     size = _sample_size(sample)
     factory = _factory(make_team)
     spec = _spec(make_team) if mode == "subprocess" else None
-    if isinstance(store, str):
-        with Store(store) as opened:
-            return await _matrix(factory, spec, task, opened, points, size)
-    return await _matrix(factory, spec, task, store, points, size)
-
-
-async def _matrix(
-    factory: Callable[..., DurableGraphFlow],
-    spec: str | None,
-    task: Any,
-    store: Store,
-    points: Points,
-    sample: int | None,
-) -> CrashReport:
     mark = len(_ledger)
     try:
         with _no_always_resume():
-            return await _points(factory, spec, task, store, points, sample)
+            if isinstance(store, str):
+                with Store(store) as opened:
+                    return await _matrix(factory, spec, task, opened, points, size)
+            return await _matrix(factory, spec, task, store, points, size)
     finally:
         del _ledger[mark:]  # the matrix's own entries: none outlives it
 
 
-async def _points(
+async def _matrix(
     factory: Callable[..., DurableGraphFlow],
     spec: str | None,
     task: Any,
@@ -539,7 +528,7 @@ async def _points(
     with trap.installed():
         await _run(team, task)
     ref = _Reference(
-        _outcome(store, ref_id),
+        await asyncio.to_thread(_outcome, store, ref_id),
         _turns(_ledger[start:], ref_id),
         Counter((e.node, e.name) for e in _effects(_ledger[start:], ref_id)),
     )

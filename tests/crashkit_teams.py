@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage
-from autogen_agentchat.teams import DiGraphBuilder
+from autogen_agentchat.teams import DiGraph, DiGraphBuilder, DiGraphEdge, DiGraphNode
+from autogen_core.models import CreateResult, LLMMessage
+from autogen_ext.models.replay import ReplayChatCompletionClient
 
 from agents import Scripted
 from graphflow_durable import current_execution
@@ -138,3 +141,44 @@ def make_fanout_team(run_id: str, *, store: Any) -> DurableGraphFlow:
     builder.add_edge(a, b).add_edge(a, c).add_edge(b, d).add_edge(c, d)
     builder.set_entry_point(a)
     return DurableGraphFlow([a, b, c, d], builder.build(), store=store, run_id=run_id)
+
+
+class ByRequest(ReplayChatCompletionClient):
+    """A ReplayChatCompletionClient that answers by the request, not by its position: the n-th
+    answer when A has spoken n times in what it is sent, so a restored agent answers the same."""
+
+    async def create(self, messages: Sequence[LLMMessage], **kwargs: Any) -> CreateResult:
+        self._current_index = max(0, sum(getattr(m, "source", None) == "A" for m in messages) - 1)
+        return await super().create(messages, **kwargs)
+
+
+def _loop_with_exit(run_id: str, store: Any, client: ReplayChatCompletionClient) -> DurableGraphFlow:
+    """Upstream's ``test_digraph_group_chat_loop_with_exit_condition``: A -> B -> C, B (an
+    AssistantAgent) loops back to A on "loop" twice, then exits to C."""
+    a, c = Scripted("A"), Scripted("C")
+    b = AssistantAgent("B", description="Decision agent B", model_client=client)
+    graph = DiGraph(
+        nodes={
+            "A": DiGraphNode(name="A", edges=[DiGraphEdge(target="B")]),
+            "B": DiGraphNode(
+                name="B",
+                edges=[DiGraphEdge(target="C", condition="exit"), DiGraphEdge(target="A", condition="loop")],
+            ),
+            "C": DiGraphNode(name="C", edges=[]),
+        },
+        default_start_node="A",
+    )
+    return DurableGraphFlow(
+        [a, b, c], graph, termination_condition=MaxMessageTermination(20), store=store, run_id=run_id
+    )
+
+
+def make_loop_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """Upstream's loop with an exit condition, B's model answering by the request."""
+    return _loop_with_exit(run_id, store, ByRequest(["loop", "loop", "exit"]))
+
+
+def make_replay_loop_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """The same with upstream's plain ReplayChatCompletionClient: its position is not in B's
+    saved state, so a B restored after a crash answers from the start of the list again."""
+    return _loop_with_exit(run_id, store, ReplayChatCompletionClient(["loop", "loop", "exit"]))

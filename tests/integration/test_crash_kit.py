@@ -78,6 +78,19 @@ def test_the_parallel_fan_out_of_upstreams_graphflow_tests_passes(store_url: str
     matrix(teams.make_fanout_team, store_url, points="both").assert_ok()
 
 
+def test_upstreams_loop_with_an_exit_condition_passes_with_a_model_that_answers_by_the_request(
+    store_url: str,
+) -> None:
+    matrix(teams.make_loop_team, store_url, points="both").assert_ok()
+
+
+def test_a_replay_clients_position_lost_on_resume_is_reported(sqlite_url: str) -> None:
+    report = matrix(teams.make_replay_loop_team, sqlite_url)
+    assert report.failures, "the kit missed the replay client's lost position"
+    assert report.failures[0].node == "B"
+    assert "transcript differs" in report.failures[0].difference
+
+
 def test_sample_picks_evenly_spaced_points_with_the_first_and_the_last(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

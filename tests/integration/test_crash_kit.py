@@ -5,6 +5,7 @@ that reads a global counter and an effect applied again by a resumed turn, namin
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -89,6 +90,21 @@ def test_a_replay_clients_position_lost_on_resume_is_reported(sqlite_url: str) -
     assert report.failures, "the kit missed the replay client's lost position"
     assert report.failures[0].node == "B"
     assert "transcript differs" in report.failures[0].difference
+
+
+def test_the_always_resume_switch_is_off_for_the_kits_runs_and_restored_after(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str | None] = []
+
+    def make_team(run_id: str, *, store: Store) -> Any:
+        seen.append(os.environ.get("GRAPHFLOW_DURABLE_ALWAYS_RESUME"))
+        return teams.make_team(run_id, store=store)
+
+    monkeypatch.setenv("GRAPHFLOW_DURABLE_ALWAYS_RESUME", "1")
+    matrix(make_team, sqlite_url, sample=2).assert_ok()
+    assert seen and set(seen) == {None}
+    assert os.environ["GRAPHFLOW_DURABLE_ALWAYS_RESUME"] == "1"
 
 
 def test_sample_picks_evenly_spaced_points_with_the_first_and_the_last(

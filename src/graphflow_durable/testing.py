@@ -437,7 +437,12 @@ def _store_url(store: Store | str) -> str:
     return store if isinstance(store, str) else store.config_url
 
 
-def _check(task: Any, points: Any, mode: Any) -> None:
+def _check(task: Any, store: Any, points: Any, mode: Any) -> None:
+    if not isinstance(store, (Store, str)):
+        raise UsageError(
+            f"store must be a Store or a store URL, not {type(store).__name__}; pass store='sqlite:///runs.db'",
+            option="store",
+        )
     if points not in ("every-commit", "mid-turn", "both"):
         raise UsageError(
             f"points must be 'every-commit', 'mid-turn' or 'both', not {points!r}", option="points"
@@ -496,7 +501,7 @@ async def crash_matrix(
     Raises:
         UsageError: a bad argument (the message names it and the fix); nothing was run.
     """
-    _check(task, points, mode)
+    _check(task, store, points, mode)
     size = _sample_size(sample)
     factory = _factory(make_team)
     spec = _spec(make_team) if mode == "subprocess" else None

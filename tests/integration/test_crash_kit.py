@@ -131,6 +131,7 @@ def test_sample_picks_evenly_spaced_points_with_the_first_and_the_last(
         ),
         (teams.make_team, {"mode": "thread"}, None, "mode must be 'inprocess' or 'subprocess'"),
         (teams.make_team, {"sample": 0}, None, "sample must be an int 1 or more, not 0"),
+        (teams.make_team, {"store": 42}, None, "store must be a Store or a store URL, not int"),
         (teams.make_team, {}, "many", f"{SAMPLE_ENV}='many' is not a number"),
         ("crashkit_teams", {}, None, "is not 'module:factory'"),
         ("crashkit_teams:nothing", {}, None, "cannot be imported"),
@@ -154,7 +155,7 @@ def test_bad_input_is_a_one_line_usage_error_naming_the_fix(
         monkeypatch.setenv(SAMPLE_ENV, env)
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     with pytest.raises(UsageError, match=message) as caught:
-        matrix(make_team, url, **options)
+        asyncio.run(crash_matrix(make_team, "write the report", **{"store": url, **options}))
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "runs.db").exists()  # nothing was run
 

@@ -92,6 +92,16 @@ def test_a_replay_clients_position_lost_on_resume_is_reported(sqlite_url: str) -
     assert "transcript differs" in report.failures[0].difference
 
 
+def test_the_worker_pool_examples_team_passes(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_POOL_DELAY", "0")
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "examples"))
+    import worker_pool
+
+    report = matrix(worker_pool.team, sqlite_url, points="both")
+    assert report.points == 9  # the round's start and 4 answers, and inside each of the 4 turns
+    report.assert_ok()
+
+
 def test_the_always_resume_switch_is_off_for_the_kits_runs_and_restored_after(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

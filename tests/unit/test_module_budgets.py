@@ -233,6 +233,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         250,
         "The pre-deploy check: stored runs loaded against the current code, with no agent started.",
     ),
+    "testing.py": (  # new: the crash kit (crash_matrix), a user's team crashed at every commit
+        700,
+        "The crash kit: prove that a user's own team survives a crash at any point (see docs/cra...",
+    ),
     "worker.py": (  # 650 -> 700: the pool's metrics (queue depth, claim latency)
         700,
         "A worker that claims runs from a store and drives them to completion; run several for a...",

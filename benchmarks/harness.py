@@ -318,6 +318,86 @@ async def run_graphflow(
     return out
 
 
+async def commit_parts(
+    case: Case, config: str, workdir: Path, *, postgres_url: str | None = None
+) -> dict[str, Any]:
+    """Where a commit's time goes, without a profiler: ``case`` run twice under ``config`` (sqlite-full,
+    sqlite-normal or postgres). The first run counts the statements the database executes (SQLite's
+    trace callback; libpq's protocol trace on PostgreSQL: its command tags), the second times the
+    commit path's parts: ``encode_commit`` (JSON and, inside it, the checksums) on the event loop,
+    and the writer's transaction (BEGIN to COMMIT, on PostgreSQL also the followers' notification;
+    inline on the loop at NORMAL, on the writer thread at FULL and on PostgreSQL). Per commit
+    (every item the writer wrote, the run's creation included); microseconds."""
+    import tempfile as _tempfile
+
+    import sqlalchemy as sa
+
+    from graphflow_durable._storage import driver, writer
+
+    url = postgres_url if config == "postgres" else f"sqlite:///{workdir / f'parts-{uuid.uuid4().hex}.db'}"
+    assert url is not None
+    sync = {} if config == "postgres" else {"synchronous": config.split("-", 1)[1].upper()}
+    seen: list[Any] = []
+    trace = _tempfile.TemporaryFile()  # noqa: SIM115 -- libpq writes to it while the run lasts
+
+    def checkout(dbapi: Any, _record: Any, _proxy: Any) -> None:
+        if isinstance(dbapi, sqlite3.Connection):
+            dbapi.set_trace_callback(seen.append)
+        else:
+            dbapi.pgconn.trace(trace.fileno())
+
+    def checkin(dbapi: Any, _record: Any) -> None:
+        if dbapi is not None and not isinstance(dbapi, sqlite3.Connection):
+            dbapi.pgconn.untrace()
+        elif dbapi is not None:
+            dbapi.set_trace_callback(None)
+
+    store = Store(url, **sync)
+    sa.event.listen(store._e.engine, "checkout", checkout)
+    sa.event.listen(store._e.engine, "checkin", checkin)
+    await build_team(case, durable=store, run_id=uuid.uuid4().hex).run(task=TASK)
+    store.close()  # SQLite: its kept connection is checked in
+    with trace:
+        trace.seek(0)
+        seen += [line for line in trace.read().split(b"\n") if b"\tCommandComplete\t" in line]
+    statements = len(seen) / store._writer.commits
+
+    spent = {"encode": 0.0, "checksums": 0.0, "transaction": 0.0}
+
+    def timed(part: str, function: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - t0
+
+        return wrapper
+
+    originals = (driver.encode_commit, driver.add_sums, writer.CommitWriter._transaction)
+    driver.encode_commit = timed("encode", driver.encode_commit)
+    driver.add_sums = timed("checksums", driver.add_sums)
+    writer.CommitWriter._transaction = timed("transaction", writer.CommitWriter._transaction)  # type: ignore[method-assign]
+    try:
+        store = Store(url, **sync)
+        team = build_team(case, durable=store, run_id=uuid.uuid4().hex)
+        gc.collect()
+        await team.run(task=TASK)
+        store.close()
+    finally:
+        driver.encode_commit, driver.add_sums, writer.CommitWriter._transaction = originals  # type: ignore[method-assign]
+    commits = store._writer.commits
+    return {
+        "config": config,
+        "case": case.key,
+        "commits": commits,
+        "statements_per_commit": statements,
+        "transaction_us": spent["transaction"] * 1e6 / commits,
+        "encoding_us": spent["encode"] * 1e6 / commits,
+        "checksums_us": spent["checksums"] * 1e6 / commits,
+    }
+
+
 def raw_commit(workdir: Path, size: int, synchronous: str, count: int) -> dict[str, float]:
     """The floor: one SQLAlchemy INSERT + COMMIT of ``size`` random characters, same pragmas as the store.
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE))
 
 from harness import (  # noqa: E402
     Case,
+    commit_parts,
     has_call_records,
     has_langgraph,
     has_policies,
@@ -362,6 +363,18 @@ def markdown(result: dict[str, Any]) -> str:
                 f" {_f((r.get('plain_state_bytes') or 0) / 1e6, '{:.2f}')} |"
                 f" {_f(r.get('durable_peak_mb'), '{:.1f}')} / {_f(r.get('plain_peak_mb'), '{:.1f}')} |"
             )
+    if result.get("commit_parts"):
+        case = result["commit_parts"][0]["case"]
+        out += ["", f"### Where a commit's time goes ({case}, one run each, us per commit)", ""]
+        out += [
+            "| backend | statements/commit | transaction (BEGIN..COMMIT) | encoding | of which checksums |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for r in result["commit_parts"]:
+            out.append(
+                f"| {r['config']} | {_f(r['statements_per_commit'], '{:.2f}')} | {_f(r['transaction_us'], '{:.0f}')} |"
+                f" {_f(r['encoding_us'], '{:.0f}')} | {_f(r['checksums_us'], '{:.0f}')} |"
+            )
     if result.get("calls"):
         out += ["", "### One recorded model call (a row and a commit)", ""]
         out += [
@@ -439,6 +452,7 @@ async def main(argv: list[str] | None = None) -> int:
         "resume": [],
         "langgraph": [],
         "calls": [],
+        "commit_parts": [],
     }
     if not assistant:
         result["skipped"].append("assistant agent (pip install autogen-ext)")
@@ -462,6 +476,12 @@ async def main(argv: list[str] | None = None) -> int:
             print(
                 f"[{i}/{len(cases)}] {case.key}: {summary} ms ({time.perf_counter() - t0:.1f}s)", flush=True
             )
+        parts_case = Case("loop", 40 if args.quick else 300, 100)
+        for config in ("sqlite-normal", "sqlite-full", "postgres"):
+            if config in configs:
+                row = await commit_parts(parts_case, config, work, postgres_url=args.postgres)
+                result["commit_parts"].append(row)
+                print(f"[parts] {config}: {row['statements_per_commit']:.2f} statements/commit", flush=True)
         if has_call_records() and not args.no_calls:
             result["calls"] = await bench_calls(args.quick, repeats, work, args.postgres)
         elif not has_call_records():

@@ -8,9 +8,12 @@ behind, and all of them form the next group once the lock is let go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import re
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -26,7 +29,15 @@ from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError, UsageError
 from graphflow_durable.scheduler import GraphSpec, initial
-from graphflow_durable.store import MessageRecord, RunRecord, RunUpdate, Step, StepKind, Store
+from graphflow_durable.store import (
+    AgentStateRecord,
+    MessageRecord,
+    RunRecord,
+    RunUpdate,
+    Step,
+    StepKind,
+    Store,
+)
 
 LEASE = 60.0
 
@@ -685,3 +696,73 @@ async def test_after_a_refused_creation_the_next_run_takes_the_other_drivers_run
     assert leases_seen and leases_seen[0] > 0, leases_seen  # still leased after 3 lease lengths
     run = team.store.get_run("taken-over")
     assert run is not None and run.status == "finished" and run.fencing_token == 2
+
+
+@contextlib.contextmanager
+def _statements(store: Store) -> Iterator[list[str]]:
+    """The statements the database runs for ``store`` inside the block, as the database saw them:
+    SQLite's statement text (its trace callback), PostgreSQL's command tags (libpq's trace of the
+    protocol: ``INSERT 0 3`` is one statement that inserted three rows)."""
+    seen: list[str] = []
+    engine = store._e.engine
+    trace = tempfile.TemporaryFile()  # noqa: SIM115 -- libpq writes to it until the block ends
+
+    def checkout(dbapi: Any, _record: Any, _proxy: Any) -> None:
+        if isinstance(dbapi, sqlite3.Connection):
+            dbapi.set_trace_callback(seen.append)
+        else:
+            dbapi.pgconn.trace(trace.fileno())
+
+    def checkin(dbapi: Any, _record: Any) -> None:
+        if not isinstance(dbapi, sqlite3.Connection) and dbapi is not None:
+            dbapi.pgconn.untrace()
+
+    sa.event.listen(engine, "checkout", checkout)
+    sa.event.listen(engine, "checkin", checkin)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "checkout", checkout)
+        sa.event.remove(engine, "checkin", checkin)
+        with trace:
+            trace.seek(0)
+            seen += re.findall(r'\tCommandComplete\t "([^"]*)"', trace.read().decode(errors="replace"))
+
+
+async def test_a_commit_writes_each_table_in_one_statement_and_checks_its_guard_in_the_head_update(
+    store_url: str,
+) -> None:
+    creator = Store(store_url)  # so that the commit's store checks its writer's connection out traced
+    token = _create(creator, "r").fencing_token
+    creator.close()
+    store = Store(store_url)
+    messages = [
+        MessageRecord(seq, {"type": "TextMessage", "source": "A", "content": f"m{seq}"}, True)
+        for seq in range(3)
+    ]
+    states = [AgentStateRecord("A", {"turn": 1}), AgentStateRecord("B", {"turn": 0})]
+    request = CommitRequest(
+        "r",
+        expected_head=0,
+        fencing_token=token,
+        step=Step("complete", "A", {}),
+        messages=messages,
+        agent_states=states,
+    )
+    with _statements(store) as seen:
+        assert await store._driver.submit_commit(request) == 1
+    if store_url.startswith("sqlite"):
+        kinds = [re.match(r"BEGIN IMMEDIATE|COMMIT|UPDATE \w+|INSERT INTO \w+", sql) for sql in seen]
+        assert [kind.group() if kind else sql for kind, sql in zip(kinds, seen, strict=True)] == [
+            "BEGIN IMMEDIATE",
+            "UPDATE graphflow_runs",  # the guard (head, token, message count) and the move
+            "INSERT INTO graphflow_steps",
+            "INSERT INTO graphflow_messages",
+            "INSERT INTO graphflow_agent_states",
+            "COMMIT",
+        ]
+    else:  # the followers' notification: one statement, in a transaction of its own
+        assert seen == ["BEGIN", "UPDATE 1", "INSERT 0 1", "INSERT 0 3", "INSERT 0 2", "COMMIT", "SELECT 1"]
+    log = store.load("r")
+    assert [m.body["content"] for m in log.messages] == ["m0", "m1", "m2"]
+    assert log.agent_states == {"A": {"turn": 1}, "B": {"turn": 0}}

@@ -34,6 +34,7 @@ from autogen_core.models import AssistantMessage, FunctionExecutionResult, Reque
 from pydantic import BaseModel
 
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
+from graphflow_durable._storage.statements import MAX_ROWS_PER_INSERT
 from graphflow_durable.errors import (
     ConflictError,
     NotSerializableError,
@@ -286,6 +287,31 @@ def test_commit_appends_step_messages_and_states_and_load_returns_latest_state_p
     ]
     assert log.agent_states == {"a": {"turn": 1}, "b": {"turn": 1}}
     assert counts(raw) == {"steps": 3, "messages": 3, "agent_states": 3}  # every state row is kept
+
+
+def test_a_commit_of_more_rows_than_one_insert_takes_writes_every_row_in_order_with_its_checksum(
+    store: Store, raw: sa.Engine
+) -> None:
+    token = start(store)
+    count, nodes = 2 * MAX_ROWS_PER_INSERT + 50, MAX_ROWS_PER_INSERT + 1  # the last chunk: one row
+    store._driver.commit(
+        CommitRequest(
+            "run-1",
+            expected_head=0,
+            fencing_token=token,
+            step=Step("start", None, {}),
+            messages=[MessageRecord(seq, {"content": f"m{seq}"}, seq % 2 == 0) for seq in range(count)],
+            agent_states=[AgentStateRecord(f"n{i}", {"turn": i}) for i in range(nodes)],
+        )
+    )
+    log = store.load("run-1")
+    assert [(m.seq, m.published, m.body["content"]) for m in log.messages] == [
+        (seq, seq % 2 == 0, f"m{seq}") for seq in range(count)
+    ]
+    assert log.agent_states == {f"n{i}": {"turn": i} for i in range(nodes)}
+    assert counts(raw) == {"steps": 1, "messages": count, "agent_states": nodes}
+    found = store.verify()
+    assert found.ok and found.unchecked == 0
 
 
 def test_run_update_none_fields_leave_the_run_unchanged(store: Store) -> None:

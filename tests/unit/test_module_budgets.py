@@ -168,7 +168,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "SQLAlchemy Core tables: the single source of the schema the store reads and writes.",
     ),
     "_storage/statements.py": (
-        500,
+        550,  # 500 -> 550: the commit's multi-row INSERTs (RowsInsert)
         "The store's SQL statements, built once at import; a run's row read by id (``not_found``, ``run_row``).",
     ),
     "_storage/transfer.py": (

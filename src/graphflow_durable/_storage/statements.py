@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import namedtuple
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "DB_NOW",
     "HotPath",
     "Prepared",
+    "RowsInsert",
     "INSERT_MESSAGE",
     "INSERT_RUN",
     "INSERT_STATE",
@@ -379,6 +380,58 @@ class Prepared:
         return tuple([params[name] for name in self.positions])
 
 
+#: At most this many rows go in one multi-row INSERT (``RowsInsert``): 100 rows of 8 columns stay
+#: under SQLite's oldest limit on bound variables (999); more rows take several statements.
+MAX_ROWS_PER_INSERT = 100
+
+
+@dataclass(frozen=True, eq=False)
+class RowsInsert:
+    """One table's INSERT for any number of rows: a single row with its one-row statement, several
+    with one multi-row ``INSERT ... VALUES (...), (...)`` compiled once per row count (one statement
+    instead of one per row: SQLite runs one prepared statement instead of stepping one per row,
+    PostgreSQL gets one statement in its pipeline)."""
+
+    table: sa.Table
+    dialect: Dialect
+    one: Prepared
+    _many: dict[int, tuple[str, tuple[tuple[int, str], ...] | None, tuple[str, ...]]] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    def statements(self, rows: list[dict[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """``(sql, parameters)`` of the statements that insert ``rows`` (at least one row)."""
+        if len(rows) == 1:
+            yield self.one.sql, self.one.bind(rows[0])
+            return
+        for start in range(0, len(rows), MAX_ROWS_PER_INSERT):
+            chunk = rows[start : start + MAX_ROWS_PER_INSERT]
+            if len(chunk) == 1:
+                yield self.one.sql, self.one.bind(chunk[0])
+                continue
+            many = self._many.get(len(chunk))
+            if many is None:
+                many = self._many.setdefault(len(chunk), self._compile(len(chunk)))
+            sql, positions, columns = many
+            if positions is not None:
+                yield sql, tuple([chunk[index][column] for index, column in positions])
+            else:
+                yield sql, {f"r{index}_{c}": row[c] for index, row in enumerate(chunk) for c in columns}
+
+    def _compile(self, count: int) -> tuple[str, tuple[tuple[int, str], ...] | None, tuple[str, ...]]:
+        columns = tuple(column.name for column in self.table.columns)
+        rows = [
+            {c: sa.bindparam(f"r{index}_{c}", type_=self.table.c[c].type) for c in columns}
+            for index in range(count)
+        ]
+        prepared = Prepared.compile(sa.insert(self.table).values(rows), self.dialect)
+        positions = None
+        if prepared.positions is not None:
+            split = (name[1:].split("_", 1) for name in prepared.positions)
+            positions = tuple((int(index), column) for index, column in split)
+        return prepared.sql, positions, columns
+
+
 #: A run's lease columns as read by the commit path (attribute access like a SQLAlchemy Row).
 LeaseTuple = namedtuple("LeaseTuple", list(SELECT_LEASE.selected_columns.keys()))  # type: ignore[misc]
 
@@ -391,8 +444,8 @@ class HotPath:
 
     update_head: Mapping[tuple[bool, bool], Prepared]  # by (with messages, with lifecycle)
     insert_step: Prepared
-    insert_message: Prepared
-    insert_state: Prepared
+    insert_message: RowsInsert
+    insert_state: RowsInsert
     select_lease: Prepared
     insert_run: Prepared
     select_run: Prepared
@@ -417,8 +470,8 @@ class HotPath:
                 for life in (False, True)
             },
             insert_step=Prepared.compile(INSERT_STEP, dialect),
-            insert_message=Prepared.compile(INSERT_MESSAGE, dialect),
-            insert_state=Prepared.compile(INSERT_STATE, dialect),
+            insert_message=RowsInsert(messages, dialect, Prepared.compile(INSERT_MESSAGE, dialect)),
+            insert_state=RowsInsert(agent_states, dialect, Prepared.compile(INSERT_STATE, dialect)),
             select_lease=Prepared.compile(SELECT_LEASE, dialect),
             insert_run=Prepared.compile(INSERT_NEW_RUN, dialect),
             select_run=Prepared.compile(SELECT_RUN, dialect),

@@ -242,12 +242,13 @@ class GroupItems:
     def _insert_rows(self, cursor: Any, params: CommitParams) -> None:
         hot = self._hot
         cursor.execute(hot.insert_step.sql, hot.insert_step.bind(params.step))
+        # One statement per table, whatever the number of rows (not executemany: one per row).
         if params.messages:
-            insert = hot.insert_message
-            cursor.executemany(insert.sql, [insert.bind(row) for row in params.messages])
+            for sql, bound in hot.insert_message.statements(params.messages):
+                cursor.execute(sql, bound)
         if params.states:
-            insert = hot.insert_state
-            cursor.executemany(insert.sql, [insert.bind(row) for row in params.states])
+            for sql, bound in hot.insert_state.statements(params.states):
+                cursor.execute(sql, bound)
 
     def _apply_pipelined(
         self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams, savepoint: bool
@@ -527,17 +528,22 @@ class CommitWriter:
         whose flush takes 5 ms did 158 commits/s against 302 without a notify (0.52x, at the
         ceiling of one flush at a time); notifying here, 221/s (0.73x). On this VM's fast flush
         (4 processes) both cost about the same: 0.81x and 0.85x (benchmarks/README.md, Watchers).
-        No pipeline: its set-up costs more CPU than the three round trips save on a local server
-        (0.69x there). Best effort: a notification lost (this transaction failing, or a crash
+        One statement in autocommit (one round trip). No pipeline: its set-up costs more CPU than
+        the round trips it saves on a local server (0.69x there). Best effort: a notification lost (this transaction failing, or a crash
         before its WAL reaches the disk) costs a follower its fallback poll
         (``follow.LISTEN_POLL``), never a commit."""
         run_ids = sorted({i.run_id for i in group if i.error is None and isinstance(i.params, CommitParams)})
         if not run_ids:
             return
+        connection = dbapi.dbapi_connection
         try:
-            cursor = dbapi.cursor()
-            cursor.execute(NOTIFY_COMMITS, (run_ids,))
-            dbapi.commit()
+            # Autocommit: the statement is its own transaction (one round trip, not BEGIN, the
+            # statement and COMMIT); its set_config(..., true) holds until that transaction's end.
+            connection.autocommit = True
+            try:
+                connection.execute(NOTIFY_COMMITS, (run_ids,))
+            finally:
+                connection.autocommit = False
         except self._driver_error as exc:
             # Once per writer as a warning (the same cause, e.g. a permission, fails every group).
             level, self._notify_failed = (logging.DEBUG if self._notify_failed else logging.WARNING), True

@@ -54,7 +54,7 @@ from graphflow_durable._model.task import task_key
 from graphflow_durable._runtime.commits import Commits
 from graphflow_durable._runtime.container import GroupChatAttemptFailed, Turns, answer_delta
 from graphflow_durable._runtime.gate import GroupChatInputPending
-from graphflow_durable._runtime.stops import RoundStops, RunControl
+from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP, RoundStops, RunControl
 from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import NodeFailedError, NodeTimeoutError, StateFormatError
@@ -85,6 +85,9 @@ class ManagerLink(Protocol):
     releases_backoffs: bool
     """Driven by a pool worker: a back-off of :data:`RELEASE_BACKOFF` seconds or more releases the run."""
     telemetry: Telemetry
+    always_resume: bool
+    """The always-resume test mode: after each answer's commit, the round stops before its next
+    dispatch (:data:`ALWAYS_RESUME_STOP`) and the flow resumes it from the store."""
 
     @property
     def commits(self) -> Commits: ...
@@ -631,6 +634,10 @@ class DurableGraphFlowManager(GraphFlowManager):
             states,
             None,
         )
+        if self._link.always_resume:
+            # The test mode that proves every piece of state durable: nothing dispatched from this
+            # process's memory; the flow rebuilds the team from the store and the resume dispatches.
+            self._link.control.halt(ALWAYS_RESUME_STOP)
         await self._dispatch(speakers, head, ctx.cancellation_token)
 
     # -- commit and dispatch ------------------------------------------------------------------

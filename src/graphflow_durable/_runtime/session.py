@@ -138,6 +138,7 @@ class RunSession:
         self.max_crash_attempts = max_crash_attempts
         self.telemetry = Telemetry()  # the team gives its providers (DurableGraphFlow's arguments)
         self.releases_backoffs = False  # driven by a pool worker: a long back-off releases the run
+        self.always_resume = False  # this call runs in the always-resume test mode (see tear_down)
         # What the last attach found, for the resume's budget (see take_resume_budget); and the head
         # at which it found the previous driver dead, until a commit of this driver counts it.
         self._died = self._fresh_budget = False
@@ -209,6 +210,13 @@ class RunSession:
         # resumes from the store, or starts from a reset team as every outer turn's run does.
         self.pending_import = None
         return True
+
+    async def tear_down(self) -> None:
+        """The always-resume test mode, between two parts of one run: drop what the team holds in
+        memory (each agent reset, as a new process builds it; the team out of step with the store),
+        so that the next attach rebuilds it from the store as a new process's resume does."""
+        await self.team.reset_agents()
+        self.forget()
 
     def forget(self) -> None:
         """The team no longer matches the store's head: the next attach restores it."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import graphflow_durable
 
@@ -115,3 +118,35 @@ def test_recorded_calls_example_resumes_a_killed_turn_paying_only_for_the_calls_
     assert "issue_refund: done" in second
     assert "model calls made: worker 1: 2, worker 2: 1 (worker 2 replayed 2 from the store" in done.stdout
     assert "lookup_order ran 1 time(s)" in done.stdout and "issue_refund ran 1 time(s)" in done.stdout
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("graphflow_durable.testing") is None,
+    reason="the crash kit (graphflow_durable.testing) is not on this branch",
+)
+@pytest.mark.parametrize(
+    "options", [[], ["--gfd-always-resume", "--gfd-crash-sample=2"]], ids=["plain", "switches"]
+)
+def test_the_users_team_test_example_passes_under_pytest(tmp_path: Path, options: list[str]) -> None:
+    """``pytest examples/test_my_team.py`` as a user runs it: the crash matrix and the ordinary test
+    pass, and with the plugin's switches too."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "examples/test_my_team.py",
+            f"--basetemp={tmp_path / 'pytest'}",
+            *options,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout

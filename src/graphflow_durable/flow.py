@@ -78,6 +78,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: run_stream's arguments and stream, for its private halves.
+_Task = str | BaseChatMessage | Sequence[BaseChatMessage] | None
+_Token = CancellationToken | None
+_Stream = AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]
+
 
 class DurableGraphFlow(GraphFlow):
     """A :class:`~autogen_agentchat.teams.GraphFlow` whose every transition is committed to a database.
@@ -304,11 +309,8 @@ class DurableGraphFlow(GraphFlow):
                 yield item
 
     async def _always_resumed(
-        self,
-        task: str | BaseChatMessage | Sequence[BaseChatMessage] | None,
-        cancellation_token: CancellationToken | None,
-        output_task_messages: bool,
-    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]:
+        self, task: _Task, cancellation_token: _Token, output_task_messages: bool
+    ) -> _Stream:
         """The always-resume test mode (``$GRAPHFLOW_DURABLE_ALWAYS_RESUME=1``, ``pytest
         --gfd-always-resume``): after each answer's commit the round stops before its next dispatch,
         the team forgets what it holds in memory (the agents are reset, the session is out of step
@@ -342,11 +344,8 @@ class DurableGraphFlow(GraphFlow):
             task = None  # the run's own round, resumed
 
     async def _attached_stream(
-        self,
-        task: str | BaseChatMessage | Sequence[BaseChatMessage] | None,
-        cancellation_token: CancellationToken | None,
-        output_task_messages: bool,
-    ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]:
+        self, task: _Task, cancellation_token: _Token, output_task_messages: bool
+    ) -> _Stream:
         """One call of :meth:`run_stream`: attach the run, run or resume its round, detach."""
         messages = task_messages(task)
         if self._is_running:

@@ -12,6 +12,7 @@ from autogen_agentchat.conditions import MaxMessageTermination
 
 from agents import Scripted, chain, close_stores, durable, loop_agents, loop_graph, stored_transcript, text
 from graphflow_durable._runtime.config import ALWAYS_RESUME_ENV
+from graphflow_durable.context import current_execution
 from graphflow_durable.store import StepKind
 
 
@@ -93,3 +94,30 @@ async def test_without_the_switch_a_run_is_never_torn_down(sqlite_url: str) -> N
     _, _, team = await _loop_run(sqlite_url, "plain")
     kinds = [s.kind for s in team.store.load("plain").steps]
     assert StepKind.RESUME not in kinds and StepKind.INTERRUPT not in kinds
+
+
+async def test_always_resume_runs_each_turn_as_its_first_attempt(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node dispatched in the last commit before the tear-down had not started: its turn after the
+    resume is its first attempt (its key's step is the dispatch's step, which counts the mode's
+    interrupt and resume steps too)."""
+
+    async def runs(label: str) -> list[tuple[str, int, str]]:
+        seen: list[tuple[str, int, str]] = []
+
+        async def note(agent: Scripted, messages: object) -> None:
+            ctx = current_execution()
+            assert ctx is not None
+            seen.append((agent.name, ctx.attempt, ctx.idempotency_key.replace(label, "run")))
+
+        agents = [Scripted(n, before=note) for n in "ABC"]
+        await durable(agents, chain(*agents), sqlite_url, label).run(task="go")
+        return seen
+
+    plain = await runs("plain")
+    monkeypatch.setenv(ALWAYS_RESUME_ENV, "1")
+    resumed = await runs("resumed")
+    assert [(node, attempt) for node, attempt, _ in resumed] == [(n, a) for n, a, _ in plain]
+    assert [attempt for _, attempt, _ in plain] == [1, 1, 1]
+    assert len({key for _, _, key in resumed}) == 3

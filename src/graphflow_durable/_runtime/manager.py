@@ -464,7 +464,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             due = cursor.next_attempt_at(speakers)
             if due is not None and not await self._resume_after_backoff(cursor, kind, due, records, update):
                 return
-            cursor = cursor.redispatched(speakers)
+            # Nodes the always-resume mode halted before they started run their first attempt.
+            unstarted, self._link.control.unstarted = self._link.control.unstarted, ()
+            cursor = cursor.redispatched([n for n in speakers if n not in unstarted])
             logger.info(
                 "run %s: resuming after step %d; re-running %s",
                 self._link.run_id,
@@ -638,6 +640,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             # The test mode that proves every piece of state durable: nothing dispatched from this
             # process's memory; the flow rebuilds the team from the store and the resume dispatches.
             self._link.control.halt(ALWAYS_RESUME_STOP)
+            self._link.control.unstarted = tuple(speakers)
         await self._dispatch(speakers, head, ctx.cancellation_token)
 
     # -- commit and dispatch ------------------------------------------------------------------

@@ -139,6 +139,7 @@ class RunSession:
         self.telemetry = Telemetry()  # the team gives its providers (DurableGraphFlow's arguments)
         self.releases_backoffs = False  # driven by a pool worker: a long back-off releases the run
         self.always_resume = False  # this call runs in the always-resume test mode (see tear_down)
+        self._torn_down_at: int | None = None  # the head at the last tear_down
         # What the last attach found, for the resume's budget (see take_resume_budget); and the head
         # at which it found the previous driver dead, until a commit of this driver counts it.
         self._died = self._fresh_budget = False
@@ -217,6 +218,7 @@ class RunSession:
         so that the next attach rebuilds it from the store as a new process's resume does."""
         await self.team.reset_agents()
         self.forget()
+        self._torn_down_at = self.commits.head
 
     def forget(self) -> None:
         """The team no longer matches the store's head: the next attach restores it."""
@@ -292,6 +294,9 @@ class RunSession:
         self.check_graph(run)
         await asyncio.to_thread(lease.take)
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
+        if run.head_seq != self._torn_down_at:  # another driver moved the run since: they may have run
+            self.control.unstarted = ()
+        self._torn_down_at = None
         # Still "running" once the lease is ours: the driver before us ended without recording how
         # (an answer, a failure, an interrupt, a park all record a status), so it died with its
         # process (see docs/lifecycle.md, "Crash loops").

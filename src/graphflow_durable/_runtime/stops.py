@@ -174,6 +174,9 @@ class RunControl:
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
         self.fatal: BaseException | None = None
         self.said_lost = False  # the one line about a lost lease was logged (once per attach)
+        # The always-resume test mode: nodes dispatched in the last commit and halted before they
+        # started; their resume is not another attempt (the session clears it if the run moved on).
+        self.unstarted: tuple[str, ...] = ()
 
     def attached(self) -> None:
         """A new attach: no cancel seen yet, the lost lease not reported yet."""

@@ -106,7 +106,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The durable GraphFlow manager: commits every transition; retries a failed attempt.",
     ),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),
-    "_runtime/session.py": (600, "One team's hold on its stored run: the run session."),
+    "_runtime/session.py": (
+        625,
+        "One team's hold on its stored run: the run session.",
+    ),  # 625: always-resume tear-down
     "_runtime/stops.py": (
         300,
         "When a round ends, and why a run stops dispatching (the run's control, its log filters).",

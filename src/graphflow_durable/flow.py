@@ -12,6 +12,7 @@ an interrupt (:func:`_wind_down`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import math
@@ -37,6 +38,7 @@ from graphflow_durable._runtime.config import (
     DEFAULT_STORE_ENV,
     DurableGraphFlowConfig,
     GraphFlowConfig,
+    always_resume,
     config_store_url,
     default_store_url,
     durable_state,
@@ -47,6 +49,7 @@ from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.gate import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
+from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._runtime.team import record_calls as record_calls_of
 from graphflow_durable._runtime.telemetry import Telemetry
@@ -74,6 +77,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: run_stream's arguments and stream, for its private halves.
+_Task = str | BaseChatMessage | Sequence[BaseChatMessage] | None
+_Token = CancellationToken | None
+_Stream = AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]
 
 
 class DurableGraphFlow(GraphFlow):
@@ -293,6 +301,52 @@ class DurableGraphFlow(GraphFlow):
         too (and those of its ended round when it returns its stored result): the outer agent's turn
         runs again from its start and hears the whole round, as its uninterrupted turn did.
         """
+        stream = (self._always_resumed if always_resume() else self._attached_stream)(
+            task, cancellation_token, output_task_messages
+        )
+        async with contextlib.aclosing(stream):
+            async for item in stream:
+                yield item
+
+    async def _always_resumed(
+        self, task: _Task, cancellation_token: _Token, output_task_messages: bool
+    ) -> _Stream:
+        """The always-resume test mode (``$GRAPHFLOW_DURABLE_ALWAYS_RESUME=1``, ``pytest
+        --gfd-always-resume``): after each answer's commit the round stops before its next dispatch,
+        the team forgets what it holds in memory (the agents are reset, the session is out of step
+        with the store) and the next attach rebuilds it from the store (each agent's stored state
+        loaded, the scheduler from the stored cursor: a new process's resume), until the round ends.
+        One resume per answer: linear in the run's length. The caller sees one call: the stream and
+        the result of the uninterrupted run (state that is not durable shows as a different one)."""
+        session = self._session
+        produced: list[BaseAgentEvent | BaseChatMessage] = []
+        while True:
+            result: TaskResult | None = None
+            session.always_resume = True
+            try:
+                part = self._attached_stream(task, cancellation_token, output_task_messages)
+                async with contextlib.aclosing(part):
+                    async for item in part:
+                        if isinstance(item, TaskResult):
+                            result = item
+                        else:
+                            yield item
+            finally:
+                session.always_resume = False
+            if result is None:
+                return
+            produced.extend(result.messages)
+            cancelled = cancellation_token is not None and cancellation_token.is_cancelled()
+            if session.control.halt_reason != ALWAYS_RESUME_STOP or cancelled:
+                yield TaskResult(messages=produced, stop_reason=result.stop_reason)
+                return
+            await session.tear_down()
+            task = None  # the run's own round, resumed
+
+    async def _attached_stream(
+        self, task: _Task, cancellation_token: _Token, output_task_messages: bool
+    ) -> _Stream:
+        """One call of :meth:`run_stream`: attach the run, run or resume its round, detach."""
         messages = task_messages(task)
         if self._is_running:
             raise ValueError("The team is already running, it cannot run again until it is stopped.")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import graphflow_durable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,3 +143,31 @@ def test_observe_example_follows_a_worker_driven_run_and_prints_one_trace_tree()
         "invoke_agent write",
     ]
     assert all(" attempt=1" in line and " step=" in line for line in lines[3:])
+
+
+@pytest.mark.parametrize(
+    "options", [[], ["--gfd-always-resume", "--gfd-crash-sample=2"]], ids=["plain", "switches"]
+)
+def test_the_users_team_test_example_passes_under_pytest(tmp_path: Path, options: list[str]) -> None:
+    """``pytest examples/test_my_team.py`` as a user runs it: the crash matrix and the ordinary test
+    pass, and with the plugin's switches too."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "examples/test_my_team.py",
+            f"--basetemp={tmp_path / 'pytest'}",
+            *options,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout

@@ -19,7 +19,7 @@ from autogen_agentchat.teams import GraphFlow
 from agents import Gate, Scripted, chain, close_stores, durable, stored_transcript
 from graphflow_durable.flow import DurableGraphFlow
 
-SUPPORTED = ((0, 7, 5), (0, 8, 0))  # pyproject: autogen-agentchat>=0.7.5,<0.8
+SUPPORTED = ((0, 7, 0), (0, 8, 0))  # pyproject: autogen-agentchat>=0.7.0,<0.8
 
 
 def _version() -> tuple[int, ...]:

@@ -106,7 +106,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The durable GraphFlow manager: commits every transition; retries a failed attempt.",
     ),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),
-    "_runtime/session.py": (600, "One team's hold on its stored run: the run session."),
+    "_runtime/session.py": (
+        625,
+        "One team's hold on its stored run: the run session.",
+    ),  # 625: always-resume tear-down
     "_runtime/stops.py": (
         300,
         "When a round ends, and why a run stops dispatching (the run's control, its log filters).",
@@ -214,11 +217,17 @@ BUDGETS: dict[str, tuple[int, str]] = {
     ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),
     "errors.py": (600, "The exception tree of graphflow-durable."),
-    "flow.py": (  # 600 -> 700: attach_stream (a run watched from any process); 750: telemetry
-        750,
+    # 600 -> 700: attach_stream (a run watched from any process); 750: telemetry; 800: the
+    # always-resume test mode (one call of run_stream resumed after each answer)
+    "flow.py": (
+        800,
         "DurableGraphFlow: a drop-in GraphFlow whose runs survive crashes.",
     ),
     "integrity.py": (300, "Validate and repair saved GraphFlow team states -- pure functions, no I/O."),
+    "pytest_plugin.py": (  # new: the pytest11 plugin around testing.crash_matrix
+        200,
+        "The pytest plugin (entry point ``pytest11``): a user's graph proved crash-safe in their own tests.",
+    ),
     "recorded.py": (
         700,
         "Recorded model and tool calls: a turn that runs again replays the calls it already made.",

@@ -203,7 +203,21 @@ def _scratch_requirements(version: str) -> list[str]:
     for req in importlib.metadata.requires("graphflow-durable") or []:
         if "extra ==" not in req and not req.lower().startswith("autogen"):
             reqs.append(req.split(";")[0].strip())
+    # What our own resume tests need there too (the floor pass runs them): the dev extra's test tools.
+    reqs += ["pytest-timeout>=2.2", "psycopg[binary]>=3.1,<4", "hypothesis>=6.100", "httpx>=0.27"]
+    reqs += ["opentelemetry-sdk>=1.20"]
     return reqs
+
+
+def floor_version() -> str:
+    """The oldest autogen-agentchat this package declares it supports (its ``>=`` in pyproject)."""
+    for req in importlib.metadata.requires("graphflow-durable") or []:
+        if not req.startswith("autogen-agentchat"):
+            continue
+        found = re.search(r">=\s*([0-9][^,;\s]*)", req)
+        if found:
+            return found.group(1)
+    raise RuntimeError("graphflow-durable declares no autogen-agentchat floor")
 
 
 def scratch_python(version: str, cache: Path = CACHE) -> Path:

@@ -23,9 +23,11 @@ from graphflow_durable.integrity import repair_state
 from graphflow_durable.store import Store
 
 __all__ = [
+    "ALWAYS_RESUME_ENV",
     "DEFAULT_STORE_ENV",
     "DurableGraphFlowConfig",
     "GraphFlowConfig",
+    "always_resume",
     "config_store_url",
     "default_store_url",
     "durable_state",
@@ -37,6 +39,17 @@ logger = logging.getLogger("graphflow_durable.flow")
 
 DEFAULT_STORE_ENV = "GRAPHFLOW_DURABLE_STORE"
 """Environment variable naming the store URL used when ``store=`` is not given."""
+
+
+ALWAYS_RESUME_ENV = "GRAPHFLOW_DURABLE_ALWAYS_RESUME"
+"""Environment variable: ``1`` makes every run tear itself down and resume from the store after
+each agent's committed answer (a test mode: ``pytest --gfd-always-resume`` sets it)."""
+
+
+def always_resume() -> bool:
+    """Whether ``$GRAPHFLOW_DURABLE_ALWAYS_RESUME`` asks for the always-resume test mode (read at
+    each run, so that it reaches subprocesses and a test may turn it on or off)."""
+    return os.environ.get(ALWAYS_RESUME_ENV, "").strip() == "1"
 
 
 def default_store_url(*, make_directory: bool = True) -> str:

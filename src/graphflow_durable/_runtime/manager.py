@@ -54,7 +54,7 @@ from graphflow_durable._model.task import task_key
 from graphflow_durable._runtime.commits import Commits
 from graphflow_durable._runtime.container import GroupChatAttemptFailed, Turns, answer_delta
 from graphflow_durable._runtime.gate import GroupChatInputPending
-from graphflow_durable._runtime.stops import RoundStops, RunControl
+from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP, RoundStops, RunControl
 from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import NodeFailedError, NodeTimeoutError, StateFormatError
@@ -85,6 +85,9 @@ class ManagerLink(Protocol):
     releases_backoffs: bool
     """Driven by a pool worker: a back-off of :data:`RELEASE_BACKOFF` seconds or more releases the run."""
     telemetry: Telemetry
+    always_resume: bool
+    """The always-resume test mode: after each answer's commit, the round stops before its next
+    dispatch (:data:`ALWAYS_RESUME_STOP`) and the flow resumes it from the store."""
 
     @property
     def commits(self) -> Commits: ...
@@ -461,7 +464,9 @@ class DurableGraphFlowManager(GraphFlowManager):
             due = cursor.next_attempt_at(speakers)
             if due is not None and not await self._resume_after_backoff(cursor, kind, due, records, update):
                 return
-            cursor = cursor.redispatched(speakers)
+            # Nodes the always-resume mode halted before they started run their first attempt.
+            unstarted, self._link.control.unstarted = self._link.control.unstarted, ()
+            cursor = cursor.redispatched([n for n in speakers if n not in unstarted])
             logger.info(
                 "run %s: resuming after step %d; re-running %s",
                 self._link.run_id,
@@ -631,6 +636,11 @@ class DurableGraphFlowManager(GraphFlowManager):
             states,
             None,
         )
+        if self._link.always_resume:
+            # The test mode that proves every piece of state durable: nothing dispatched from this
+            # process's memory; the flow rebuilds the team from the store and the resume dispatches.
+            self._link.control.halt(ALWAYS_RESUME_STOP)
+            self._link.control.unstarted = tuple(speakers)
         await self._dispatch(speakers, head, ctx.cancellation_token)
 
     # -- commit and dispatch ------------------------------------------------------------------

@@ -146,6 +146,8 @@ class RunSession:
         self.max_crash_attempts = max_crash_attempts
         self.telemetry = Telemetry()  # the team gives its providers (DurableGraphFlow's arguments)
         self.releases_backoffs = False  # driven by a pool worker: a long back-off releases the run
+        self.always_resume = False  # this call runs in the always-resume test mode (see tear_down)
+        self._torn_down_at: int | None = None  # the head at the last tear_down
         # What the last attach found, for the resume's budget (see take_resume_budget); and the head
         # at which it found the previous driver dead, until a commit of this driver counts it.
         self._died = self._fresh_budget = False
@@ -217,6 +219,14 @@ class RunSession:
         # resumes from the store, or starts from a reset team as every outer turn's run does.
         self.pending_import = None
         return True
+
+    async def tear_down(self) -> None:
+        """The always-resume test mode, between two parts of one run: drop what the team holds in
+        memory (each agent reset, as a new process builds it; the team out of step with the store),
+        so that the next attach rebuilds it from the store as a new process's resume does."""
+        await self.team.reset_agents()
+        self.forget()
+        self._torn_down_at = self.commits.head
 
     def forget(self) -> None:
         """The team no longer matches the store's head: the next attach restores it."""
@@ -292,6 +302,9 @@ class RunSession:
         self.check_graph(run)
         await asyncio.to_thread(lease.take)
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
+        if run.head_seq != self._torn_down_at:  # another driver moved the run since: they may have run
+            self.control.unstarted = ()
+        self._torn_down_at = None
         # Still "running" once the lease is ours: the driver before us ended without recording how
         # (an answer, a failure, an interrupt, a park all record a status), so it died with its
         # process (see docs/lifecycle.md, "Crash loops").

@@ -55,7 +55,11 @@ from graphflow_durable.errors import (
 )
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, finish
 
-__all__ = ["RoundStops", "RunControl", "expected", "install_log_filters"]
+__all__ = ["ALWAYS_RESUME_STOP", "RoundStops", "RunControl", "expected", "install_log_filters"]
+
+#: The stop reason of a round torn down by the always-resume test mode after an answer's commit
+#: (``$GRAPHFLOW_DURABLE_ALWAYS_RESUME``); the flow resumes it from the store at once.
+ALWAYS_RESUME_STOP = "always-resume: torn down after a commit, resuming from the store"
 
 #: The stops are the manager's decisions: they log as the manager does, so log filters keep working.
 logger = logging.getLogger("graphflow_durable._runtime.manager")
@@ -170,6 +174,9 @@ class RunControl:
         self.cancelling: float | None = None  # when a cancel was requested (seen by a renewal, attach)
         self.fatal: BaseException | None = None
         self.said_lost = False  # the one line about a lost lease was logged (once per attach)
+        # The always-resume test mode: nodes dispatched in the last commit and halted before they
+        # started; their resume is not another attempt (the session clears it if the run moved on).
+        self.unstarted: tuple[str, ...] = ()
 
     def attached(self) -> None:
         """A new attach: no cancel seen yet, the lost lease not reported yet."""

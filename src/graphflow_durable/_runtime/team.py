@@ -23,7 +23,7 @@ from typing import Any
 from autogen_agentchat.base import ChatAgent, TaskResult, Team
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage
 from autogen_agentchat.teams import GraphFlow
-from autogen_core import AgentId, SingleThreadedAgentRuntime
+from autogen_core import AgentId, CancellationToken, SingleThreadedAgentRuntime
 from autogen_core.models import ChatCompletionClient
 from autogen_core.tools import Workbench
 
@@ -75,6 +75,13 @@ class TeamView:
         """Reset the team as GraphFlow does if it has run before (a new run starts from nothing)."""
         if self._team._initialized:
             await GraphFlow.reset(self._team)
+
+    async def reset_agents(self) -> None:
+        """Reset every participant agent (``on_reset``): what its saved state does not hold is gone,
+        as in a new process. A nested team is left alone: its own run restores it."""
+        for participant in self._team._participants:
+            if isinstance(participant, ChatAgent):
+                await participant.on_reset(CancellationToken())
 
     async def load_plain(self, state: Mapping[str, Any]) -> None:
         """Load a team state into the team in memory, as GraphFlow does."""

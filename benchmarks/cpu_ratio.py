@@ -2,14 +2,17 @@
 
 Usage::
 
-    python benchmarks/cpu_ratio.py SHAPE N REPEATS [--policy]
+    python benchmarks/cpu_ratio.py SHAPE N REPEATS [--policy] [--full]
     PYTHONPATH=/tmp/pre/src python benchmarks/cpu_ratio.py loop 200 5   # an older tree
 
 Runs the case (100 B messages) as plain ``GraphFlow`` and as ``DurableGraphFlow`` on SQLite with
 ``synchronous=NORMAL`` (and, with ``--policy`` on a tree that has them, with ``harness.POLICY`` set:
-retry and timeout on every node, never triggered), alternated ``REPEATS`` times in this process.
+retry and timeout on every node, never triggered; with ``--full`` on SQLite ``synchronous=FULL``
+too, whose commits go through the writer thread), alternated ``REPEATS`` times in this process.
 Prints one JSON line: per configuration the median CPU time (``time.process_time``: every thread
-of the process, so the store's writer too) and wall time per transition, and their ratios. CPU
+of the process, so the store's writer too), the event loop's thread's own CPU time
+(``time.thread_time``: what the loop pays, the hand-over to the writer included) and wall time per
+transition, and their ratios. CPU
 time is less disturbed than wall time by other processes sharing the cores; run the two trees
 alternately, several times, and compare the ratios (see LOG.md, 2026-11-26).
 """
@@ -33,22 +36,24 @@ from graphflow_durable.store import Store
 from harness import POLICY, Case, build_team, has_policies
 
 
-async def once(case: Case, config: str, work: Path) -> tuple[float, float]:
-    """CPU and wall milliseconds per transition of one run of ``case`` under ``config``."""
+async def once(case: Case, config: str, work: Path) -> tuple[float, float, float]:
+    """CPU, loop-thread CPU and wall milliseconds per transition of one run of ``case`` under ``config``."""
     store = None
     options: dict[str, Any] = {}
     if config != "plain":
-        store = Store(f"sqlite:///{work / (uuid.uuid4().hex + '.db')}", synchronous="NORMAL")
+        sync = "FULL" if config.startswith("sqlite-full") else "NORMAL"
+        store = Store(f"sqlite:///{work / (uuid.uuid4().hex + '.db')}", synchronous=sync)
         options = POLICY if config.endswith("+policy") else {}
     team = build_team(case, durable=store, run_id=uuid.uuid4().hex, **options)
     gc.collect()
-    cpu, wall = time.process_time(), time.perf_counter()
+    cpu, loop, wall = time.process_time(), time.thread_time(), time.perf_counter()
     result = await team.run(task="benchmark task")
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    cpu, loop = time.process_time() - cpu, time.thread_time() - loop
+    wall = time.perf_counter() - wall
     if store is not None:
         store.close()
     n = len(result.messages) - 1
-    return cpu * 1e3 / n, wall * 1e3 / n
+    return cpu * 1e3 / n, loop * 1e3 / n, wall * 1e3 / n
 
 
 async def main(argv: list[str]) -> None:
@@ -57,18 +62,28 @@ async def main(argv: list[str]) -> None:
     configs = ["plain", "sqlite-normal"]
     if "--policy" in argv and has_policies():
         configs.append("sqlite-normal+policy")
+    if "--full" in argv:
+        configs.append("sqlite-full")
     cpu: dict[str, list[float]] = {c: [] for c in configs}
+    loop: dict[str, list[float]] = {c: [] for c in configs}
     wall: dict[str, list[float]] = {c: [] for c in configs}
     work = Path(tempfile.mkdtemp(prefix="gfd-cpu-"))
     for rep in range(repeats):
         for config in configs[rep % len(configs) :] + configs[: rep % len(configs)]:
-            c, w = await once(case, config, work)
+            c, lc, w = await once(case, config, work)
             cpu[config].append(c)
+            loop[config].append(lc)
             wall[config].append(w)
     out: dict[str, dict[str, float]] = {
-        c: {"cpu_ms": statistics.median(cpu[c]), "wall_ms": statistics.median(wall[c])} for c in configs
+        c: {
+            "cpu_ms": statistics.median(cpu[c]),
+            "loop_cpu_ms": statistics.median(loop[c]),
+            "wall_ms": statistics.median(wall[c]),
+        }
+        for c in configs
     }
     for c in configs[1:]:
+        out[c]["loop_cpu_added_us"] = (out[c]["loop_cpu_ms"] - out["plain"]["loop_cpu_ms"]) * 1e3
         for what in ("cpu", "wall"):
             out[c][f"{what}_x_plain"] = out[c][f"{what}_ms"] / out["plain"][f"{what}_ms"]
             if c.endswith("+policy"):

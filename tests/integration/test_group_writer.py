@@ -199,36 +199,6 @@ async def test_a_commit_refuses_a_cancellation_and_its_cancelled_awaiter_ends_on
     store.close()
 
 
-async def test_a_group_of_commits_wakes_their_event_loop_once(sqlite_url: str) -> None:
-    """The writer thread resolves all the commits of a group that one event loop waits for in one
-    call on that loop, not one call per commit."""
-    store = Store(sqlite_url)
-    tokens = {run_id: _create(store, run_id).fencing_token for run_id in "abcd"}
-    loop = asyncio.get_running_loop()
-    wakes: list[Any] = []
-    original = loop.call_soon_threadsafe
-
-    def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name == "graphflow-durable-writer":
-            wakes.append(callback)
-        return original(callback, *args, **kwargs)
-
-    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-    try:
-        groups_before = store._writer.groups
-        lock = WriteLock(sqlite_url)
-        first = _step(store, "a", 0, tokens["a"])
-        await asyncio.sleep(0.2)  # the writer thread now waits on the lock with "a" in hand
-        rest = [_step(store, run_id, 0, tokens[run_id]) for run_id in "bcd"]
-        lock.release()
-        assert await asyncio.gather(first, *rest) == [1, 1, 1, 1]
-    finally:
-        loop.call_soon_threadsafe = original  # type: ignore[method-assign]
-    assert store._writer.groups - groups_before == 2  # "a" alone, then the three that queued
-    assert len(wakes) == 2  # one per group
-    store.close()
-
-
 async def test_close_writes_what_was_handed_over_and_refuses_more(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     _create(store, "r")

@@ -91,6 +91,7 @@ async def main(argv: list[str]) -> None:
         for c in configs
     }
     for c in configs[1:]:
+        out[c]["loop_cpu_added_us"] = (out[c]["loop_cpu_ms"] - out["plain"]["loop_cpu_ms"]) * 1e3
         for what in ("cpu", "loop_cpu", "wall"):
             out[c][f"{what}_x_plain"] = out[c][f"{what}_ms"] / out["plain"][f"{what}_ms"]
             if c.endswith(("+policy", "+tracing")):

@@ -391,24 +391,28 @@ class DurableGraphFlow(GraphFlow):
             )
             if cancellation_token is not None:
                 cancellation_token.add_callback(session.halt)
+            # GraphFlow's stream, on a cancellation, waits for the runtime to go idle before it
+            # lets go; the manager must stop dispatching *before* that wait, or the graph runs on
+            # to its end inside the cancelled task. So the inner stream is drained by a task of its
+            # own (one for the whole stream, not one per item) and a cancellation of ours halts
+            # first, then cancels that task.
+            items: asyncio.Queue[Any] = asyncio.Queue()
+            pump = tasks.run(asyncio.ensure_future, _pump(inner, items))
             try:
                 while True:
-                    # GraphFlow's stream, on a cancellation, waits for the runtime to go idle
-                    # before it lets go; the manager must stop dispatching *before* that wait, or
-                    # the graph runs on to its end inside the cancelled task. So the inner stream
-                    # is advanced in its own task and a cancellation of ours halts first.
-                    advance = tasks.run(asyncio.ensure_future, inner.__anext__())
                     try:
-                        item = await asyncio.shield(advance)
-                    except StopAsyncIteration:
-                        break
+                        item = await items.get()
+                        if isinstance(item, _Raised):
+                            raise item.error  # a cancellation (the token's) halts as ours does
                     except asyncio.CancelledError:
                         session.halt()
-                        advance.cancel()
+                        pump.cancel()
                         abandoned = not await _wind_down(
-                            advance, self._interrupt_grace, self._team_view, session.run_id
+                            pump, self._interrupt_grace, self._team_view, session.run_id
                         )
                         raise
+                    if item is _END:
+                        break
                     if earlier and isinstance(item, TaskResult):
                         item = TaskResult(messages=[*earlier, *item.messages], stop_reason=item.stop_reason)
                     yield item
@@ -416,6 +420,9 @@ class DurableGraphFlow(GraphFlow):
             finally:
                 if not finished_cleanly and not abandoned:
                     session.halt()
+                    if not pump.done():  # our caller stopped iterating: GraphFlow's stream ends too
+                        pump.cancel()
+                        await asyncio.wait({pump})
                     await inner.aclose()
         except RuntimeError as exc:
             failed = True
@@ -755,6 +762,34 @@ async def _opening(
         logger.info("run %s: same task as the interrupted round; resuming it", session.run_id)
         return None, None
     return None, messages
+
+
+#: What :func:`_pump` puts after the stream's last item.
+_END = object()
+
+
+class _Raised:
+    """What :func:`_pump` puts when the stream raised: the reader raises ``error``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+async def _pump(stream: AsyncGenerator[Any, None], items: asyncio.Queue[Any]) -> None:
+    """Put every item of ``stream`` in ``items``, then :data:`_END`, or what it raised
+    (:class:`_Raised`: an error, or the cancellation a cancelled token raises in GraphFlow's
+    stream). A cancellation of this task (the reader halted the run) ends it there too."""
+    try:
+        async for item in stream:
+            items.put_nowait(item)
+    except BaseException as exc:
+        items.put_nowait(_Raised(exc))  # the reader raises it
+        if not isinstance(exc, Exception):
+            raise
+        return
+    items.put_nowait(_END)
 
 
 async def _wind_down(advance: asyncio.Future[Any], grace: float, team: TeamView, run_id: str) -> bool:

@@ -183,6 +183,33 @@ async def test_a_cancelled_caller_does_not_cancel_its_commit(sqlite_url: str) ->
     store.close()
 
 
+async def test_a_commit_refuses_a_cancellation_and_its_cancelled_awaiter_ends_once_it_is_durable(
+    sqlite_url: str,
+) -> None:
+    """The future of a commit handed over cannot be cancelled (the commit lands all the same); a
+    task awaiting it directly that is cancelled gets its cancellation once the outcome is in, and
+    the outcome stays readable on the future."""
+    store = Store(sqlite_url)
+    _create(store, "r")
+    lock = WriteLock(sqlite_url)
+    commit = _step(store, "r", 0)
+
+    async def awaits() -> int:
+        return await commit
+
+    waiter = asyncio.ensure_future(awaits())
+    await asyncio.sleep(0.1)
+    assert not commit.cancel()
+    waiter.cancel()
+    await asyncio.sleep(0.2)
+    assert not waiter.done() and not commit.done()  # not durable yet: the awaiter waits for it
+    lock.release()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert commit.result() == 1
+    store.close()
+
+
 async def test_close_writes_what_was_handed_over_and_refuses_more(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     _create(store, "r")

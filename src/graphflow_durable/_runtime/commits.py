@@ -24,6 +24,7 @@ from graphflow_durable._runtime.runlease import RunKey, RunLease
 from graphflow_durable._runtime.stops import RunControl
 from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
+from graphflow_durable._storage.writer import Outcome
 from graphflow_durable.errors import LeaseLostError, StoreError
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step, StepKind
 
@@ -261,8 +262,19 @@ async def _settled(future: asyncio.Future[Any]) -> bool:
     """Wait until ``future`` is done, through any number of cancellations; whether one arrived (the
     caller raises it once everything it waits for settled). A cancellation cancels only the waiter,
     never ``future``: the writer's outcome still arrives (cheaper than ``asyncio.wait`` or
-    ``shield``, which wrap every wait in more futures and callbacks)."""
+    ``shield``, which wrap every wait in more futures and callbacks). The writer's own futures
+    refuse a cancellation (:class:`~graphflow_durable._storage.writer.Outcome`): they are awaited
+    directly, one turn of the event loop sooner than through a waiter of our own."""
     cancelled = False
+    if isinstance(future, Outcome):
+        while not future.done():
+            try:
+                await future
+            except asyncio.CancelledError:
+                cancelled = True  # raised once the outcome is in (the future refused it)
+            except Exception:  # noqa: BLE001 -- the caller reads the outcome from the future
+                pass
+        return cancelled
     while not future.done():
         waiter = future.get_loop().create_future()
 

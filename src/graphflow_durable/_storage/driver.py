@@ -312,9 +312,10 @@ class Driver:
 
         Call it from a running event loop. The future gives the new head once the commit is
         durable, or raises what :meth:`commit` raises; a value that is not JSON raises
-        :class:`NotSerializableError` here, before anything is handed over. Cancelling the future
-        (or the task awaiting it) does not stop the commit: it lands or fails all the same (await
-        ``asyncio.shield(future)`` to learn which after a cancellation).
+        :class:`NotSerializableError` here, before anything is handed over. The future refuses a
+        cancellation (``cancel()`` returns ``False``): the commit lands or fails all the same, and a
+        task awaiting it that is cancelled gets its ``CancelledError`` once the outcome is in, which
+        the future then still holds.
         """
         params = encode_commit(request, time.time())
         return self._writer.submit_async(params, asyncio.get_running_loop())

@@ -131,3 +131,23 @@ async def test_second_driver_of_a_running_run_gets_run_locked_error_naming_the_o
     result = await running
     assert result.stop_reason == "Digraph execution is complete"
     assert [a.calls for a in others] == [[], [], []]
+
+
+async def test_the_session_keeps_its_write_path_for_its_run_and_makes_a_new_one_for_another(
+    store_url: str,
+) -> None:
+    agents = [Scripted(n) for n in "AB"]
+    team = durable(agents, chain(*agents), store_url, "bound")
+    session = team._session
+    commits, lease = session.commits, session.lease
+    assert session.commits is commits and session.lease is lease, "the same run: the same objects"
+    assert commits is session._bound()[1] and lease.seconds == session.lease_seconds
+    for field, value in (("run_id", "bound-2"), ("owner", "someone-else"), ("lease_seconds", 99.0)):
+        setattr(session, field, value)
+        assert session.commits is not commits, f"a new {field}: a new write path"
+        assert session.lease is not lease and session.lease is session._bound()[0]
+        commits, lease = session.commits, session.lease
+    assert commits._key.run_id == "bound-2" and session.control.run_id == "bound-2"
+    assert (commits._key.owner, commits._key.lease_seconds) == ("someone-else", 99.0)
+    await team.run(task="go")  # the run it drives is the one it was bound to last
+    assert team.store.load("bound-2").steps[-1].kind == "complete"

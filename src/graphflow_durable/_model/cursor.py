@@ -19,10 +19,13 @@ __all__ = ["FORMAT", "Cursor", "without_one"]
 FORMAT = 1
 
 
-def _counts(name: str, counts: Mapping[str, float], flying: set[str]) -> dict[str, Any]:
-    """``{name: values}`` of the nodes in flight (counts, or back-off times), or nothing at all when
-    none has one (so a run with no failure stores, and saves, exactly what it did before them)."""
-    kept = {n: counts[n] for n in sorted(flying) if counts.get(n)}
+def _counts(name: str, counts: Mapping[str, float], flying: Sequence[str]) -> dict[str, Any]:
+    """``{name: values}`` of the nodes in flight (``flying``, sorted: counts, or back-off times), or
+    nothing at all when none has one (so a run with no failure stores, and saves, exactly what it did
+    before them)."""
+    if not counts:  # the usual case, a run with no failure: nothing to look up
+        return {}
+    kept = {n: counts[n] for n in flying if counts.get(n)}
     return {name: kept} if kept else {}
 
 
@@ -108,6 +111,8 @@ class Cursor:
         return replace(self, round_start=at, batch_start=at, finished=False, stopped=False)
 
     def dispatched(self, sched: SchedulerState, speakers: Sequence[str], at: int, step: int) -> Cursor:
+        """A new batch, ``speakers``, dispatched at thread length ``at`` by head step ``step``: the
+        per-turn maps start anew, for ``sched``'s in-flight nodes only."""
         dispatches = dict(self.dispatches)
         for name in speakers:
             dispatches[name] = (*dispatches.get(name, ())[-1:], at)
@@ -194,12 +199,12 @@ class Cursor:
     # -- JSON ----------------------------------------------------------------------------------
 
     def _in_flight_json(self) -> dict[str, Any]:
-        flying = set(self.sched.in_flight)
+        flying = sorted(set(self.sched.in_flight))  # once: this runs on every transition
         return {
-            "dispatches": {n: list(self.dispatches[n]) for n in sorted(flying) if n in self.dispatches},
-            "attempts": {n: self.attempts[n] for n in sorted(flying) if n in self.attempts},
-            "dispatch_step": {n: self.dispatch_step[n] for n in sorted(flying) if n in self.dispatch_step},
-            **({"keys": {n: self.keys[n] for n in sorted(flying) if n in self.keys}} if self.keys else {}),
+            "dispatches": {n: list(self.dispatches[n]) for n in flying if n in self.dispatches},
+            "attempts": {n: self.attempts[n] for n in flying if n in self.attempts},
+            "dispatch_step": {n: self.dispatch_step[n] for n in flying if n in self.dispatch_step},
+            **({"keys": {n: self.keys[n] for n in flying if n in self.keys}} if self.keys else {}),
             **_counts("failures", self.failures, flying),
             **_counts("crashes", self.crashes, flying),
             **_counts("retry_at", self.retry_at, flying),
@@ -256,26 +261,23 @@ class Cursor:
         """
         if status is None:
             status = self.status
+        flying = sorted(set(self.sched.in_flight))
         out: dict[str, Any] = {
             "format": FORMAT,
             "scheduler": self.sched.to_json(),
             "dispatches": {n: list(v) for n, v in sorted(self.dispatches.items())},
             "attempts": dict(self.attempts),
             "dispatch_step": dict(self.dispatch_step),
-            "keys": {
-                n: self.key(run_id or "", n)
-                for n in sorted(set(self.sched.in_flight))
-                if run_id or n in self.keys
-            },
+            "keys": {n: self.key(run_id or "", n) for n in flying if run_id or n in self.keys},
             "batch_start": self.batch_start,
             "round_start": self.round_start,
             "origin": self.origin,
             "status": status,
             "run_id": run_id,
-            **_counts("failures", self.failures, set(self.sched.in_flight)),
-            **_counts("crashes", self.crashes, set(self.sched.in_flight)),
+            **_counts("failures", self.failures, flying),
+            **_counts("crashes", self.crashes, flying),
             **({"end_due": True} if self.end_due else {}),
-            **_counts("retry_at", self.retry_at, set(self.sched.in_flight)),
+            **_counts("retry_at", self.retry_at, flying),
         }
         if graph_fingerprint is not None:
             out["graph_fingerprint"] = graph_fingerprint

@@ -621,9 +621,8 @@ class DurableGraphFlowManager(GraphFlowManager):
             return
         sched, speakers = select(self._spec, sched)
         at = self._thread_len()
-        self._cursor = self._cursor.answered(name, sched).dispatched(
-            sched, speakers, at, self._link.commits.head + 1
-        )
+        # No .answered(name, sched) first: .dispatched sets every per-turn map of the new batch.
+        self._cursor = self._cursor.dispatched(sched, speakers, at, self._link.commits.head + 1)
         self._batch_delta = []
         head = await self._commit(
             Step(

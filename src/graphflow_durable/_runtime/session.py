@@ -164,8 +164,19 @@ class RunSession:
     def _bound(self) -> tuple[RunLease, Commits]:
         """The lease and the write path of the run this session drives now: made anew when the run
         (its store, id, owner, lease period) is another than the one they were made for."""
-        key = RunKey(self.store, self.run_id, self.owner, self.lease_seconds)
-        if key != self._key or self._lease is None or self._commits is None:
+        key = self._key
+        # Compared field by field, not by building a RunKey to compare: this runs several times
+        # per transition (the store by identity, as RunKey's equality does).
+        if (
+            key is None
+            or self._lease is None
+            or self._commits is None
+            or key.store is not self.store
+            or key.run_id != self.run_id
+            or key.owner != self.owner
+            or key.lease_seconds != self.lease_seconds
+        ):
+            key = RunKey(self.store, self.run_id, self.owner, self.lease_seconds)
             self._key = key
             self.control.run_id = key.run_id
             lease = RunLease(key, self.control, lambda: commits.created)

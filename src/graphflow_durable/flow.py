@@ -5,8 +5,8 @@ stored run) and hands it to its manager and participant containers; what a run d
 store is there, AutoGen's private names are in ``_runtime``, and no SQL is anywhere near. Here:
 the team's construction, its run, the public methods over its stored run outside a run (its
 record, the answer to a request, its history, transcript and fork; each one call into the store),
-its state; then what a call does on the run it attached (:func:`_opening`) and the wind-down after
-an interrupt (:func:`_wind_down`).
+its state; then what a call does on the run it attached (:func:`_opening`) and the pump that drains
+GraphFlow's stream (:func:`_pump`).
 """
 
 from __future__ import annotations
@@ -407,8 +407,8 @@ class DurableGraphFlow(GraphFlow):
                     except asyncio.CancelledError:
                         session.halt()
                         pump.cancel()
-                        abandoned = not await _wind_down(
-                            pump, self._interrupt_grace, self._team_view, session.run_id
+                        abandoned = not await self._team_view.wind_down(
+                            pump, self._interrupt_grace, session.run_id
                         )
                         raise
                     if item is _END:
@@ -790,26 +790,3 @@ async def _pump(stream: AsyncGenerator[Any, None], items: asyncio.Queue[Any]) ->
             raise
         return
     items.put_nowait(_END)
-
-
-async def _wind_down(advance: asyncio.Future[Any], grace: float, team: TeamView, run_id: str) -> bool:
-    """After an interrupt: wait up to ``grace`` seconds (``interrupt_grace_seconds``) for GraphFlow's
-    stream to end (the agents already running answer and are recorded). Past it, or on a second
-    cancellation, cancel the turns still running and stop waiting; returns whether the stream ended."""
-    try:
-        await asyncio.wait({advance}, timeout=grace)
-    except asyncio.CancelledError:
-        pass  # a second interrupt: stop waiting at once
-    if advance.done():
-        if not advance.cancelled():
-            advance.exception()  # retrieved: the interrupt is what the caller sees
-        return True
-    cancelled = team.cancel_in_flight()
-    logger.warning(
-        "run %s: interrupted, but %d agent turn(s) did not end within interrupt_grace_seconds=%g; "
-        "stopped waiting: the run is left interrupted and those nodes run again on resume",
-        run_id,
-        cancelled,
-        grace,
-    )
-    return False

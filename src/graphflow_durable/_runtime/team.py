@@ -33,6 +33,7 @@ from graphflow_durable._model.records import RunLog, RunRecord, RunStatus
 from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
+from graphflow_durable._runtime.stops import flow_logger
 from graphflow_durable.recorded import recorded
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind, Store
@@ -87,16 +88,35 @@ class TeamView:
         """Load a team state into the team in memory, as GraphFlow does."""
         await GraphFlow.load_state(self._team, state)
 
-    def cancel_in_flight(self) -> int:
-        """Cancel the embedded runtime's message handlers still running (the agents' turns) after an
-        interrupt whose wait ran out; the number cancelled (0 on another runtime: not ours to stop)."""
+    async def wind_down(self, advance: asyncio.Future[Any], grace: float, run_id: str) -> bool:
+        """After an interrupt: wait up to ``grace`` seconds (``interrupt_grace_seconds``) for
+        GraphFlow's stream (``advance``) to end: the agents already running answer and are recorded.
+        Past it, or on a second cancellation, cancel the embedded runtime's message handlers still
+        running (the agents' turns; on another runtime they are not ours to stop) and stop waiting.
+        Returns whether the stream ended."""
+        try:
+            await asyncio.wait({advance}, timeout=grace)
+        except asyncio.CancelledError:
+            pass  # a second interrupt: stop waiting at once
+        if advance.done():
+            if not advance.cancelled():
+                advance.exception()  # retrieved: the interrupt is what the caller sees
+            return True
+        cancelled = 0
         runtime = self._team._runtime
-        if not isinstance(runtime, SingleThreadedAgentRuntime) or not self._team._embedded_runtime:
-            return 0
-        tasks = [t for t in runtime._background_tasks if not t.done()]
-        for task in tasks:
-            task.cancel()
-        return len(tasks)
+        if isinstance(runtime, SingleThreadedAgentRuntime) and self._team._embedded_runtime:
+            running = [t for t in runtime._background_tasks if not t.done()]
+            for task in running:
+                task.cancel()
+            cancelled = len(running)
+        flow_logger.warning(
+            "run %s: interrupted, but %d agent turn(s) did not end within interrupt_grace_seconds=%g; "
+            "stopped waiting: the run is left interrupted and those nodes run again on resume",
+            run_id,
+            cancelled,
+            grace,
+        )
+        return False
 
     async def restore(self, at: Plan, agent_states: Mapping[str, Mapping[str, Any]], run_id: str) -> None:
         """Put the team at ``at``. On the embedded runtime every message is created once and shared

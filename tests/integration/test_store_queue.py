@@ -205,17 +205,20 @@ def test_concurrent_claimers_never_get_the_same_item(store_url: str) -> None:
     barrier = threading.Barrier(threads_n)
 
     def claimer(n: int) -> None:
-        with Store(store_url) as store:
-            barrier.wait()
-            try:
+        try:
+            with Store(store_url) as store:
+                # Bounded: a claimer that failed to open its store breaks the barrier for the
+                # others, and the test reports that error instead of hanging.
+                barrier.wait(timeout=60)
                 while True:
                     claim = store.queue.claim(f"w{n}", lease_seconds=LEASE)
                     if claim is None:
                         return
                     with lock:
                         got.append(claim.run_id)
-            except BaseException as exc:
-                errors.append(exc)
+        except BaseException as exc:
+            barrier.abort()
+            errors.append(exc)
 
     threads = [threading.Thread(target=claimer, args=(n,)) for n in range(threads_n)]
     for thread in threads:

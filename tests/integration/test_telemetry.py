@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import NoOpTracerProvider, SpanKind
 
 from agents import Scripted, chain, close_stores, durable, hanging
 from graphflow_durable import RetryPolicy, Store, TimeoutPolicy, Worker
@@ -115,6 +115,39 @@ async def test_a_run_is_one_workflow_span_with_its_agent_spans_commit_events_and
     assert sum(p.value for p in metrics["graphflow_durable.transitions"]) == len(commits)
     assert sum(p.count for p in metrics["graphflow_durable.commit.duration"]) == len(commits)
     assert [dict(p.attributes) for p in metrics["graphflow_durable.runs"]] == [{"status": "finished"}]
+
+
+async def test_a_meter_provider_alone_records_the_metrics_a_traced_run_records(
+    store_url: str, spans: InMemorySpanExporter
+) -> None:
+    async def run(run_id: str, tracer_provider: trace.TracerProvider) -> dict[str, list[Any]]:
+        reader = InMemoryMetricReader()
+        a, b = Scripted("a"), Scripted("b")
+        team = durable(
+            [a, b],
+            chain(a, b),
+            store_url,
+            run_id,
+            name="pipe",
+            tracer_provider=tracer_provider,
+            meter_provider=MeterProvider(metric_readers=[reader]),
+        )
+        await team.run(task="go")
+        return _metrics(reader)
+
+    traced = await run("traced", _PROVIDER)
+    spans.clear()
+    metered = await run("metered", NoOpTracerProvider())
+    assert [s for s in spans.get_finished_spans() if s.name.startswith("invoke_workflow")] == []
+    for name in ("graphflow_durable.transitions", "graphflow_durable.runs"):
+        assert [(dict(p.attributes), p.value) for p in metered[name]] == [
+            (dict(p.attributes), p.value) for p in traced[name]
+        ], name
+    assert sum(p.value for p in metered["graphflow_durable.transitions"]) >= 2
+    assert sum(p.count for p in metered["graphflow_durable.commit.duration"]) == sum(
+        p.value for p in metered["graphflow_durable.transitions"]
+    )
+    assert [dict(p.attributes) for p in metered["graphflow_durable.runs"]] == [{"status": "finished"}]
 
 
 async def test_a_second_attach_joins_the_runs_trace_with_a_link_to_the_first(

@@ -172,10 +172,14 @@ class Commits:
         """Tell the telemetry of a committed transition (sizes only, never message text); after the
         attach's first commit, store its trace context on the run (the run exists by then)."""
         telemetry = self.telemetry
+        telemetry.committed(
+            self.head,
+            1 + len(messages) + len(states),
+            lambda: sum(len(dumps(m.body)) for m in messages),
+            seconds,
+        )
         if not telemetry.enabled:
             return
-        size = sum(len(dumps(m.body)) for m in messages)
-        telemetry.committed(self.head, 1 + len(messages) + len(states), size, seconds)
         pending = telemetry.take_pending()
         if pending is not None:
             driver = self._key.store._driver

@@ -360,16 +360,17 @@ class RunSession:
         )
 
     async def end_trace(self) -> None:
-        """End the attach's workflow span with the run's status as stored now."""
+        """End the attach's workflow span with the run's status as stored now (read only when the
+        span or the metrics record it)."""
         telemetry = self.telemetry
         status = "unknown"
-        if telemetry.enabled:
-            if self.control.said_lost:
-                telemetry.lease_lost()
+        if telemetry.enabled and self.control.said_lost:
+            telemetry.lease_lost()
+        if telemetry.metering or telemetry.enabled:
             try:
                 run = await asyncio.to_thread(self.store.get_run, self.run_id)
                 status = "unknown" if run is None else run.status
-                if run is not None:
+                if run is not None and telemetry.enabled:
                     telemetry.round(await asyncio.to_thread(self.store._driver.rounds, self.run_id))
             except StoreError:
                 status = "unknown"

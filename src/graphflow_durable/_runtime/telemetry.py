@@ -18,7 +18,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import Link, NoOpTracerProvider, Span, SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -89,23 +89,32 @@ class Telemetry:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.span: Span | None = None
-        self._instruments: dict[str, Any] | None = None
-        self._meter_of: MeterProvider | None = None
+        self._instruments: dict[str, Any] | None = None  # this attach's, None: it meters nothing
+        self._meter_of: MeterProvider | None = None  # the provider ``_made``'s instruments are on
+        self._made: dict[str, Any] = {}
         self._pending: str | None = None  # the trace context to store on the run (JSON), once
 
     @property
     def enabled(self) -> bool:
-        """Whether the current attach records anything."""
+        """Whether the current attach's span records (its events and attributes are kept)."""
         return self.span is not None and self.span.is_recording()
 
-    def _meter(self) -> dict[str, Any]:
-        provider: MeterProvider = (
-            NoOpMeterProvider() if tracing_disabled() else self.meter_provider or metrics.get_meter_provider()
-        )
-        if self._instruments is None or provider is not self._meter_of:
+    @property
+    def metering(self) -> bool:
+        """Whether the current attach records metrics: on unless tracing is switched off, whether
+        or not its span records (a meter provider alone is enough)."""
+        return self._instruments is not None
+
+    def _meter(self) -> dict[str, Any] | None:
+        """The instruments on the team's meter provider (else the global one), made once per
+        provider; ``None`` under ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``."""
+        if tracing_disabled():
+            return None
+        provider = self.meter_provider or metrics.get_meter_provider()
+        if self._meter_of is not provider:
             meter = provider.get_meter(_SCOPE)
             self._meter_of = provider
-            self._instruments = {
+            self._made = {
                 "commit": meter.create_histogram(
                     f"{_NS}.commit.duration", unit="s", description="Time to commit one transition"
                 ),
@@ -124,7 +133,7 @@ class Telemetry:
                     f"{_NS}.tokens.saved", description="Model tokens not paid for again (replayed calls)"
                 ),
             }
-        return self._instruments
+        return self._made
 
     def begin(
         self,
@@ -179,8 +188,9 @@ class Telemetry:
             own = _carrier(trace.set_span_in_context(self.span))
             first = saved.get("root") if root is not None else (_carrier(caller) or own)
             self._pending = json.dumps({"root": first, "last": own})
-            if took_over:
-                self._meter()["takeovers"].add(1)
+        self._instruments = self._meter()  # once per attach: the commits' path looks up nothing
+        if took_over and self._instruments is not None:
+            self._instruments["takeovers"].add(1)
 
     def agent_tracer(self) -> Tracer | None:
         """The tracer of AutoGen's ``invoke_agent`` spans of the team's turns: AutoGen's scope on the
@@ -219,34 +229,36 @@ class Telemetry:
         if self.span is not None:
             self.span.add_event(f"{_NS}.{name}", dict(attributes))
 
-    def committed(self, seq: int, rows: int, size: int, seconds: float) -> None:
-        """A transition committed at ``seq``: an event, the commit duration and the count."""
-        if not self.enabled:
-            return
-        self.event("commit", {"seq": seq, "rows": rows, "bytes": size, "duration_s": seconds})
-        instruments = self._meter()
-        instruments["commit"].record(seconds)
-        instruments["transitions"].add(1)
+    def committed(self, seq: int, rows: int, size: Callable[[], int], seconds: float) -> None:
+        """A transition committed at ``seq``: the commit duration and the count, and an event with
+        the bytes of its messages (``size``, called only when the span records)."""
+        instruments = self._instruments
+        if instruments is not None:
+            instruments["commit"].record(seconds)
+            instruments["transitions"].add(1)
+        if self.enabled:
+            self.event("commit", {"seq": seq, "rows": rows, "bytes": size(), "duration_s": seconds})
 
     def replayed(self, tokens: int) -> None:
         """A recorded call replayed instead of made (``tokens`` its model tokens, 0 for a tool)."""
-        if not self.enabled:
-            return
-        self.event("call_replayed", {"tokens_saved": tokens})
-        instruments = self._meter()
-        instruments["replayed"].add(1)
-        instruments["tokens"].add(tokens)
+        instruments = self._instruments
+        if instruments is not None:
+            instruments["replayed"].add(1)
+            instruments["tokens"].add(tokens)
+        if self.enabled:
+            self.event("call_replayed", {"tokens_saved": tokens})
 
     def attempt_failed(self, node: str, attempt: int, error_type: str, retried: bool) -> None:
         """An attempt of ``node``'s turn failed (a ``timeout`` event when it timed out); ``retried``:
         it runs again (a ``retry`` event, counted)."""
+        if retried and self._instruments is not None:
+            self._instruments["retries"].add(1)
         if not self.enabled:
             return
         if error_type == "NodeTimeoutError":
             self.event("timeout", {"node": node, "attempt": attempt})
         if retried:
             self.event("retry", {"node": node, "attempt": attempt, "error.type": error_type})
-            self._meter()["retries"].add(1)
 
     def answered(self, node: str, request_id: str, by: str | None, waited: float | None) -> None:
         """A turn takes the answer to ``request_id`` (``by``: respond, inline or default; ``waited``:
@@ -268,11 +280,13 @@ class Telemetry:
     def end(self, status: str) -> None:
         """End the attach's span with the run's ``status``; count the attach by status."""
         span, self.span = self.span, None
+        instruments, self._instruments = self._instruments, None
+        if instruments is not None:
+            instruments["runs"].add(1, {"status": status})
         if span is None:
             return
         if span.is_recording():
             span.set_attribute(f"{_NS}.status", status)
-            self._meter()["runs"].add(1, {"status": status})
         span.end()
 
 

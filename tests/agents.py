@@ -299,6 +299,23 @@ class Gate:
     def open(self) -> None:
         self.opened.set()
 
+    async def reached(self, running: asyncio.Future[Any] | None = None, timeout: float = 60.0) -> None:
+        """Wait until a turn waits at the gate. ``running`` (the run's task): if it ends first, fail
+        with how it ended rather than a bare timeout. ``timeout`` only bounds a hang: a loaded
+        machine may take seconds to get there."""
+        started = asyncio.ensure_future(self.started.wait())
+        waiting: set[asyncio.Future[Any]] = {started} if running is None else {started, running}
+        try:
+            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
+        if self.started.is_set():
+            return
+        if running is not None and running.done():
+            error = None if running.cancelled() else running.exception()
+            raise AssertionError(f"the run ended before any turn reached the gate: {error!r}") from error
+        raise TimeoutError(f"no turn reached the gate within {timeout} s")
+
 
 # -- graphs -----------------------------------------------------------------------------------
 

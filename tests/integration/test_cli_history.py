@@ -125,7 +125,7 @@ async def test_runs_fork_refuses_unknown_runs_steps_out_of_range_taken_ids_and_a
     live = _team(store_url, "live", {"J": gate})
     task = asyncio.ensure_future(live.run(task="go"))
     try:
-        await asyncio.wait_for(gate.started.wait(), 5)
+        await gate.reached(task)
         at = str(live.run_info().head_seq)
         assert main(["runs", "fork", "--store", store_url, "live", "--at", at]) == EXIT_CONFLICT
         assert f"step {at} is its head" in capsys.readouterr().err
@@ -154,7 +154,7 @@ async def test_runs_export_then_import_moves_an_interrupted_run_to_the_other_bac
     gate = Gate(turn=2)
     team = _team(urls[source], "moving", {"R": gate})
     task = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(task)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

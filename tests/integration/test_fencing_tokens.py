@@ -53,7 +53,7 @@ async def stale_driver_after(store_url: str, replace: Callable[[Store], Awaitabl
     agents = [Scripted(n, ["from P"], calls=calls, before=gate if n == "B" else None) for n in "ABC"]
     team = durable(agents, chain(*agents), store_url, "K", lease_owner="P")
     driving = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 30)
+    await gate.reached(driving)
     with Store(store_url) as other:
         run = other.get_run("K")
         assert run is not None and run.head_seq == 3 and run.lease_owner == "P"
@@ -92,7 +92,7 @@ async def test_a_stale_driver_cannot_commit_into_a_new_run_of_the_same_id(store_
         team = durable(agents, chain(*agents), store_url, "K", lease_owner="Q")
         successor.append(team)
         running.append(asyncio.ensure_future(team.run(task="go again")))
-        await asyncio.wait_for(gate.started.wait(), 30)
+        await gate.reached(running[-1])
 
     await stale_driver_after(store_url, recreate)
     gate.open()

@@ -35,7 +35,7 @@ async def test_a_cancel_of_a_running_flow_stops_it_at_the_next_renewal_and_run_r
     first = agents(calls, hooks={"B": gate})
     team = durable(first, chain(*first), store_url, "run", lease_seconds=0.6)
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
     with Store(store_url) as other:  # another store object: as another process would
         assert other.cancel_run("run").outcome == "requested"
         await asyncio.sleep(0.5)  # the driver renews its 0.6 s lease every 0.2 s: it has seen it
@@ -89,7 +89,7 @@ async def test_a_dispatch_whose_lease_check_renews_and_finds_a_cancel_request_is
     made = agents(calls, hooks={"B": gate})
     team = durable(made, chain(*made), store_url, "run", lease_seconds=60)  # renewer: every 20 s
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
     assert team.store.cancel_run("run").outcome == "requested"
     team._session.lease.confirmed_at = float("-inf")  # not fresh: the next dispatch renews first
     gate.open()

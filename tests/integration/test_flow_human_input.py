@@ -143,7 +143,7 @@ async def test_an_answer_given_while_the_run_is_driven_is_taken_by_that_run_whic
     gate = Gate()
     team = fan(store_url, people=("H",), before=gate, human_input="wait")
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)  # B runs, H asked
+    await gate.reached(running)  # B runs, H asked
     await until_asked(team.store, "r", ["H/3"])
     with Store(store_url) as other:
         other.respond("r", "yes")
@@ -160,7 +160,7 @@ async def test_an_answer_to_one_of_two_people_given_while_the_run_is_driven_leav
     gate = Gate()
     team = fan(store_url, before=gate, human_input="wait")
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
     await until_asked(team.store, "r", ["H1/3", "H2/3"])
     with Store(store_url) as other:
         other.respond("r", "one", node="H1")

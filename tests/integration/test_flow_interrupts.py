@@ -33,7 +33,7 @@ async def _consume(stream: AsyncGenerator[Any, None]) -> None:
 async def _by_token(team: DurableGraphFlow, gate: Gate) -> None:
     token = CancellationToken()
     running = asyncio.ensure_future(_consume(team.run_stream(task="go", cancellation_token=token)))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(running)
     token.cancel()
     asyncio.get_running_loop().call_soon(gate.open)
     with pytest.raises(asyncio.CancelledError):
@@ -42,7 +42,7 @@ async def _by_token(team: DurableGraphFlow, gate: Gate) -> None:
 
 async def _by_task_cancel(team: DurableGraphFlow, gate: Gate) -> None:
     running = asyncio.ensure_future(_consume(team.run_stream(task="go")))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(running)
     running.cancel()  # what Ctrl+C does to the main task under asyncio.run
     asyncio.get_running_loop().call_soon(gate.open)
     with pytest.raises(asyncio.CancelledError):
@@ -53,7 +53,7 @@ async def _by_aclose(team: DurableGraphFlow, gate: Gate) -> None:
     stream = team.run_stream(task="go")
     seen = [await anext(stream), await anext(stream)]  # the task, then A's answer
     assert [m.source for m in seen] == ["user", "A"]
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached()
     asyncio.get_running_loop().call_soon(gate.open)
     await stream.aclose()
 

@@ -23,7 +23,7 @@ async def _state_while_b_runs(url: str, graph_of: Any, names: str) -> dict[str, 
     agents = [Scripted(n, before=gate if n == "B" else None) for n in names]
     team = durable(agents, graph_of(*agents), url, "first")
     running = asyncio.create_task(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(running)
     state = dict(await team.save_state())
     gate.open()
     await running

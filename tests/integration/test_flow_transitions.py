@@ -96,7 +96,7 @@ async def test_late_or_duplicate_response_for_a_node_not_in_flight_is_ignored(st
     team = durable(agents, chain(*agents), store_url, "late")
     managers = capture_manager(team)
     running = asyncio.create_task(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(running)
     (manager,) = managers
 
     head = team.store.get_run("late").head_seq
@@ -118,7 +118,7 @@ async def test_second_driver_of_a_running_run_gets_run_locked_error_naming_the_o
     agents = [Scripted("A"), Scripted("B", before=gate), Scripted("C")]
     first = durable(agents, chain(*agents), store_url, "locked")
     running = asyncio.create_task(first.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(running)
 
     others = [Scripted(n) for n in "ABC"]
     second = durable(others, chain(*others), store_url, "locked")

@@ -34,7 +34,7 @@ def _close_stores() -> Iterator[None]:
 
 async def _interrupt_while_b_runs(team: GraphFlow, gate: Gate) -> dict[str, Any]:
     running = asyncio.create_task(team.run(task="start"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(running)
     state = dict(await team.save_state())
     running.cancel()
     asyncio.get_running_loop().call_soon(gate.open)  # B finishes its turn; its answer is lost

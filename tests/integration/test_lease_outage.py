@@ -80,7 +80,7 @@ async def test_lease_renewal_survives_a_postgres_outage_and_keeps_the_run_locked
     team = _team(server.url, "outage-short", calls, gate, lease)
     caplog.set_level(logging.INFO, logger="graphflow_durable.flow")
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
     with Store(server.url) as other:
         before = other.get_run("outage-short")
         assert before is not None
@@ -123,7 +123,7 @@ async def test_a_driver_that_cannot_renew_halts_before_its_lease_expires_and_the
     team = _team(server.url, "outage-long", calls, gate, lease)
     caplog.set_level(logging.INFO, logger="graphflow_durable.flow")
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
     await _outage(server, lease + 1.0)  # past the lease: another driver could have taken over
     gate.open()
     halted = await asyncio.wait_for(running, 20)
@@ -158,7 +158,7 @@ async def test_a_round_halted_because_the_lease_could_not_be_renewed_says_so_in_
     gate = Gate()
     team = _team(store_url, "unrenewed", calls, gate, lease)
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
 
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreError("renewing the lease: the server is not answering (test)")
@@ -285,7 +285,7 @@ async def test_a_commit_failing_in_an_outage_raises_its_own_error_and_the_run_re
     team = _team(server.url, "outage-commit", calls, gate, lease)
     errors = _first_commit_error(team)
     running = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
     await asyncio.to_thread(server.down)
     try:
         gate.open()  # B answers while the server is down: its commit fails
@@ -326,7 +326,7 @@ async def test_an_outage_while_a_batch_hands_its_answers_over_records_none_and_t
     errors = _first_commit_error(team)
     running = asyncio.ensure_future(team.run(task="go"))
     for gate in gates.values():
-        await asyncio.wait_for(gate.started.wait(), 10)
+        await gate.reached(running)
     await asyncio.to_thread(server.down)
     try:
         for gate in gates.values():  # both answer while the server is down

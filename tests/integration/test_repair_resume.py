@@ -89,7 +89,7 @@ async def live_mid_run_state(url: str) -> dict[str, Any]:
     gate = ml.Gate(1)
     next(a for a in agents if a.name == "C").before = gate
     running = asyncio.create_task(team.run(task=ml.TASK))
-    await asyncio.wait_for(gate.started.wait(), 10)
+    await gate.reached(running)
     previous: Any = None
     state: dict[str, Any] = {}
     for _ in range(300):  # until B's answer is in and two saves in a row agree

@@ -97,7 +97,7 @@ async def test_history_counts_the_attempts_of_a_node_that_ran_again_after_an_int
         interrupt_grace_seconds=0.1,
     )
     task = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(task)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -216,7 +216,7 @@ async def test_fork_of_a_running_run_at_its_head_is_refused_and_earlier_steps_ar
     team = durable(agents, loop_graph(agents), store_url, "live", MaxMessageTermination(60))
     task = asyncio.ensure_future(team.run(task="go"))
     try:
-        await asyncio.wait_for(gate.started.wait(), 5)
+        await gate.reached(task)
         run = team.run_info()
         assert run.status == "running"
         with pytest.raises(RunLockedError, match=f"step {run.head_seq} is its head"):
@@ -254,7 +254,7 @@ async def test_export_then_import_into_the_other_backend_resumes_and_finishes_th
         interrupt_grace_seconds=0.1,
     )
     task = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(task)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

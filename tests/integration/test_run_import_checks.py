@@ -201,7 +201,7 @@ async def test_an_export_imported_under_another_id_resumes_where_it_was_interrup
     gate = Gate(turn=1)
     team = _team(store_url, "moving", gate)
     task = asyncio.ensure_future(team.run(task="go"))
-    await asyncio.wait_for(gate.started.wait(), 5)
+    await gate.reached(task)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -446,7 +446,7 @@ class DurableGraphFlow(GraphFlow):
                         # The abandoned turns may still end in this process: no write of theirs may
                         # land on the run another process now drives (a token no lease ever has).
                         session.abandon()
-                    await to_the_end(session.end_trace())
+                    await to_the_end(session.end_trace(error))
         if finished_cleanly and refused is not None:
             raise refused  # an answer refused for the lost lease ends the round, as when awaited
 

@@ -20,9 +20,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import NoOpTracerProvider, SpanKind
+from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
-from agents import Scripted, chain, close_stores, durable, hanging
+from agents import Scripted, chain, close_stores, durable, failing, hanging
 from graphflow_durable import RetryPolicy, Store, TimeoutPolicy, Worker
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
@@ -148,6 +148,21 @@ async def test_a_meter_provider_alone_records_the_metrics_a_traced_run_records(
         p.value for p in metered["graphflow_durable.transitions"]
     )
     assert [dict(p.attributes) for p in metered["graphflow_durable.runs"]] == [{"status": "finished"}]
+
+
+async def test_a_failed_run_ends_its_workflow_span_in_error_with_the_errors_type_only(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    a, b = Scripted("a"), Scripted("b", before=failing(1))
+    team = durable([a, b], chain(a, b), sqlite_url, "broken", name="pipe", tracer_provider=_PROVIDER)
+    with pytest.raises(Exception) as raised:
+        await team.run(task="go")
+    (workflow,) = [s for s in spans.get_finished_spans() if s.name == "invoke_workflow pipe"]
+    attributes = dict(workflow.attributes or {})
+    assert attributes["graphflow_durable.status"] == "failed"
+    assert workflow.status.status_code is StatusCode.ERROR
+    assert attributes["error.type"] == workflow.status.description == type(raised.value).__name__
+    assert not any("connection reset" in v for v in _values(workflow))
 
 
 async def test_a_second_attach_joins_the_runs_trace_with_a_link_to_the_first(

@@ -359,9 +359,9 @@ class RunSession:
             took_over=self._died,
         )
 
-    async def end_trace(self) -> None:
+    async def end_trace(self, error: BaseException | None = None) -> None:
         """End the attach's workflow span with the run's status as stored now (read only when the
-        span or the metrics record it)."""
+        span or the metrics record it) and ``error``, what ended the attach if it failed."""
         telemetry = self.telemetry
         status = "unknown"
         if telemetry.enabled and self.control.said_lost:
@@ -374,7 +374,7 @@ class RunSession:
                     telemetry.round(await asyncio.to_thread(self.store._driver.rounds, self.run_id))
             except StoreError:
                 status = "unknown"
-        telemetry.end(status)
+        telemetry.end(status, error)
 
     def answer_used(self, request: InputRequest) -> None:
         """A turn takes ``request``'s answer: an ``answer`` event (never the answer's text)."""

@@ -19,7 +19,16 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-from opentelemetry.trace import Link, NoOpTracerProvider, Span, SpanKind, Tracer, TracerProvider
+from opentelemetry.trace import (
+    Link,
+    NoOpTracerProvider,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from graphflow_durable.context import ExecutionContext
@@ -277,8 +286,10 @@ class Telemetry:
         """The lease was lost: another driver holds the run."""
         self.event("lease_lost", {})
 
-    def end(self, status: str) -> None:
-        """End the attach's span with the run's ``status``; count the attach by status."""
+    def end(self, status: str, error: BaseException | None = None) -> None:
+        """End the attach's span with the run's ``status`` (a failed run: span status ERROR and
+        ``error.type``, ``error``'s type; never its message, which may quote a model's text); count
+        the attach by status."""
         span, self.span = self.span, None
         instruments, self._instruments = self._instruments, None
         if instruments is not None:
@@ -287,6 +298,10 @@ class Telemetry:
             return
         if span.is_recording():
             span.set_attribute(f"{_NS}.status", status)
+            if status == "failed":
+                error_type = "_OTHER" if error is None else type(error).__name__
+                span.set_attribute("error.type", error_type)
+                span.set_status(Status(StatusCode.ERROR, error_type))
         span.end()
 
 

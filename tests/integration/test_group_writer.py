@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -343,6 +345,18 @@ def test_teams_given_the_same_url_share_one_store(sqlite_url: str) -> None:
     assert second._session.store is first.store  # the session keeps what it opened
     third = durable([Scripted("A")], chain(Scripted("A")), sqlite_url, "three")
     assert third.store is not first.store and not third.store.closed  # a closed one is reopened
+
+
+def test_the_shared_stores_do_not_keep_a_closed_store_alive(tmp_path: Any) -> None:
+    team = durable([Scripted("A")], chain(Scripted("A")), f"sqlite:///{tmp_path / 'a.db'}", "one")
+    closed = weakref.ref(team.store)
+    team.store.close()
+    del team
+    close_stores()
+    other = durable([Scripted("A")], chain(Scripted("A")), f"sqlite:///{tmp_path / 'b.db'}", "two")
+    assert not other.store.closed
+    gc.collect()
+    assert closed() is None, "a closed store stays reachable from the process's shared stores"
 
 
 async def test_a_connection_that_cannot_be_opened_is_a_store_error_naming_the_commit(

@@ -73,8 +73,13 @@ def shared_store(url: str) -> Store:
     connection pool, one writer thread that commits their transitions together). A closed one is
     opened again."""
     with _opening:
+        # Forget the closed ones: each holds its engine's caches (thousands of objects), and a
+        # process that goes through many store URLs would keep every one it ever opened; their
+        # sheer number made each full garbage collection of a long test run pause for seconds.
+        for closed in [key for key, store in _opened.items() if store.closed]:
+            del _opened[closed]
         store = _opened.get(url)
-        if store is None or store.closed:
+        if store is None:
             store = _opened[url] = Store(url)
         return store
 

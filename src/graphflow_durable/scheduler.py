@@ -31,7 +31,7 @@ Nothing here does I/O. The only AutoGen names used are public ones (``DiGraph``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -174,6 +174,16 @@ class SchedulerState:
             "turn": self.turn,
         }
         targets = self.remaining.keys() | self.enqueued_any.keys() if self.touched is None else self.touched
+        if targets:  # else nothing differs from the armed graph (the usual case between two batches)
+            self._sparse_targets(spec, targets, out)
+        if self.triggered:
+            triggered = {t: list(g) for t, g in self.triggered.items() if g}
+            if triggered:
+                out["triggered"] = triggered
+        return out
+
+    def _sparse_targets(self, spec: GraphSpec, targets: Iterable[str], out: dict[str, Any]) -> None:
+        """Into ``out``: the counts and flags of ``targets`` that differ from the armed graph."""
         remaining = {
             t: changed
             for t in targets
@@ -190,10 +200,6 @@ class SchedulerState:
         flags = {t: sorted(g for g, f in self.enqueued_any.get(t, {}).items() if f) for t in targets}
         if any(flags.values()):
             out["enqueued_any"] = {t: g for t, g in flags.items() if g}
-        triggered = {t: list(g) for t, g in self.triggered.items() if g}
-        if triggered:
-            out["triggered"] = triggered
-        return out
 
     @classmethod
     def from_sparse_json(cls, data: Mapping[str, Any], spec: GraphSpec) -> SchedulerState:

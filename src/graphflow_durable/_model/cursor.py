@@ -198,30 +198,34 @@ class Cursor:
 
     # -- JSON ----------------------------------------------------------------------------------
 
-    def _in_flight_json(self) -> dict[str, Any]:
-        flying = sorted(set(self.sched.in_flight))  # once: this runs on every transition
-        return {
-            "dispatches": {n: list(self.dispatches[n]) for n in flying if n in self.dispatches},
-            "attempts": {n: self.attempts[n] for n in flying if n in self.attempts},
-            "dispatch_step": {n: self.dispatch_step[n] for n in flying if n in self.dispatch_step},
-            **({"keys": {n: self.keys[n] for n in flying if n in self.keys}} if self.keys else {}),
-            **_counts("failures", self.failures, flying),
-            **_counts("crashes", self.crashes, flying),
-            **_counts("retry_at", self.retry_at, flying),
-        }
-
     def to_json(self, spec: GraphSpec) -> dict[str, Any]:
         """The compact form stored with each step; its size follows the active frontier only."""
-        return {
+        # Built in place, key by key (no merged partial dicts): this runs on every transition.
+        out: dict[str, Any] = {
             "s": self.sched.to_sparse_json(spec),
             "origin": self.origin,
             "round_start": self.round_start,
             "batch_start": self.batch_start,
             "finished": self.finished,
-            **({"stopped": True} if self.stopped else {}),
-            **({"end_due": True} if self.end_due else {}),
-            **self._in_flight_json(),
         }
+        if self.stopped:
+            out["stopped"] = True
+        if self.end_due:
+            out["end_due"] = True
+        in_flight = self.sched.in_flight
+        # Sorted once; a batch of one (the usual case) is its own sorted set.
+        flying = in_flight if len(in_flight) < 2 else sorted(set(in_flight))
+        dispatches, attempts, steps = self.dispatches, self.attempts, self.dispatch_step
+        out["dispatches"] = {n: list(dispatches[n]) for n in flying if n in dispatches}
+        out["attempts"] = {n: attempts[n] for n in flying if n in attempts}
+        out["dispatch_step"] = {n: steps[n] for n in flying if n in steps}
+        if self.keys:
+            out["keys"] = {n: self.keys[n] for n in flying if n in self.keys}
+        if self.failures or self.crashes or self.retry_at:  # a run with a failure only
+            out.update(_counts("failures", self.failures, flying))
+            out.update(_counts("crashes", self.crashes, flying))
+            out.update(_counts("retry_at", self.retry_at, flying))
+        return out
 
     @classmethod
     def from_json(

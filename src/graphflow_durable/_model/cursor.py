@@ -116,7 +116,7 @@ class Cursor:
         dispatches = dict(self.dispatches)
         for name in speakers:
             dispatches[name] = (*dispatches.get(name, ())[-1:], at)
-        return Cursor(
+        return _cursor(
             sched,
             self.origin,
             self.round_start,
@@ -126,6 +126,11 @@ class Cursor:
             dict.fromkeys(sched.in_flight, 1),
             dict.fromkeys(sched.in_flight, step),
             self.stopped,
+            {},
+            {},
+            {},
+            {},
+            False,
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
@@ -160,7 +165,7 @@ class Cursor:
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
         # Constructed directly, not with dataclasses.replace: this runs on every completion.
         still = sched.in_flight
-        return Cursor(
+        return _cursor(
             sched,
             self.origin,
             self.round_start,
@@ -174,6 +179,7 @@ class Cursor:
             {n: f for n, f in self.failures.items() if n in still} if self.failures else self.failures,
             {n: c for n, c in self.crashes.items() if n in still} if self.crashes else self.crashes,
             {n: t for n, t in self.retry_at.items() if n in still} if self.retry_at else self.retry_at,
+            False,
         )
 
     def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
@@ -310,3 +316,44 @@ class Cursor:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc
+
+
+_new = object.__new__
+
+
+def _cursor(
+    sched: SchedulerState,
+    origin: int,
+    round_start: int,
+    batch_start: int,
+    finished: bool,
+    dispatches: Mapping[str, tuple[int, ...]],
+    attempts: Mapping[str, int],
+    dispatch_step: Mapping[str, int],
+    stopped: bool,
+    keys: Mapping[str, str],
+    failures: Mapping[str, int],
+    crashes: Mapping[str, int],
+    retry_at: Mapping[str, float],
+    end_due: bool,
+) -> Cursor:
+    """``Cursor(sched, ..., end_due)``, the same value, made without the frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` call per field, about twice the time): a transition
+    makes one. Every field is given: none is defaulted."""
+    cursor: Cursor = _new(Cursor)
+    fields = cursor.__dict__
+    fields["sched"] = sched
+    fields["origin"] = origin
+    fields["round_start"] = round_start
+    fields["batch_start"] = batch_start
+    fields["finished"] = finished
+    fields["dispatches"] = dispatches
+    fields["attempts"] = attempts
+    fields["dispatch_step"] = dispatch_step
+    fields["stopped"] = stopped
+    fields["keys"] = keys
+    fields["failures"] = failures
+    fields["crashes"] = crashes
+    fields["retry_at"] = retry_at
+    fields["end_due"] = end_due
+    return cursor

@@ -116,21 +116,20 @@ class Cursor:
         dispatches = dict(self.dispatches)
         for name in speakers:
             dispatches[name] = (*dispatches.get(name, ())[-1:], at)
-        return _cursor(
-            sched,
-            self.origin,
-            self.round_start,
-            at,
-            self.finished,
-            dispatches,
-            dict.fromkeys(sched.in_flight, 1),
-            dict.fromkeys(sched.in_flight, step),
-            self.stopped,
-            {},
-            {},
-            {},
-            {},
-            False,
+        return _with(
+            self,
+            {
+                "sched": sched,
+                "batch_start": at,
+                "dispatches": dispatches,
+                "attempts": dict.fromkeys(sched.in_flight, 1),
+                "dispatch_step": dict.fromkeys(sched.in_flight, step),
+                "keys": {},
+                "failures": {},
+                "crashes": {},
+                "retry_at": {},
+                "end_due": False,
+            },
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
@@ -163,23 +162,26 @@ class Cursor:
         return replace(self, failures={}, crashes={}, retry_at={})
 
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
-        # Constructed directly, not with dataclasses.replace: this runs on every completion.
+        # Not with dataclasses.replace (its __init__ is the slower part): this runs on every completion.
         still = sched.in_flight
-        return _cursor(
-            sched,
-            self.origin,
-            self.round_start,
-            self.batch_start,
-            self.finished,
-            self.dispatches,
-            {n: a for n, a in self.attempts.items() if n in still},
-            {n: s for n, s in self.dispatch_step.items() if n in still},
-            self.stopped,
-            {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
-            {n: f for n, f in self.failures.items() if n in still} if self.failures else self.failures,
-            {n: c for n, c in self.crashes.items() if n in still} if self.crashes else self.crashes,
-            {n: t for n, t in self.retry_at.items() if n in still} if self.retry_at else self.retry_at,
-            False,
+        return _with(
+            self,
+            {
+                "sched": sched,
+                "attempts": {n: a for n, a in self.attempts.items() if n in still},
+                "dispatch_step": {n: s for n, s in self.dispatch_step.items() if n in still},
+                "keys": {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
+                "failures": {n: f for n, f in self.failures.items() if n in still}
+                if self.failures
+                else self.failures,
+                "crashes": {n: c for n, c in self.crashes.items() if n in still}
+                if self.crashes
+                else self.crashes,
+                "retry_at": {n: t for n, t in self.retry_at.items() if n in still}
+                if self.retry_at
+                else self.retry_at,
+                "end_due": False,
+            },
         )
 
     def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
@@ -321,39 +323,12 @@ class Cursor:
 _new = object.__new__
 
 
-def _cursor(
-    sched: SchedulerState,
-    origin: int,
-    round_start: int,
-    batch_start: int,
-    finished: bool,
-    dispatches: Mapping[str, tuple[int, ...]],
-    attempts: Mapping[str, int],
-    dispatch_step: Mapping[str, int],
-    stopped: bool,
-    keys: Mapping[str, str],
-    failures: Mapping[str, int],
-    crashes: Mapping[str, int],
-    retry_at: Mapping[str, float],
-    end_due: bool,
-) -> Cursor:
-    """``Cursor(sched, ..., end_due)``, the same value, made without the frozen dataclass's
-    ``__init__`` (one ``object.__setattr__`` call per field, about twice the time): a transition
-    makes one. Every field is given: none is defaulted."""
-    cursor: Cursor = _new(Cursor)
-    fields = cursor.__dict__
-    fields["sched"] = sched
-    fields["origin"] = origin
-    fields["round_start"] = round_start
-    fields["batch_start"] = batch_start
-    fields["finished"] = finished
-    fields["dispatches"] = dispatches
-    fields["attempts"] = attempts
-    fields["dispatch_step"] = dispatch_step
-    fields["stopped"] = stopped
-    fields["keys"] = keys
-    fields["failures"] = failures
-    fields["crashes"] = crashes
-    fields["retry_at"] = retry_at
-    fields["end_due"] = end_due
-    return cursor
+def _with(cursor: Cursor, changes: dict[str, Any]) -> Cursor:
+    """``dataclasses.replace(cursor, **changes)``, the same value, made without the frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` call per field, about twice the time): a
+    transition makes one."""
+    new: Cursor = _new(Cursor)
+    fields = new.__dict__
+    fields.update(cursor.__dict__)
+    fields.update(changes)
+    return new

@@ -152,7 +152,7 @@ def test_answered_forgets_the_bookkeeping_of_the_node_that_answered_only() -> No
 
 def test_cursors_the_transitions_make_are_the_values_the_constructor_makes_with_every_field_set() -> None:
     # dispatched() and answered() make their cursors without the dataclass's __init__ (it is
-    # slower): a field added to Cursor and not set there would be missing here.
+    # slower): every field must be there, and the value be the one the constructor makes.
     cursor = Cursor(initial(SPEC)).dispatched(flying("B", "C"), ["B", "C"], at=2, step=5)
     names = {f.name for f in fields(Cursor)}
     for value in (cursor, cursor.answered("B", flying("C")), cursor.failed("C").answered("B", flying("C"))):

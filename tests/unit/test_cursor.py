@@ -6,7 +6,7 @@ full form, docs/state-format.md): a field lost in either round trip is a resume 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -148,6 +148,17 @@ def test_answered_forgets_the_bookkeeping_of_the_node_that_answered_only() -> No
     assert after.dispatches == cursor.dispatches  # dispatch points outlive the turn (buffer rule)
     assert after.status == "interrupted"
     assert cursor.answered("C", flying()).answered("B", flying()).status == "running"
+
+
+def test_cursors_the_transitions_make_are_the_values_the_constructor_makes_with_every_field_set() -> None:
+    # dispatched() and answered() make their cursors without the dataclass's __init__ (it is
+    # slower): every field must be there, and the value be the one the constructor makes.
+    cursor = Cursor(initial(SPEC)).dispatched(flying("B", "C"), ["B", "C"], at=2, step=5)
+    names = {f.name for f in fields(Cursor)}
+    for value in (cursor, cursor.answered("B", flying("C")), cursor.failed("C").answered("B", flying("C"))):
+        assert set(vars(value)) == names
+        rebuilt = Cursor(**vars(value))
+        assert rebuilt == value and repr(rebuilt) == repr(value)
 
 
 @pytest.mark.parametrize(("stopped", "status"), [(True, "stopped"), (False, "finished")])

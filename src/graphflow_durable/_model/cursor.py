@@ -116,16 +116,20 @@ class Cursor:
         dispatches = dict(self.dispatches)
         for name in speakers:
             dispatches[name] = (*dispatches.get(name, ())[-1:], at)
-        return Cursor(
-            sched,
-            self.origin,
-            self.round_start,
-            at,
-            self.finished,
-            dispatches,
-            dict.fromkeys(sched.in_flight, 1),
-            dict.fromkeys(sched.in_flight, step),
-            self.stopped,
+        return _with(
+            self,
+            {
+                "sched": sched,
+                "batch_start": at,
+                "dispatches": dispatches,
+                "attempts": dict.fromkeys(sched.in_flight, 1),
+                "dispatch_step": dict.fromkeys(sched.in_flight, step),
+                "keys": {},
+                "failures": {},
+                "crashes": {},
+                "retry_at": {},
+                "end_due": False,
+            },
         )
 
     def redispatched(self, speakers: Sequence[str]) -> Cursor:
@@ -158,22 +162,26 @@ class Cursor:
         return replace(self, failures={}, crashes={}, retry_at={})
 
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
-        # Constructed directly, not with dataclasses.replace: this runs on every completion.
+        # Not with dataclasses.replace (its __init__ is the slower part): this runs on every completion.
         still = sched.in_flight
-        return Cursor(
-            sched,
-            self.origin,
-            self.round_start,
-            self.batch_start,
-            self.finished,
-            self.dispatches,
-            {n: a for n, a in self.attempts.items() if n in still},
-            {n: s for n, s in self.dispatch_step.items() if n in still},
-            self.stopped,
-            {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
-            {n: f for n, f in self.failures.items() if n in still} if self.failures else self.failures,
-            {n: c for n, c in self.crashes.items() if n in still} if self.crashes else self.crashes,
-            {n: t for n, t in self.retry_at.items() if n in still} if self.retry_at else self.retry_at,
+        return _with(
+            self,
+            {
+                "sched": sched,
+                "attempts": {n: a for n, a in self.attempts.items() if n in still},
+                "dispatch_step": {n: s for n, s in self.dispatch_step.items() if n in still},
+                "keys": {n: k for n, k in self.keys.items() if n in still} if self.keys else self.keys,
+                "failures": {n: f for n, f in self.failures.items() if n in still}
+                if self.failures
+                else self.failures,
+                "crashes": {n: c for n, c in self.crashes.items() if n in still}
+                if self.crashes
+                else self.crashes,
+                "retry_at": {n: t for n, t in self.retry_at.items() if n in still}
+                if self.retry_at
+                else self.retry_at,
+                "end_due": False,
+            },
         )
 
     def ended(self, sched: SchedulerState, *, stopped: bool) -> Cursor:
@@ -198,30 +206,34 @@ class Cursor:
 
     # -- JSON ----------------------------------------------------------------------------------
 
-    def _in_flight_json(self) -> dict[str, Any]:
-        flying = sorted(set(self.sched.in_flight))  # once: this runs on every transition
-        return {
-            "dispatches": {n: list(self.dispatches[n]) for n in flying if n in self.dispatches},
-            "attempts": {n: self.attempts[n] for n in flying if n in self.attempts},
-            "dispatch_step": {n: self.dispatch_step[n] for n in flying if n in self.dispatch_step},
-            **({"keys": {n: self.keys[n] for n in flying if n in self.keys}} if self.keys else {}),
-            **_counts("failures", self.failures, flying),
-            **_counts("crashes", self.crashes, flying),
-            **_counts("retry_at", self.retry_at, flying),
-        }
-
     def to_json(self, spec: GraphSpec) -> dict[str, Any]:
         """The compact form stored with each step; its size follows the active frontier only."""
-        return {
+        # Built in place, key by key (no merged partial dicts): this runs on every transition.
+        out: dict[str, Any] = {
             "s": self.sched.to_sparse_json(spec),
             "origin": self.origin,
             "round_start": self.round_start,
             "batch_start": self.batch_start,
             "finished": self.finished,
-            **({"stopped": True} if self.stopped else {}),
-            **({"end_due": True} if self.end_due else {}),
-            **self._in_flight_json(),
         }
+        if self.stopped:
+            out["stopped"] = True
+        if self.end_due:
+            out["end_due"] = True
+        in_flight = self.sched.in_flight
+        # Sorted once; a batch of one (the usual case) is its own sorted set.
+        flying = in_flight if len(in_flight) < 2 else sorted(set(in_flight))
+        dispatches, attempts, steps = self.dispatches, self.attempts, self.dispatch_step
+        out["dispatches"] = {n: list(dispatches[n]) for n in flying if n in dispatches}
+        out["attempts"] = {n: attempts[n] for n in flying if n in attempts}
+        out["dispatch_step"] = {n: steps[n] for n in flying if n in steps}
+        if self.keys:
+            out["keys"] = {n: self.keys[n] for n in flying if n in self.keys}
+        if self.failures or self.crashes or self.retry_at:  # a run with a failure only
+            out.update(_counts("failures", self.failures, flying))
+            out.update(_counts("crashes", self.crashes, flying))
+            out.update(_counts("retry_at", self.retry_at, flying))
+        return out
 
     @classmethod
     def from_json(
@@ -306,3 +318,17 @@ class Cursor:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: a list for a map
             raise StateFormatError(f"graphflow_durable section has the wrong shape: {exc!r}") from exc
+
+
+_new = object.__new__
+
+
+def _with(cursor: Cursor, changes: dict[str, Any]) -> Cursor:
+    """``dataclasses.replace(cursor, **changes)``, the same value, made without the frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` call per field, about twice the time): a
+    transition makes one."""
+    new: Cursor = _new(Cursor)
+    fields = new.__dict__
+    fields.update(cursor.__dict__)
+    fields.update(changes)
+    return new

@@ -18,7 +18,7 @@ ending the run; with no policy, it ends the run as in GraphFlow. A nested team's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -223,10 +223,16 @@ class DurableChatAgentContainer(ChatAgentContainer):
             ):
                 tag_agent_span(execution)  # the span GraphFlow's container opens, with the turn's ids
                 response: Response | None = None
-                stream = agent.on_messages_stream(self._message_buffer, token)
-                async for item in within_limits(
-                    stream, limits, node=name, attempt=attempt, cancellation_token=token
-                ):
+                stream: AsyncIterator[BaseAgentEvent | BaseChatMessage | Response] = agent.on_messages_stream(
+                    self._message_buffer, token
+                )
+                if limits is not None:
+                    # Wrapped only under a policy: without one within_limits only passes the items
+                    # on, one more async generator resumed per item of every turn.
+                    stream = within_limits(
+                        stream, limits, node=name, attempt=attempt, cancellation_token=token
+                    )
+                async for item in stream:
                     if isinstance(item, Response):
                         await self._log_message(item.chat_message)
                         response = item

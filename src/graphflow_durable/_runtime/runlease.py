@@ -73,6 +73,9 @@ class RunLease:
         self.token = 0
         self.confirmed_at = -math.inf  # monotonic time the last successful acquire/renew was sent
         self.released = False  # a commit of the session gave the lease up (the round's last one)
+        # How long after a confirmation the lease is fresh: the key (its lease period) is this
+        # lease's for good, and fresh() runs twice per transition.
+        self._fresh_for = self.seconds - self.margin
 
     @property
     def seconds(self) -> float:
@@ -85,7 +88,7 @@ class RunLease:
 
     def fresh(self) -> bool:
         """Whether the lease is surely still ours by the monotonic clock (no database call)."""
-        return time.monotonic() - self.confirmed_at < self.seconds - self.margin
+        return time.monotonic() - self.confirmed_at < self._fresh_for
 
     async def may_start(self, node: str) -> bool:
         """Just before ``node``'s agent starts: whether the lease is still ours.

@@ -308,10 +308,12 @@ class Telemetry:
 def tag_agent_span(execution: ExecutionContext | None) -> None:
     """Give the current span (AutoGen's ``invoke_agent`` span of a turn) the turn's node, step,
     attempt and run."""
-    if execution is None or tracing_disabled():
+    if execution is None:
         return
+    # The span first: with no SDK (the usual case) it does not record, and reading it costs less
+    # than reading the environment, which this runs on every turn.
     span = trace.get_current_span()
-    if not span.is_recording():
+    if not span.is_recording() or tracing_disabled():
         return
     span.set_attributes(
         {
@@ -326,10 +328,8 @@ def tag_agent_span(execution: ExecutionContext | None) -> None:
 def record_output(message: Any) -> None:
     """A turn's answer (an AutoGen chat message): ``gen_ai.output.messages`` on the current span
     (AutoGen's ``invoke_agent`` span of the turn), only when message content is opted in."""
-    if tracing_disabled() or not _capture_content():
-        return
-    span = trace.get_current_span()
-    if span.is_recording():
+    span = trace.get_current_span()  # first: see tag_agent_span
+    if span.is_recording() and not tracing_disabled() and _capture_content():
         span.set_attribute("gen_ai.output.messages", _messages("assistant", [message]))
 
 

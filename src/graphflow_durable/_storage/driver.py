@@ -232,6 +232,8 @@ def encode_commit(request: CommitRequest, now: float) -> CommitParams:
 
 def _step_kind(run_id: str, kind: str) -> str:
     """The stored text of a step kind; an unknown kind is the caller's mistake."""
+    if type(kind) is StepKind:  # the runtime's steps: no lookup through the enum's constructor
+        return kind.value
     try:
         return StepKind(kind).value
     except ValueError:

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import os
+import queue
 import re
 import sqlite3
 import tempfile
@@ -335,6 +336,36 @@ def test_a_forked_child_gets_a_writer_of_its_own(sqlite_url: str) -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert store._driver.commit(CommitRequest("r", expected_head=2, fencing_token=1, step=step)) == 3
     store.close()
+
+
+async def test_a_commit_handed_over_while_the_thread_holds_an_earlier_one_is_written_after_it(
+    sqlite_url: str,
+) -> None:
+    """SQLite NORMAL writes a commit inline when the writer is idle. A thread that has taken an
+    earlier commit of the run off its queue, and not written it yet, is not idle: the next commit
+    must follow that one, not overtake it and be refused as if another writer had moved the head."""
+    store = Store(f"{sqlite_url}?synchronous=NORMAL")
+    _create(store, "r")
+    writer = store._driver._writer
+    assert writer._inline and writer._thread is None
+    taken, go = threading.Event(), threading.Event()
+
+    class Pausing(queue.SimpleQueue[Any]):
+        def get(self, block: bool = True, timeout: float | None = None) -> Any:
+            items = super().get(block, timeout)
+            if items is not None and not taken.is_set():
+                taken.set()  # as if the thread lost the interpreter right after taking them
+                go.wait(10)
+            return items
+
+    writer._inbox = Pausing()
+    with writer._writing:  # busy: the first commit goes to the thread
+        first = _step(store, "r", 0)
+    assert await asyncio.to_thread(taken.wait, 10)
+    second = _step(store, "r", 1)
+    go.set()
+    assert (await first, await second) == (1, 2)
+    assert store.get_run("r").head_seq == 2  # type: ignore[union-attr]
 
 
 def test_teams_given_the_same_url_share_one_store(sqlite_url: str) -> None:

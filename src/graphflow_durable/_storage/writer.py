@@ -315,6 +315,9 @@ class CommitWriter:
         # sqlite3 runs with isolation_level=None (see engine): the commit path must BEGIN itself.
         self._begin = "BEGIN IMMEDIATE" if engines.dialect == "sqlite" else None
         self._inbox: queue.SimpleQueue[list[Item] | None] = queue.SimpleQueue()
+        # Hand-overs queued for the thread and not written yet (under _start_lock): an empty inbox
+        # is not enough to write inline, as the thread may hold what it took off it, unwritten.
+        self._queued = 0
         self._held = threading.local()  # .items: what this thread hands over at the end of together()
         self._thread: threading.Thread | None = None
         self._pid: int | None = None  # the process the thread runs in
@@ -386,9 +389,10 @@ class CommitWriter:
             if self.closed:
                 raise RuntimeError("the store is closed; open a new Store to write")
             if self._pid != os.getpid():  # first use, or a child of a fork: its own queue and thread
-                self._pid, self._inbox = os.getpid(), queue.SimpleQueue()
+                self._pid, self._inbox, self._queued = os.getpid(), queue.SimpleQueue(), 0
                 self._kept = self._thread = None
-            inline = self._inline and self._inbox.empty() and self._writing.acquire(blocking=False)
+            # Inline only behind nothing: a commit must not overtake an earlier one of its run.
+            inline = self._inline and not self._queued and self._writing.acquire(blocking=False)
             if not inline:
                 self._queue(items)
                 return
@@ -420,6 +424,7 @@ class CommitWriter:
             thread.name = "graphflow-durable-writer"
             thread.start()
             self._thread = thread
+        self._queued += 1
         self._inbox.put(items)
 
     @property
@@ -448,6 +453,7 @@ class CommitWriter:
             if first is None:
                 return
             group = list(first)
+            taken = 1
             stop = False
             while len(group) < MAX_GROUP:
                 try:
@@ -458,8 +464,11 @@ class CommitWriter:
                     stop = True
                     break
                 group.extend(items)
+                taken += 1
             with self._writing:
                 self._write_group(group)
+            with self._start_lock:
+                self._queued -= taken
             if stop:
                 return
 

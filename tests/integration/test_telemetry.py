@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
 from agents import Scripted, chain, close_stores, durable, failing, hanging
-from graphflow_durable import RetryPolicy, Store, TimeoutPolicy, Worker
+from graphflow_durable import DurableGraphFlow, RetryPolicy, Store, TimeoutPolicy, Worker
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
 from poolteam import team as pool_team
@@ -52,6 +52,22 @@ def _metrics(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
             for metric in scope.metrics:
                 found.setdefault(metric.name, []).extend(metric.data.data_points)
     return found
+
+
+def _pipe(
+    url: str, run_id: str, reader: InMemoryMetricReader, tracer_provider: trace.TracerProvider
+) -> DurableGraphFlow:
+    """A two-agent chain named ``pipe``, traced by ``tracer_provider``, metered into ``reader``."""
+    a, b = Scripted("a"), Scripted("b")
+    return durable(
+        [a, b],
+        chain(a, b),
+        url,
+        run_id,
+        name="pipe",
+        tracer_provider=tracer_provider,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
 
 
 def _values(span: ReadableSpan) -> list[str]:
@@ -122,17 +138,7 @@ async def test_a_meter_provider_alone_records_the_metrics_a_traced_run_records(
 ) -> None:
     async def run(run_id: str, tracer_provider: trace.TracerProvider) -> dict[str, list[Any]]:
         reader = InMemoryMetricReader()
-        a, b = Scripted("a"), Scripted("b")
-        team = durable(
-            [a, b],
-            chain(a, b),
-            store_url,
-            run_id,
-            name="pipe",
-            tracer_provider=tracer_provider,
-            meter_provider=MeterProvider(metric_readers=[reader]),
-        )
-        await team.run(task="go")
+        await _pipe(store_url, run_id, reader, tracer_provider).run(task="go")
         return _metrics(reader)
 
     traced = await run("traced", _PROVIDER)
@@ -187,17 +193,7 @@ async def test_tracing_disabled_by_autogens_switch_records_nothing(
 ) -> None:
     monkeypatch.setenv("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")
     reader = InMemoryMetricReader()
-    a, b = Scripted("a"), Scripted("b")
-    team = durable(
-        [a, b],
-        chain(a, b),
-        sqlite_url,
-        "dark",
-        name="pipe",
-        tracer_provider=_PROVIDER,
-        meter_provider=MeterProvider(metric_readers=[reader]),
-    )
-    await team.run(task="go")
+    await _pipe(sqlite_url, "dark", reader, _PROVIDER).run(task="go")
     ours = [
         s
         for s in spans.get_finished_spans()

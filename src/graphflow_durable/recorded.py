@@ -33,9 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping, Sequence
+from contextvars import ContextVar, Token
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 import pydantic_core
@@ -70,7 +69,8 @@ __all__ = [
     "RecordedStreamWorkbench",
     "RecordedWorkbench",
     "recorded",
-    "recording",
+    "start_recording",
+    "stop_recording",
 ]
 
 logger = logging.getLogger("graphflow_durable.flow")
@@ -230,15 +230,17 @@ class _Scope:
 _scope: ContextVar[_Scope | None] = ContextVar("graphflow_durable_recorded_calls", default=None)
 
 
-@contextmanager
-def recording(link: CallLink) -> Iterator[None]:
-    """While a node's agent runs (the container's ``running(node)``): the wrappers it calls through
-    record in ``link``'s store. Each entry is one attempt (its ordinals start at 0)."""
-    token = _scope.set(_Scope(link))
-    try:
-        yield
-    finally:
-        _scope.reset(token)
+def start_recording(link: CallLink) -> Token[_Scope | None]:
+    """From here until :func:`stop_recording` (the container's ``running(node)``, while a node's
+    agent runs): the wrappers it calls through record in ``link``'s store. Each start is one
+    attempt (its ordinals start at 0). Two functions, not a context manager, so that the
+    container's own context manager sets it without a second generator per turn."""
+    return _scope.set(_Scope(link))
+
+
+def stop_recording(token: Token[_Scope | None]) -> None:
+    """End what :func:`start_recording` began (``token`` is what it returned)."""
+    _scope.reset(token)
 
 
 def _current_turn() -> _TurnCalls | None:

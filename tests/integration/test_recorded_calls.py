@@ -44,7 +44,7 @@ from graphflow_durable import (
     UsageError,
     recorded,
 )
-from graphflow_durable.recorded import recording
+from graphflow_durable.recorded import start_recording, stop_recording
 
 
 @pytest.fixture(autouse=True)
@@ -490,8 +490,11 @@ async def test_outside_a_durable_turn_the_wrappers_call_straight_through(sqlite_
     # a link without an execution context (no durable turn): still straight through
     store = Store(sqlite_url)
     try:
-        with recording(_Link(store)):
+        token = start_recording(_Link(store))
+        try:
             await client.create([UserMessage(content="hi", source="u")])
+        finally:
+            stop_recording(token)
         assert calls == [0, 0, 0]
     finally:
         store.close()

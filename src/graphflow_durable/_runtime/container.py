@@ -50,7 +50,7 @@ from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
 from graphflow_durable._runtime.telemetry import record_output, tag_agent_span
 from graphflow_durable.context import ExecutionContext
 from graphflow_durable.errors import NodeTimeoutError
-from graphflow_durable.recorded import CallLink, recording
+from graphflow_durable.recorded import CallLink, start_recording, stop_recording
 from graphflow_durable.retry import RetryPolicy, TimeoutPolicy, within_limits
 from graphflow_durable.store import Store
 
@@ -126,10 +126,11 @@ class Turns:
         the run's link for recorded model and tool calls (each entry is one attempt of the turn)."""
         context = _context._current.set(self._contexts.get(node))
         store = _outer_store.set(self._link.store)
+        calls = start_recording(self._link)
         try:
-            with recording(self._link):
-                yield
+            yield
         finally:
+            stop_recording(calls)
             _outer_store.reset(store)
             _context._current.reset(context)
 

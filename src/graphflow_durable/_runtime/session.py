@@ -166,12 +166,13 @@ class RunSession:
         (its store, id, owner, lease period) is another than the one they were made for."""
         key = self._key
         # Compared field by field, not by building a RunKey to compare: this runs several times
-        # per transition (the store by identity, as RunKey's equality does).
+        # per transition (the store by identity, as RunKey's equality does; the opened one, read
+        # without the property: a session whose store is not open yet has no key either).
         if (
             key is None
             or self._lease is None
             or self._commits is None
-            or key.store is not self.store
+            or key.store is not self._store
             or key.run_id != self.run_id
             or key.owner != self.owner
             or key.lease_seconds != self.lease_seconds

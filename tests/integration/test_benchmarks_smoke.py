@@ -140,3 +140,18 @@ def test_quick_concurrency_benchmark_with_postgres_and_a_worker_pool(
         assert row["transitions_per_s"] > 0
     assert pool[0]["speedup"] == 1.0
     assert "### Worker pool on PostgreSQL" in (tmp_path / "concurrency.md").read_text()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("config", ["plain", "normal", "full"])
+def test_the_program_the_instruction_count_measures_runs_its_transitions(config: str) -> None:
+    """``instructions.py`` counts under valgrind a child that runs the loop case; run natively, the
+    child completes the transitions it was asked for (it exits non-zero on any other count)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "instructions.py"), "--child", config, "6", "100"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]

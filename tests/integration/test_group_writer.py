@@ -29,6 +29,7 @@ from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMess
 
 from agents import Scripted, Ticker, chain, close_stores, durable, stored_transcript
 from graphflow_durable._model.cursor import Cursor
+from graphflow_durable._runtime import config
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable.errors import ConflictError, LeaseLostError, StoreError, UsageError
 from graphflow_durable.scheduler import GraphSpec, initial
@@ -388,6 +389,32 @@ def test_the_shared_stores_do_not_keep_a_closed_store_alive(tmp_path: Any) -> No
     assert not other.store.closed
     gc.collect()
     assert closed() is None, "a closed store stays reachable from the process's shared stores"
+
+
+async def test_a_team_given_a_store_url_opens_it_off_the_event_loop(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run of a team given a store URL opens the store (engine, schema, migrations) in a
+    thread, so that the other runs on the event loop do not wait for it; the run then commits as
+    ever."""
+    opened_on: list[int] = []
+
+    class Watched(config.Store):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            opened_on.append(threading.get_ident())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(config, "Store", Watched)
+    team = durable(
+        [Scripted("A"), Scripted("B")],
+        chain(Scripted("A"), Scripted("B")),
+        f"sqlite:///{tmp_path / 'x.db'}",
+        "r",
+    )
+    result = await team.run(task="go")
+    assert len(opened_on) == 1 and opened_on[0] != threading.get_ident()
+    assert [m.source for m in result.messages] == ["user", "A", "B"]
+    assert team.store.get_run("r").status == "finished"  # type: ignore[union-attr]
 
 
 async def test_a_connection_that_cannot_be_opened_is_a_store_error_naming_the_commit(

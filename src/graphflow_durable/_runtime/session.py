@@ -279,7 +279,10 @@ class RunSession:
         Returns the run's record, or ``None`` for a new run: it is created in the transaction of
         the round's first commit (``Commits.create_with_first``), the lease with it.
         """
-        store = self.store
+        # Opening a store by URL (its engine, its schema checked and migrated) takes tens of
+        # milliseconds, more on a new database: done in a thread, so that the other runs on this
+        # event loop do not stall for it (shared_store is thread-safe).
+        store = self._store if self._store is not None else await asyncio.to_thread(lambda: self.store)
         lease, commits = self._bound()
         started = time.monotonic()
         run = store.get_run(self.run_id)

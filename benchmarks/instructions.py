@@ -40,7 +40,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def one_run(config: str, n: int, size: int) -> None:
-    """The measured program: one run of the loop case under ``config`` (plain | normal | full)."""
+    """The measured program: one run of the loop case under ``config`` (plain | normal | full).
+    Not ``harness.run_graphflow``: its size measurement after the run checkpoints the WAL, work
+    that grows with the run and would be counted as the transitions' (0.4 system calls each)."""
     sys.path.insert(0, str(HERE))
     from graphflow_durable.store import Store
     from harness import Case, build_team

@@ -12,13 +12,18 @@ state), shows in the transcript. Hooks let a test make a turn wait, fail, hang o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import os
+import re
 import signal
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+import sqlite3
+import tempfile
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from autogen_agentchat.agents import BaseChatAgent
 from autogen_agentchat.base import Response, TerminationCondition
 from autogen_agentchat.messages import (
@@ -489,3 +494,34 @@ def capture_manager(team: DurableGraphFlow) -> list[Any]:
 def manager_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """The manager's entry of a saved team state."""
     return next(s for s in state["agent_states"].values() if "message_thread" in s)
+
+
+@contextlib.contextmanager
+def statements(store: Store) -> Iterator[list[str]]:
+    """The statements the database runs for ``store`` inside the block, as the database saw them:
+    SQLite's statement text (its trace callback), PostgreSQL's command tags (libpq's trace of the
+    protocol: ``INSERT 0 3`` is one statement that inserted three rows)."""
+    seen: list[str] = []
+    engine = store._e.engine
+    trace = tempfile.TemporaryFile()  # noqa: SIM115 -- libpq writes to it until the block ends
+
+    def checkout(dbapi: Any, _record: Any, _proxy: Any) -> None:
+        if isinstance(dbapi, sqlite3.Connection):
+            dbapi.set_trace_callback(seen.append)
+        else:
+            dbapi.pgconn.trace(trace.fileno())
+
+    def checkin(dbapi: Any, _record: Any) -> None:
+        if not isinstance(dbapi, sqlite3.Connection) and dbapi is not None:
+            dbapi.pgconn.untrace()
+
+    sa.event.listen(engine, "checkout", checkout)
+    sa.event.listen(engine, "checkin", checkin)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "checkout", checkout)
+        sa.event.remove(engine, "checkin", checkin)
+        with trace:
+            trace.seek(0)
+            seen += re.findall(r'\tCommandComplete\t "([^"]*)"', trace.read().decode(errors="replace"))

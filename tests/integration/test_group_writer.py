@@ -8,14 +8,12 @@ behind, and all of them form the next group once the lock is let go.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
 import queue
 import re
 import sqlite3
-import tempfile
 import threading
 import time
 import weakref
@@ -27,7 +25,7 @@ import sqlalchemy as sa
 from autogen_agentchat.base import TerminationCondition
 from autogen_agentchat.messages import BaseAgentEvent, BaseChatMessage, StopMessage
 
-from agents import Scripted, Ticker, chain, close_stores, durable, stored_transcript
+from agents import Scripted, Ticker, chain, close_stores, durable, statements, stored_transcript
 from graphflow_durable._model.cursor import Cursor
 from graphflow_durable._runtime import config
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
@@ -797,37 +795,6 @@ async def test_after_a_refused_creation_the_next_run_takes_the_other_drivers_run
     assert run is not None and run.status == "finished" and run.fencing_token == 2
 
 
-@contextlib.contextmanager
-def _statements(store: Store) -> Iterator[list[str]]:
-    """The statements the database runs for ``store`` inside the block, as the database saw them:
-    SQLite's statement text (its trace callback), PostgreSQL's command tags (libpq's trace of the
-    protocol: ``INSERT 0 3`` is one statement that inserted three rows)."""
-    seen: list[str] = []
-    engine = store._e.engine
-    trace = tempfile.TemporaryFile()  # noqa: SIM115 -- libpq writes to it until the block ends
-
-    def checkout(dbapi: Any, _record: Any, _proxy: Any) -> None:
-        if isinstance(dbapi, sqlite3.Connection):
-            dbapi.set_trace_callback(seen.append)
-        else:
-            dbapi.pgconn.trace(trace.fileno())
-
-    def checkin(dbapi: Any, _record: Any) -> None:
-        if not isinstance(dbapi, sqlite3.Connection) and dbapi is not None:
-            dbapi.pgconn.untrace()
-
-    sa.event.listen(engine, "checkout", checkout)
-    sa.event.listen(engine, "checkin", checkin)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(engine, "checkout", checkout)
-        sa.event.remove(engine, "checkin", checkin)
-        with trace:
-            trace.seek(0)
-            seen += re.findall(r'\tCommandComplete\t "([^"]*)"', trace.read().decode(errors="replace"))
-
-
 async def test_a_commit_writes_each_table_in_one_statement_and_checks_its_guard_in_the_head_update(
     store_url: str,
 ) -> None:
@@ -848,7 +815,7 @@ async def test_a_commit_writes_each_table_in_one_statement_and_checks_its_guard_
         messages=messages,
         agent_states=states,
     )
-    with _statements(store) as seen:
+    with statements(store) as seen:
         assert await store._driver.submit_commit(request) == 1
     if store_url.startswith("sqlite"):
         kinds = [re.match(r"BEGIN IMMEDIATE|COMMIT|UPDATE \w+|INSERT INTO \w+", sql) for sql in seen]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import sys
 import weakref
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from autogen_agentchat.conditions import TextMentionTermination
 from opentelemetry import trace
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -22,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
-from agents import Scripted, chain, close_stores, durable, failing, hanging
+from agents import Scripted, chain, close_stores, durable, failing, hanging, statements
 from graphflow_durable import DurableGraphFlow, RetryPolicy, Store, TimeoutPolicy, Worker
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
@@ -154,6 +156,46 @@ async def test_a_meter_provider_alone_records_the_metrics_a_traced_run_records(
         p.value for p in metered["graphflow_durable.transitions"]
     )
     assert [dict(p.attributes) for p in metered["graphflow_durable.runs"]] == [{"status": "finished"}]
+
+
+async def test_an_attach_reads_no_trace_context_nor_end_status_when_nothing_would_record_them(
+    sqlite_url: str, spans: InMemorySpanExporter
+) -> None:
+    async def reads(
+        run_id: str, tracer_provider: trace.TracerProvider, meter_provider: Any
+    ) -> tuple[int, int, int]:
+        """Over two attaches (a new run, then the same run resumed after its termination): the reads
+        of the run's stored trace context, of its whole row, and of its round (steps counted)."""
+        a, b = Scripted("a"), Scripted("b")
+        with Store(sqlite_url) as store, statements(store) as seen:
+            team = durable(
+                [a, b],
+                chain(a, b),
+                store,
+                run_id,
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+            )
+            await team.run(task="go")
+            await team.run(task="again")
+        selects = [" ".join(sql.split()) for sql in seen if sql.startswith("SELECT")]
+        return (
+            sum(re.match(r"SELECT \w+\.trace_context FROM", sql) is not None for sql in selects),
+            sum(
+                sql.startswith("SELECT graphflow_runs.run_id, graphflow_runs.graph_fingerprint,")
+                for sql in selects
+            ),
+            sum(sql.startswith("SELECT count(*) AS count_1 FROM graphflow_steps") for sql in selects),
+        )
+
+    recorded = await reads("recorded", _PROVIDER, MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    quiet = await reads("quiet", NoOpTracerProvider(), NoOpMeterProvider())
+    trace_reads, row_reads, round_reads = quiet
+    assert recorded == (2, row_reads + 2, 2), (
+        recorded,
+        quiet,
+    )  # per attach: its trace context, its row at its end, its round
+    assert trace_reads == round_reads == 0 and row_reads > 0, quiet
 
 
 async def test_a_failed_run_ends_its_workflow_span_in_error_with_the_errors_type_only(

@@ -44,7 +44,7 @@ from graphflow_durable._runtime.container import Turns, outer_run_store
 from graphflow_durable._runtime.runlease import RunKey, RunLease
 from graphflow_durable._runtime.stops import RunControl, install_log_filters
 from graphflow_durable._runtime.team import TeamView
-from graphflow_durable._runtime.telemetry import Telemetry, tracing_disabled
+from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
 from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
@@ -347,9 +347,10 @@ class RunSession:
         returned (``None``: a new run), ``start_ns`` when the attach began."""
         stored = None
         driver = self.store._driver
-        if run is not None and not tracing_disabled():
+        recordable = self.telemetry.may_record()
+        if run is not None and recordable:
             stored = await asyncio.to_thread(driver.trace_context, self.run_id)
-        elif run is None and not tracing_disabled():  # a new run: submitted to a pool, its submit's trace
+        elif run is None and recordable:  # a new run: submitted to a pool, its submit's trace
             submitted = await asyncio.to_thread(driver.submitted_trace_context, self.run_id)
             stored = None if submitted is None else json.dumps({"root": submitted})
         resumed = run is not None and run.status not in ENDED_STATUSES

@@ -18,10 +18,11 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 from opentelemetry.trace import (
     Link,
     NoOpTracerProvider,
+    ProxyTracerProvider,
     Span,
     SpanKind,
     Status,
@@ -32,6 +33,11 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from graphflow_durable.context import ExecutionContext
+
+try:  # what metrics.get_meter_provider() returns while no provider is set (not public API)
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+except ImportError:  # pragma: no cover - another API version: a proxy then meters as any provider
+    _ProxyMeterProvider = NoOpMeterProvider  # type: ignore[assignment, misc]
 
 __all__ = [
     "CONTENT_ENV",
@@ -116,10 +122,18 @@ class Telemetry:
 
     def _meter(self) -> dict[str, Any] | None:
         """The instruments on the team's meter provider (else the global one), made once per
-        provider; ``None`` under ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``."""
+        provider; ``None`` under ``AUTOGEN_DISABLE_RUNTIME_TRACING=true`` or when the provider keeps
+        nothing (a no-op one; the global one while none is set: a provider set later meters from
+        the next attach on)."""
         if tracing_disabled():
             return None
         provider = self.meter_provider or metrics.get_meter_provider()
+        if isinstance(provider, _ProxyMeterProvider):
+            provider = metrics.get_meter_provider()  # the global one, if set since
+        if isinstance(provider, (NoOpMeterProvider, _ProxyMeterProvider)):
+            # Nothing would keep a measurement: no instruments, so that neither the commits nor the
+            # end of the attach (which reads the run's status for the count) do work for nothing.
+            return None
         if self._meter_of is not provider:
             meter = provider.get_meter(_SCOPE)
             self._meter_of = provider
@@ -143,6 +157,18 @@ class Telemetry:
                 ),
             }
         return self._made
+
+    def may_record(self) -> bool:
+        """Whether a span started now could record: ``False`` under
+        ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``, for a no-op tracer provider, or for the global one
+        while none is set. When it is ``False`` the attach does not read the run's stored trace
+        context, which only a recording span uses."""
+        if tracing_disabled():
+            return False
+        provider = self.tracer_provider or trace.get_tracer_provider()
+        if isinstance(provider, ProxyTracerProvider):
+            provider = trace.get_tracer_provider()  # the global one, if set since
+        return not isinstance(provider, (NoOpTracerProvider, ProxyTracerProvider))
 
     def begin(
         self,

@@ -100,4 +100,7 @@ async def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(args) != 3 or not args[1].isdigit() or not args[2].isdigit():
+        sys.exit("usage: python benchmarks/cpu_ratio.py SHAPE N REPEATS [--policy] [--tracing] [--full]")
     asyncio.run(main(sys.argv[1:]))

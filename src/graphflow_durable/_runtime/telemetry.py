@@ -116,8 +116,8 @@ class Telemetry:
 
     @property
     def metering(self) -> bool:
-        """Whether the current attach records metrics: on unless tracing is switched off, whether
-        or not its span records (a meter provider alone is enough)."""
+        """Whether the current attach records metrics: on when its meter provider keeps them
+        (see :meth:`_meter`), whether or not its span records (a meter provider alone is enough)."""
         return self._instruments is not None
 
     def _meter(self) -> dict[str, Any] | None:

@@ -328,39 +328,21 @@ async def commit_parts(
     and the writer's transaction (BEGIN to COMMIT, on PostgreSQL also the followers' notification;
     inline on the loop at NORMAL, on the writer thread at FULL and on PostgreSQL). Per commit
     (every item the writer wrote, the run's creation included); microseconds."""
-    import tempfile as _tempfile
-
-    import sqlalchemy as sa
+    import sys
 
     from graphflow_durable._storage import driver, writer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from agents import statements  # the tests' counter: SQLite's trace callback, libpq's command tags
 
     url = postgres_url if config == "postgres" else f"sqlite:///{workdir / f'parts-{uuid.uuid4().hex}.db'}"
     assert url is not None
     sync = {} if config == "postgres" else {"synchronous": config.split("-", 1)[1].upper()}
-    seen: list[Any] = []
-    trace = _tempfile.TemporaryFile()  # noqa: SIM115 -- libpq writes to it while the run lasts
-
-    def checkout(dbapi: Any, _record: Any, _proxy: Any) -> None:
-        if isinstance(dbapi, sqlite3.Connection):
-            dbapi.set_trace_callback(seen.append)
-        else:
-            dbapi.pgconn.trace(trace.fileno())
-
-    def checkin(dbapi: Any, _record: Any) -> None:
-        if dbapi is not None and not isinstance(dbapi, sqlite3.Connection):
-            dbapi.pgconn.untrace()
-        elif dbapi is not None:
-            dbapi.set_trace_callback(None)
-
     store = Store(url, **sync)
-    sa.event.listen(store._e.engine, "checkout", checkout)
-    sa.event.listen(store._e.engine, "checkin", checkin)
-    await build_team(case, durable=store, run_id=uuid.uuid4().hex).run(task=TASK)
-    store.close()  # SQLite: its kept connection is checked in
-    with trace:
-        trace.seek(0)
-        seen += [line for line in trace.read().split(b"\n") if b"\tCommandComplete\t" in line]
-    statements = len(seen) / store._writer.commits
+    with statements(store) as seen:
+        await build_team(case, durable=store, run_id=uuid.uuid4().hex).run(task=TASK)
+        store.close()  # its kept connection checked in: the whole run is in ``seen``
+    per_commit = len(seen) / store._writer.commits
 
     spent = {"encode": 0.0, "checksums": 0.0, "transaction": 0.0}
 
@@ -391,7 +373,7 @@ async def commit_parts(
         "config": config,
         "case": case.key,
         "commits": commits,
-        "statements_per_commit": statements,
+        "statements_per_commit": per_commit,
         "transaction_us": spent["transaction"] * 1e6 / commits,
         "encoding_us": spent["encode"] * 1e6 / commits,
         "checksums_us": spent["checksums"] * 1e6 / commits,

@@ -5,6 +5,7 @@ Usage::
     python benchmarks/instructions.py                      # loop, 100 B, plain / NORMAL / FULL
     python benchmarks/instructions.py --size 10240 --configs plain,normal
     PYTHONPATH=/tmp/old/src python benchmarks/instructions.py   # an older tree, same counts
+    python benchmarks/instructions.py --check benchmarks/budget.json   # the test command's budget check
 
 On a shared machine the time of one transition moves by 2-3x from one minute to the next (plain
 GraphFlow was seen at 0.53 ms and at 1.7 ms per loop transition on the same idle VM), which hides
@@ -20,6 +21,11 @@ all threads (FULL's writer thread is the difference), the ratio of the loop thre
 and the system calls per transition by name. Instructions are not time: a system call, a cache
 miss or an fsync costs far more than its instructions, which is why the calls are listed beside
 them. Needs ``valgrind`` (each configuration takes 1-3 minutes; two run at once).
+
+``--check BUDGET`` is the counted budget the test command holds every change to: it counts plain,
+NORMAL and FULL (instructions only, no ``strace``) and compares each with the budget file (see
+:func:`judge`); it exits 1 with the figures when a change costs more than the budget allows, and
+says so when a change improves on it, so that the budget is lowered in the same commit.
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ def one_run(config: str, n: int, size: int) -> None:
         if config != "plain":
             path = Path(tempfile.mkdtemp(prefix="gfd-ir-")) / "run.db"
             store = Store(f"sqlite:///{path}", synchronous=config.upper())
-        team = build_team(Case("loop", n, size), durable=store, run_id="instructions")
+        # A lease far longer than the run: its renewal is work per second, not per transition, and
+        # under valgrind's slowdown the longer run would count more renewals than the shorter.
+        options = {} if store is None else {"lease_seconds": 3600.0}
+        team = build_team(Case("loop", n, size), durable=store, run_id="instructions", **options)
         result = await team.run(task="benchmark task")
         if len(result.messages) != n + 1:
             raise SystemExit(f"expected {n + 1} messages, got {len(result.messages)}")
@@ -121,11 +130,57 @@ def measure(config: str, args: argparse.Namespace, work: Path) -> dict[str, obje
         "loop_mir": (b[0] - a[0]) / args.extra / 1e6,
         "all_threads_mir": (b[1] - a[1]) / args.extra / 1e6,
     }
-    if shutil.which("strace"):
+    if args.syscalls and shutil.which("strace"):
         s, t = syscalls(config, small, args.size, work), syscalls(config, large, args.size, work)
         calls = {k: (t.get(k, 0) - s.get(k, 0)) / args.extra for k in set(s) | set(t)}
         row["syscalls"] = {k: round(v, 2) for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v}
     return row
+
+
+#: How far past its budget a figure may go before the check fails (and below it before the check
+#: asks for the budget to be lowered). Two runs of one tree agree within about 0.15%.
+TOLERANCE = 0.03
+
+
+def judge(
+    budget: dict[str, float], measured: dict[str, float], tolerance: float = TOLERANCE
+) -> tuple[bool, list[str]]:
+    """Measured loop-thread instructions per transition against the budget: (within it, one line
+    per figure). ``plain`` is judged whole (a change there is AutoGen's or the interpreter's: the
+    budget was made elsewhere, and is re-made); a durable configuration is judged on what it adds
+    over plain in the same run, the part our code owns, so that 3% of it is a 3% change of ours and
+    not 0.4% of a total that plain dominates."""
+    ok, lines = True, []
+    for name, allowed in budget.items():
+        figure = measured[name]
+        change = figure / allowed - 1
+        what = "plain GraphFlow" if name == "plain" else f"{name.removesuffix('_added').upper()} over plain"
+        line = f"{what}: {figure / 1e6:.4f} M instructions per transition, budget {allowed / 1e6:.4f} M ({change:+.1%})"
+        if change > tolerance:
+            ok = False
+            line += f": OVER BUDGET by more than {tolerance:.0%}"
+        elif change < -tolerance:
+            line += f": under budget by more than {tolerance:.0%}, lower it to {figure:.0f} in benchmarks/budget.json"
+        lines.append(line)
+    return ok, lines
+
+
+def check(path: Path, work: Path) -> int:
+    """The budget check: count as the budget file says, judge, print; 0 within budget, 1 past it."""
+    spec = json.loads(path.read_text())
+    args = argparse.Namespace(n=spec["n"], extra=spec["extra"], size=spec["size"], syscalls=False)
+    loop = {
+        config: float(measure(config, args, work)["loop_mir"]) * 1e6 for config in ("plain", "normal", "full")
+    }
+    measured = {"plain": loop["plain"], **{f"{c}_added": loop[c] - loop["plain"] for c in ("normal", "full")}}
+    ok, lines = judge(spec["loop_thread_per_transition"], measured)
+    sys.stdout.write("".join(f"instruction budget: {line}\n" for line in lines))
+    if not ok:
+        sys.stdout.write(
+            "instruction budget: a change adds work per transition; find it (callgrind_annotate on a run of"
+            " benchmarks/instructions.py) or, if the cost is deliberate, raise the budget and say why in the commit\n"
+        )
+    return 0 if ok else 1
 
 
 def main() -> None:
@@ -137,10 +192,16 @@ def main() -> None:
     p.add_argument("--n", type=int, default=20, help="transitions of the shorter run")
     p.add_argument("--extra", type=int, default=200, help="transitions the longer run adds")
     p.add_argument("--size", type=int, default=100, help="message size in bytes")
+    p.add_argument("--no-syscalls", dest="syscalls", action="store_false", help="count instructions only")
+    p.add_argument("--check", type=Path, metavar="BUDGET", help="judge against a budget file; exit 1 past it")
     args = p.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed: install it (apt-get install valgrind) and run again")
     work = Path(tempfile.mkdtemp(prefix="gfd-ir-"))
+    if args.check is not None:
+        status = check(args.check, work)
+        shutil.rmtree(work, ignore_errors=True)
+        raise SystemExit(status)
     rows = {config: measure(config, args, work) for config in args.configs.split(",")}
     plain = rows.get("plain")
     for config, row in rows.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -155,3 +156,35 @@ def test_the_program_the_instruction_count_measures_runs_its_transitions(config:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _instructions_module() -> Any:
+    spec = importlib.util.spec_from_file_location("instructions", ROOT / "benchmarks" / "instructions.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_instruction_budget_fails_a_change_that_adds_five_percent_to_durability() -> None:
+    """The budget judges what a durable configuration adds over plain in the same run: 5% more of
+    it fails with the figure, although it is under 1% of the whole transition."""
+    judge = _instructions_module().judge
+    budget = {"plain": 3_400_000.0, "normal_added": 600_000.0}
+    ok, lines = judge(budget, {"plain": 3_400_000.0, "normal_added": 630_000.0})
+    assert not ok
+    assert "NORMAL over plain: 0.6300 M" in lines[1] and "OVER BUDGET" in lines[1], lines
+    assert judge(budget, {"plain": 3_400_000.0, "normal_added": 612_000.0})[0]  # +2%: within
+
+
+def test_the_instruction_budget_asks_to_be_lowered_when_a_change_improves_on_it() -> None:
+    judge = _instructions_module().judge
+    ok, lines = judge({"full_added": 500_000.0}, {"full_added": 450_000.0})
+    assert ok
+    assert "lower it to 450000 in benchmarks/budget.json" in lines[0], lines
+
+
+def test_the_budget_file_holds_every_figure_the_check_measures() -> None:
+    spec = json.loads((ROOT / "benchmarks" / "budget.json").read_text())
+    assert set(spec["loop_thread_per_transition"]) == {"plain", "normal_added", "full_added"}
+    assert spec["extra"] >= 100 and spec["size"] == 100

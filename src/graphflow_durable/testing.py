@@ -41,6 +41,7 @@ from graphflow_durable._model.records import StepKind
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import UsageError
 from graphflow_durable.flow import DurableGraphFlow
+from graphflow_durable.preflight import build_team, check_factory
 from graphflow_durable.store import Store
 
 __all__ = ["SAMPLE_ENV", "CrashFailure", "CrashReport", "crash_matrix", "record_effect"]
@@ -106,9 +107,13 @@ class _Entry:
 
 
 _ledger: list[_Entry] = []
+#: Crash matrices running in this process: outside them nothing is noted (the ledger stays empty).
+_matrices = 0
 
 
 def _note(entry: _Entry) -> None:
+    if not _matrices and _LEDGER_ENV not in os.environ:
+        return  # no kit is running: nothing reads the entry, and production code never grows it
     _ledger.append(entry)
     path = os.environ.get(_LEDGER_ENV)
     if path:  # a subprocess: the parent reads what ran before the kill (flushed line by line)
@@ -122,7 +127,8 @@ def record_effect(name: str) -> None:
 
     Call it where the effect really happens. A turn that runs again after a crash has the same
     idempotency key (:attr:`ExecutionContext.idempotency_key`): code that applies its effect
-    again under that key is reported. Outside a durable turn it raises ``UsageError``.
+    again under that key is reported. Outside a durable turn it raises ``UsageError``. Outside a
+    running :func:`crash_matrix` (production code) it records nothing and keeps nothing.
     """
     ctx = current_execution()
     if ctx is None:
@@ -413,6 +419,11 @@ def _factory(make_team: Callable[..., DurableGraphFlow] | str) -> Callable[..., 
     return obj  # type: ignore[no-any-return]
 
 
+def _build(factory: Callable[..., DurableGraphFlow], run_id: str, store: Store) -> DurableGraphFlow:
+    """A fresh team from the user's factory (``UsageError`` naming ``make_team`` for anything else)."""
+    return build_team(factory, run_id, store, option="make_team")
+
+
 def _spec(make_team: Callable[..., DurableGraphFlow] | str) -> str:
     """``module:factory`` for a subprocess, proven to import back to the same object."""
     if isinstance(make_team, str):
@@ -499,12 +510,16 @@ async def crash_matrix(
         A :class:`CrashReport`; ``report.assert_ok()`` raises on the first divergent point.
 
     Raises:
-        UsageError: a bad argument (the message names it and the fix); nothing was run.
+        UsageError: a bad argument (the message names it and the fix), nothing was run; or
+            ``make_team`` raised or returned something other than a :class:`DurableGraphFlow`.
     """
     _check(task, store, points, mode)
     size = _sample_size(sample)
     factory = _factory(make_team)
+    check_factory(factory, option="make_team")
     spec = _spec(make_team) if mode == "subprocess" else None
+    global _matrices
+    _matrices += 1
     mark = len(_ledger)
     try:
         with _no_always_resume():
@@ -513,6 +528,7 @@ async def crash_matrix(
                     return await _matrix(factory, spec, task, opened, points, size)
             return await _matrix(factory, spec, task, store, points, size)
     finally:
+        _matrices -= 1
         del _ledger[mark:]  # the matrix's own entries: none outlives it
 
 
@@ -526,7 +542,7 @@ async def _matrix(
 ) -> CrashReport:
     prefix = uuid.uuid4().hex[:8]
     ref_id = f"crashkit-{prefix}-reference"
-    team = factory(ref_id, store=store)
+    team = _build(factory, ref_id, store)
     _watch_agents(team)
     trap = _Trap(store, ref_id, None, _raise_crash)
     start = len(_ledger)
@@ -570,7 +586,7 @@ async def _inprocess(
 ) -> str | None:
     start = len(_ledger)
     trap = _Trap(store, run_id, point, _raise_crash)
-    team: DurableGraphFlow | None = factory(run_id, store=store)
+    team: DurableGraphFlow | None = _build(factory, run_id, store)
     assert team is not None
     _watch_agents(team)
     leg = asyncio.ensure_future(team.run(task=task))
@@ -599,7 +615,7 @@ async def _resume(
         await asyncio.to_thread(store._driver.release_lease, run_id, crashed.fencing_token)
     before = (await asyncio.to_thread(_outcome, store, run_id)).completions if crashed else Counter()
     middle = len(_ledger)
-    team = factory(run_id, store=store)
+    team = _build(factory, run_id, store)
     _watch_agents(team)
     try:
         await _run(team, task)
@@ -653,7 +669,7 @@ def _child(argv: list[str]) -> int:
 
     async def main() -> None:
         with Store(url) as store:
-            team = factory(run_id, store=store)
+            team = _build(factory, run_id, store)
             _watch_agents(team)
             point = _Point("after" if kind == "after" else "turn", int(index), None)
             with _Trap(store, run_id, point, _die).installed():

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from autogen_agentchat.teams import DiGraphBuilder, GraphFlow
 
 import crashkit_teams as teams
+from agents import Scripted
+from graphflow_durable import testing as kit
 from graphflow_durable.errors import UsageError
 from graphflow_durable.store import Store
 from graphflow_durable.testing import SAMPLE_ENV, CrashReport, _sampled, crash_matrix
@@ -194,3 +197,39 @@ def test_the_crash_kit_page_example_runs_and_passes(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "7 crash points, 0 failures" in done.stdout
+
+
+def plain_graphflow(run_id: str, *, store: Any) -> Any:
+    """A factory that forgot the durable team: GraphFlow's own."""
+    agent = Scripted("A")
+    return GraphFlow([agent], DiGraphBuilder().add_node(agent).build())
+
+
+@pytest.mark.parametrize(
+    ("make_team", "message"),
+    [
+        (plain_graphflow, "make_team: the team factory returned GraphFlow, expected a DurableGraphFlow"),
+        (lambda run_id, store: None, "make_team: the team factory returned NoneType, expected a"),
+        (lambda run_id: None, r"make_team: the team factory cannot be called as factory\(run_id, store"),
+        (lambda run_id, store: 1 / 0, "make_team: the team factory raised ZeroDivisionError"),
+    ],
+    ids=["graphflow", "none", "signature", "raises"],
+)
+def test_a_factory_that_gives_no_durable_team_is_a_usage_error_naming_make_team(
+    sqlite_url: str, make_team: Any, message: str
+) -> None:
+    with pytest.raises(UsageError, match=message) as caught:
+        matrix(make_team, sqlite_url)
+    assert caught.value.option == "make_team" and "\n" not in str(caught.value)
+
+
+def test_record_effect_outside_a_crash_matrix_keeps_nothing(sqlite_url: str) -> None:
+    async def runs() -> None:
+        for n in range(3):  # B and D record an effect in each run's turns
+            await teams.make_team(f"production-{n}", store=sqlite_url).run(task="write the report")
+
+    asyncio.run(runs())
+    assert kit._ledger == []
+    report = matrix(teams.make_team, sqlite_url, sample=2)  # in a matrix, effects are still checked
+    report.assert_ok()
+    assert kit._ledger == []

@@ -332,7 +332,9 @@ def test_bad_human_input_settings_are_refused_clearly(sqlite_url: str) -> None:
 def test_a_human_input_setting_for_a_node_that_is_not_a_user_proxy_is_refused_naming_its_type(
     sqlite_url: str,
 ) -> None:
-    with pytest.raises(UsageError, match=r"human_input names 'A', a Scripted, not a UserProxyAgent") as caught:
+    with pytest.raises(
+        UsageError, match=r"human_input names 'A', a Scripted, not a UserProxyAgent"
+    ) as caught:
         one(sqlite_url, human_input={"A": "wait", "H": "wait"})
     assert caught.value.option == "human_input" and "\n" not in str(caught.value)
     assert isinstance(caught.value, ValueError)

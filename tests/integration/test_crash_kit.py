@@ -233,3 +233,66 @@ def test_record_effect_outside_a_crash_matrix_keeps_nothing(sqlite_url: str) -> 
     report = matrix(teams.make_team, sqlite_url, sample=2)  # in a matrix, effects are still checked
     report.assert_ok()
     assert kit._ledger == []
+
+
+def test_a_team_with_a_waiting_person_passes_when_the_kit_answers_for_them(store_url: str) -> None:
+    prompts: list[str] = []
+
+    def finance(prompt: str) -> str:
+        prompts.append(prompt)
+        return "within budget"
+
+    report = matrix(teams.make_approval_team, store_url, points="both", answers={"approver": "approved"})
+    report.assert_ok()
+    assert report.points >= 7  # the park, the answer's resume and what follows are points too
+    report = matrix(
+        teams.make_two_approvals_team, store_url, answers={"legal": "cleared", "finance": finance}
+    )
+    report.assert_ok()
+    assert prompts and all(p == prompts[0] for p in prompts)
+    with Store(store_url) as store:
+        runs = store.list_runs()
+        assert {r.status for r in runs} == {"finished"}
+        answered = [
+            m.body["content"]
+            for r in runs
+            if r.run_id.endswith("-reference")
+            for m in store.load(r.run_id).messages
+            if m.body.get("source") in ("approver", "legal", "finance")
+        ]
+    assert sorted(answered) == ["approved", "cleared", "within budget"]
+
+
+@pytest.mark.crash
+def test_subprocess_mode_answers_a_waiting_person_in_the_killed_process_and_after(sqlite_url: str) -> None:
+    report = matrix(
+        "crashkit_teams:make_approval_team",
+        sqlite_url,
+        points="both",
+        mode="subprocess",
+        sample=4,
+        answers={"approver": "approved"},
+    )
+    assert report.points == 4
+    report.assert_ok()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, r"node approver waits for input .*; give crash_matrix answers=\{'approver': 'the answer'\}"),
+        ({"answers": {"approver": 1}}, "answers must map node names to an answer's text or a function"),
+        ({"answers": {"nobody": "x"}}, "answers names 'nobody', which is not a participant"),
+        (
+            {"answers": {"approver": str.upper}, "mode": "subprocess"},
+            "mode='subprocess' takes answers given as text",
+        ),
+    ],
+    ids=["missing", "not-text", "unknown-node", "function-in-subprocess"],
+)
+def test_answers_that_do_not_answer_the_waiting_person_are_a_usage_error(
+    sqlite_url: str, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UsageError, match=message) as caught:
+        matrix("crashkit_teams:make_approval_team", sqlite_url, **options)
+    assert caught.value.option == "answers" and "\n" not in str(caught.value)

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -278,6 +278,43 @@ def _quiet() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+@contextlib.asynccontextmanager
+async def _buried() -> AsyncIterator[None]:
+    """The crashed team's tasks end as a dead process's do, unheard: every task made while it runs
+    (the runtime's message handlers, GraphFlow's stream) is cancelled once it has stopped, awaited,
+    and its outcome retrieved, so that asyncio reports none of them later ("Task was destroyed but
+    it is pending!", "Task exception was never retrieved")."""
+    loop = asyncio.get_running_loop()
+    made: list[asyncio.Task[Any]] = []
+    previous = loop.get_task_factory()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        task = (
+            previous(loop, coro, **kwargs)
+            if previous is not None
+            else asyncio.Task(coro, loop=loop, **kwargs)
+        )
+        if isinstance(task, asyncio.Task):
+            made.append(task)
+        return task
+
+    loop.set_task_factory(factory)
+    try:
+        yield
+        for _ in range(100):  # a task may make another as it ends
+            pending = [t for t in made if not t.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
+    finally:
+        loop.set_task_factory(previous)
+        for task in made:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the crash's doing, not a finding
 
 
 def _raise_crash() -> None:
@@ -669,11 +706,13 @@ async def _inprocess(setup: _Setup, run_id: str, point: _Point, ref: _Reference)
     trap = _Trap(setup.store, run_id, point, _raise_crash)
     team: DurableGraphFlow | None = _fresh(setup.factory, run_id, setup.store)
     assert team is not None
-    leg = asyncio.ensure_future(setup.drive(run_id, team, lambda: trap.fired))
-    trap.on_fire = lambda: _stop(leg)
     # Whatever the crashed run raises is the crash's doing: the resume is what is checked.
-    with trap.installed(), contextlib.suppress(_Crash, asyncio.CancelledError, Exception):
-        await leg
+    with trap.installed():
+        async with _buried():
+            leg = asyncio.ensure_future(setup.drive(run_id, team, lambda: trap.fired))
+            trap.on_fire = lambda: _stop(leg)
+            with contextlib.suppress(_Crash, asyncio.CancelledError, Exception):
+                await leg
     team = leg = None  # type: ignore[assignment]  # every object of the crashed team dropped
     if not trap.fired:
         return "the crash point was never reached: the run did not repeat the reference's commits"

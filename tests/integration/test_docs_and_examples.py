@@ -174,7 +174,7 @@ def test_the_users_team_test_example_passes_under_pytest(tmp_path: Path, options
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout
 
 
 def test_a_users_copy_of_the_team_test_example_passes_outside_the_repository(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_a_users_copy_of_the_team_test_example_passes_outside_the_repository(tmp
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout, done.stdout
+    assert "3 passed" in done.stdout, done.stdout
 
 
 def test_every_heading_of_the_docs_is_a_plain_title_once_per_page() -> None:

@@ -5,7 +5,8 @@ for each crash point, runs it again under a fresh run id, crashes it there, buil
 with the user's factory, resumes it with ``run()`` and compares the resumed run with the reference:
 the transcript (ids and times aside), each node's completed turns, the turns run again, the effects
 the agents recorded with :func:`record_effect` (once per idempotency key), the run's end status,
-and that no lease is left held.
+and that no lease is left held. A run that parks for a person (``human_input="wait"``) is answered
+from ``answers=`` and run again by a fresh team, in every run the kit makes.
 
 A crash point is "after commit k" (the commit is durable, nothing after it is written: the round's
 start is commit 0, its last commit the last point) or, with ``points="mid-turn"``, "inside turn j"

@@ -283,22 +283,26 @@ def _quiet() -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def _buried() -> AsyncIterator[None]:
-    """The crashed team's tasks end as a dead process's do, unheard: every task made while it runs
-    (the runtime's message handlers, GraphFlow's stream) is cancelled once it has stopped, awaited,
-    and its outcome retrieved, so that asyncio reports none of them later ("Task was destroyed but
-    it is pending!", "Task exception was never retrieved")."""
+    """The crashed team's tasks end as a dead process's do, unheard: every task the crashed run
+    makes (the task started here, the tasks those tasks or a callback start: the runtime's message
+    handlers, GraphFlow's stream) is cancelled once it has stopped, awaited, and its outcome
+    retrieved, so that asyncio reports none of them later ("Task was destroyed but it is
+    pending!", "Task exception was never retrieved"). Another task's tasks are left alone."""
     loop = asyncio.get_running_loop()
     made: list[asyncio.Task[Any]] = []
+    owners: set[asyncio.Task[Any] | None] = {asyncio.current_task(), None}
     previous = loop.get_task_factory()
 
     def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        creator = asyncio.current_task(loop)
         task = (
             previous(loop, coro, **kwargs)
             if previous is not None
             else asyncio.Task(coro, loop=loop, **kwargs)
         )
-        if isinstance(task, asyncio.Task):
+        if isinstance(task, asyncio.Task) and creator in owners:
             made.append(task)
+            owners.add(task)
         return task
 
     loop.set_task_factory(factory)

@@ -10,6 +10,10 @@ client's position in its script is *not* part of the agent's saved state, so an 
 after a crash starts its script from the top again. Give each agent one answer per turn it takes
 (here: one agent per turn, each speaks once), or use a scripted client whose answer depends on the
 request (``examples/scripted_model.py``), so a resumed agent answers as it did the first time.
+
+The last test puts a person in the loop: an editor (a ``UserProxyAgent``, ``human_input="wait"``)
+approves the draft; the run parks until answered, and the crash kit answers for the editor
+(``answers=``), so the park and the resume after the answer are crash points too.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.agents import AssistantAgent, UserProxyAgent
 from autogen_agentchat.teams import DiGraphBuilder
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
@@ -59,4 +63,32 @@ async def test_the_team_survives_a_crash_at_every_commit(durable_crash_matrix, t
     and compare with the uninterrupted run: a difference fails the test, naming the point."""
     await durable_crash_matrix(
         make_team, "Write about the bridge.", store=f"sqlite:///{tmp_path / 'crash.db'}", points="both"
+    )
+
+
+def make_team_with_an_editor(run_id: str, *, store: Store | str) -> DurableGraphFlow:
+    """writer -> editor (a person: the run waits for their answer) -> reviewer."""
+    writer = AssistantAgent("writer", model_client=ReplayChatCompletionClient([ANSWERS["writer"]]))
+    editor = UserProxyAgent("editor")
+    reviewer = AssistantAgent("reviewer", model_client=ReplayChatCompletionClient([ANSWERS["reviewer"]]))
+    builder = DiGraphBuilder()
+    for agent in (writer, editor, reviewer):
+        builder.add_node(agent)
+    builder.add_edge(writer, editor).add_edge(editor, reviewer)
+    return DurableGraphFlow(
+        [writer, editor, reviewer], builder.build(), store=store, run_id=run_id, human_input="wait"
+    )
+
+
+@pytest.mark.asyncio
+async def test_the_team_with_an_editor_survives_a_crash_at_every_commit(
+    durable_crash_matrix, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The editor's answer is given by the kit each time the run waits for it."""
+    await durable_crash_matrix(
+        make_team_with_an_editor,
+        "Write about the bridge.",
+        store=f"sqlite:///{tmp_path / 'editor.db'}",
+        points="both",
+        answers={"editor": "Approved, publish it."},
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.agents import AssistantAgent, UserProxyAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import DiGraph, DiGraphBuilder, DiGraphEdge, DiGraphNode
@@ -182,3 +182,34 @@ def make_replay_loop_team(run_id: str, *, store: Any) -> DurableGraphFlow:
     """The same with upstream's plain ReplayChatCompletionClient: its position is not in B's
     saved state, so a B restored after a crash answers from the start of the list again."""
     return _loop_with_exit(run_id, store, ReplayChatCompletionClient(["loop", "loop", "exit"]))
+
+
+def _never_asked(prompt: str) -> str:
+    raise AssertionError(f"a waiting UserProxyAgent's own input function was called: {prompt!r}")
+
+
+def make_approval_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """A -> approver (a UserProxyAgent, ``human_input="wait"``: the run parks until answered) -> B,
+    where B sends an effect once; the approver's answer decides nothing else."""
+    a, b = Scripted("A"), Scripted("B", before=send_once)
+    approver = UserProxyAgent("approver", input_func=_never_asked)
+    builder = DiGraphBuilder()
+    for agent in (a, approver, b):
+        builder.add_node(agent)
+    builder.add_edge(a, approver).add_edge(approver, b)
+    return DurableGraphFlow([a, approver, b], builder.build(), store=store, run_id=run_id, human_input="wait")
+
+
+def make_two_approvals_team(run_id: str, *, store: Any) -> DurableGraphFlow:
+    """A -> legal -> finance -> B: two UserProxyAgents in a row, each ``human_input="wait"`` (the
+    run parks twice)."""
+    a, b = Scripted("A"), Scripted("B")
+    legal = UserProxyAgent("legal", input_func=_never_asked)
+    finance = UserProxyAgent("finance", input_func=_never_asked)
+    builder = DiGraphBuilder()
+    for agent in (a, legal, finance, b):
+        builder.add_node(agent)
+    builder.add_edge(a, legal).add_edge(legal, finance).add_edge(finance, b)
+    return DurableGraphFlow(
+        [a, legal, finance, b], builder.build(), store=store, run_id=run_id, human_input="wait"
+    )

@@ -127,8 +127,8 @@ class DurableGraphFlow(GraphFlow):
             turn's commit never asks again), ``"wait"`` (the request is recorded, the run parks as
             ``waiting`` and :meth:`run` returns; answer later from any process with :meth:`respond`,
             ``Store.respond`` or ``graphflow-durable runs respond``), a :class:`HumanInput` (a mode
-            with a deadline and a default answer), or a mapping of node names to those (key ``"*"``:
-            the others).
+            with a deadline and a default answer), or a mapping of ``UserProxyAgent`` node names to
+            those (key ``"*"``: the others; another participant's name is a ``UsageError``).
         retry: what a node's turn that raises does (see README, "When an agent fails or hangs"):
             ``None`` (the default: the run fails, as GraphFlow's does), a :class:`RetryPolicy`, a
             number of attempts, or a mapping of node names to those (key ``"*"``: the others). A

@@ -37,13 +37,15 @@ from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.integrity import validate_state
 from graphflow_durable.store import RunRecord, Store
 
-__all__ = ["CheckFactory", "Problem", "check_runs", "runs_to_check"]
+__all__ = ["CheckFactory", "Problem", "build_team", "check_factory", "check_runs", "runs_to_check"]
 
 #: What a problem is about: the graph, an agent's stored state, the resume, the scheduler replay.
 ProblemKind = Literal["graph", "agent_state", "resume", "scheduler"]
 
 #: Runs nobody resumes again without a new task: the default check leaves them out.
 _DONE = ("finished", "cancelled")
+#: The run id a factory is built with when there is no run to check (the team is built, never run).
+PROBE_RUN_ID = "graphflow-durable-check-probe"
 
 
 class CheckFactory(Protocol):
@@ -106,21 +108,33 @@ def runs_to_check(store: Store, run_ids: Sequence[str] = ()) -> list[RunRecord]:
 
 
 async def check_runs(make_team: CheckFactory, store: Store, runs: Sequence[RunRecord]) -> list[Problem]:
-    """Every problem the current code (``make_team``) would meet resuming ``runs``, in order.
+    """Every problem the current code (``make_team``) would meet resuming ``runs``, in order. With no
+    run to check, the factory is still called once (run id :data:`PROBE_RUN_ID`, never run), so a
+    factory that cannot build a team fails the check even when nothing is resumable.
 
     Raises:
         UsageError: ``make_team`` cannot be called as ``make_team(run_id, store=store)``, raised,
             or returned something other than a :class:`DurableGraphFlow`.
         StoreError: the store failed (a run's log could not be read, or is damaged).
     """
-    _check_signature(make_team)
+    check_factory(make_team, option="--team")
+    if not runs:
+        build_team(make_team, PROBE_RUN_ID, store, option="--team")
+        return []
     problems: list[Problem] = []
     for run in runs:
-        problems.extend(await _check_run(_build(make_team, run.run_id, store), store, run))
+        team = build_team(make_team, run.run_id, store, option="--team")
+        problems.extend(await _check_run(team, store, run))
     return problems
 
 
-def _check_signature(make_team: CheckFactory) -> None:
+def check_factory(make_team: Any, *, option: str) -> None:
+    """Refuse a team factory that cannot be called as ``make_team(run_id, store=...)`` (the
+    worker's, the check's and the crash kit's convention), before anything is built.
+
+    Raises:
+        UsageError: it cannot be called so (the message names ``option``, the argument given).
+    """
     try:
         signature = inspect.signature(make_team)
     except (TypeError, ValueError):  # a callable Python cannot describe: the call will tell
@@ -129,26 +143,33 @@ def _check_signature(make_team: CheckFactory) -> None:
         signature.bind("run", store=None)
     except TypeError as exc:
         raise UsageError(
-            f"the team factory cannot be called as factory(run_id, store=...): {exc}; give it a "
-            "signature like make_team(run_id, **durable)",
-            option="--team",
+            f"{option}: the team factory cannot be called as factory(run_id, store=...): {exc}; give "
+            "it a signature like make_team(run_id, **durable)",
+            option=option,
         ) from None
 
 
-def _build(make_team: CheckFactory, run_id: str, store: Store) -> DurableGraphFlow:
+def build_team(make_team: Any, run_id: str, store: Store, *, option: str) -> DurableGraphFlow:
+    """``make_team(run_id, store=store)``, proven to be a :class:`DurableGraphFlow`.
+
+    Raises:
+        UsageError: the factory raised, or returned something else (a plain ``GraphFlow``,
+            ``None``); the message names ``option``, the argument given.
+    """
     try:
         team = make_team(run_id, store=store)
     except Exception as exc:  # noqa: BLE001 -- the user's factory: one line naming what it raised
         raise UsageError(
-            f"the team factory raised {last_error(exc)} (building run {run_id!r})",
+            f"{option}: the team factory raised {last_error(exc)} (building run {run_id!r})",
             run_id=run_id,
-            option="--team",
+            option=option,
         ) from None
     if not isinstance(team, DurableGraphFlow):
         raise UsageError(
-            f"the team factory returned {type(team).__name__}, expected a DurableGraphFlow",
+            f"{option}: the team factory returned {type(team).__name__}, expected a DurableGraphFlow; "
+            "return DurableGraphFlow(..., run_id=run_id, store=store)",
             run_id=run_id,
-            option="--team",
+            option=option,
         )
     return team
 

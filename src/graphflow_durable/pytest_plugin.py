@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pytest
@@ -134,12 +134,15 @@ def durable_crash_matrix(request: pytest.FixtureRequest) -> CrashMatrix:
         points: Literal["every-commit", "mid-turn", "both"] | None = None,
         mode: Literal["inprocess", "subprocess"] | None = None,
         sample: int | None = None,
+        answers: Mapping[str, str | Callable[[str], str]] | None = None,
     ) -> CrashReport:
         # Imported here, when a test calls it: no AutoGen at pytest's start.
         testing = importlib.import_module("graphflow_durable.testing")
         given: dict[str, Any] = {"points": points, "mode": mode, "sample": sample}
         options = {k: v if v is not None else defaults.get(k) for k, v in given.items()}
         options = {k: v for k, v in options.items() if v is not None}
+        if answers is not None:
+            options["answers"] = answers
         report: CrashReport = await testing.crash_matrix(make_team, task, store=store, **options)
         report.assert_ok()
         return report

@@ -5,7 +5,8 @@ for each crash point, runs it again under a fresh run id, crashes it there, buil
 with the user's factory, resumes it with ``run()`` and compares the resumed run with the reference:
 the transcript (ids and times aside), each node's completed turns, the turns run again, the effects
 the agents recorded with :func:`record_effect` (once per idempotency key), the run's end status,
-and that no lease is left held.
+and that no lease is left held. A run that parks for a person (``human_input="wait"``) is answered
+from ``answers=`` and run again by a fresh team, in every run the kit makes.
 
 A crash point is "after commit k" (the commit is durable, nothing after it is written: the round's
 start is commit 0, its last commit the last point) or, with ``points="mid-turn"``, "inside turn j"
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +42,8 @@ from graphflow_durable._model.records import StepKind
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import UsageError
 from graphflow_durable.flow import DurableGraphFlow
-from graphflow_durable.store import Store
+from graphflow_durable.preflight import build_team, check_factory
+from graphflow_durable.store import InputRequest, Store
 
 __all__ = ["SAMPLE_ENV", "CrashFailure", "CrashReport", "crash_matrix", "record_effect"]
 
@@ -57,6 +59,9 @@ _VOLATILE = ("id", "created_at")
 
 Points = Literal["every-commit", "mid-turn", "both"]
 Mode = Literal["inprocess", "subprocess"]
+#: What answers a waiting person (``human_input="wait"``), by node: the text, or a function of the
+#: prompt that returns it.
+Answers = Mapping[str, "str | Callable[[str], str]"]
 
 
 @dataclass(frozen=True)
@@ -106,9 +111,13 @@ class _Entry:
 
 
 _ledger: list[_Entry] = []
+#: Crash matrices running in this process: outside them nothing is noted (the ledger stays empty).
+_matrices = 0
 
 
 def _note(entry: _Entry) -> None:
+    if not _matrices and _LEDGER_ENV not in os.environ:
+        return  # no kit is running: nothing reads the entry, and production code never grows it
     _ledger.append(entry)
     path = os.environ.get(_LEDGER_ENV)
     if path:  # a subprocess: the parent reads what ran before the kill (flushed line by line)
@@ -122,7 +131,8 @@ def record_effect(name: str) -> None:
 
     Call it where the effect really happens. A turn that runs again after a crash has the same
     idempotency key (:attr:`ExecutionContext.idempotency_key`): code that applies its effect
-    again under that key is reported. Outside a durable turn it raises ``UsageError``.
+    again under that key is reported. Outside a durable turn it raises ``UsageError``. Outside a
+    running :func:`crash_matrix` (production code) it records nothing and keeps nothing.
     """
     ctx = current_execution()
     if ctx is None:
@@ -271,6 +281,47 @@ def _quiet() -> Iterator[None]:
         logger.removeFilter(quiet)
 
 
+@contextlib.asynccontextmanager
+async def _buried() -> AsyncIterator[None]:
+    """The crashed team's tasks end as a dead process's do, unheard: every task the crashed run
+    makes (the task started here, the tasks those tasks or a callback start: the runtime's message
+    handlers, GraphFlow's stream) is cancelled once it has stopped, awaited, and its outcome
+    retrieved, so that asyncio reports none of them later ("Task was destroyed but it is
+    pending!", "Task exception was never retrieved"). Another task's tasks are left alone."""
+    loop = asyncio.get_running_loop()
+    made: list[asyncio.Task[Any]] = []
+    owners: set[asyncio.Task[Any] | None] = {asyncio.current_task(), None}
+    previous = loop.get_task_factory()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        creator = asyncio.current_task(loop)
+        task = (
+            previous(loop, coro, **kwargs)
+            if previous is not None
+            else asyncio.Task(coro, loop=loop, **kwargs)
+        )
+        if isinstance(task, asyncio.Task) and creator in owners:
+            made.append(task)
+            owners.add(task)
+        return task
+
+    loop.set_task_factory(factory)
+    try:
+        yield
+        for _ in range(100):  # a task may make another as it ends
+            pending = [t for t in made if not t.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
+    finally:
+        loop.set_task_factory(previous)
+        for task in made:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the crash's doing, not a finding
+
+
 def _raise_crash() -> None:
     raise _Crash("simulated crash")
 
@@ -413,6 +464,11 @@ def _factory(make_team: Callable[..., DurableGraphFlow] | str) -> Callable[..., 
     return obj  # type: ignore[no-any-return]
 
 
+def _build(factory: Callable[..., DurableGraphFlow], run_id: str, store: Store) -> DurableGraphFlow:
+    """A fresh team from the user's factory (``UsageError`` naming ``make_team`` for anything else)."""
+    return build_team(factory, run_id, store, option="make_team")
+
+
 def _spec(make_team: Callable[..., DurableGraphFlow] | str) -> str:
     """``module:factory`` for a subprocess, proven to import back to the same object."""
     if isinstance(make_team, str):
@@ -437,7 +493,8 @@ def _store_url(store: Store | str) -> str:
     return store if isinstance(store, str) else store.config_url
 
 
-def _check(task: Any, store: Any, points: Any, mode: Any) -> None:
+def _check(task: Any, store: Any, points: Any, mode: Any, answers: Any) -> dict[str, Any]:
+    """The arguments checked (nothing run yet); returns the answers as a dict."""
     if not isinstance(store, (Store, str)):
         raise UsageError(
             f"store must be a Store or a store URL, not {type(store).__name__}; pass store='sqlite:///runs.db'",
@@ -453,6 +510,34 @@ def _check(task: Any, store: Any, points: Any, mode: Any) -> None:
         raise UsageError(
             "mode='subprocess' takes a task given as text (str); pass the task's text", option="task"
         )
+    if answers is None:
+        return {}
+    if not isinstance(answers, Mapping) or not all(
+        isinstance(k, str) and (isinstance(v, str) or callable(v)) for k, v in answers.items()
+    ):
+        raise UsageError(
+            "answers must map node names to an answer's text or a function of the prompt, e.g. "
+            "answers={'approver': 'approved'}",
+            option="answers",
+        )
+    if mode == "subprocess" and not all(isinstance(v, str) for v in answers.values()):
+        raise UsageError(
+            "mode='subprocess' takes answers given as text (a function cannot reach the process); "
+            "give each answer's text",
+            option="answers",
+        )
+    return dict(answers)
+
+
+def _check_answers(team: DurableGraphFlow, answers: Mapping[str, Any]) -> None:
+    names = [p.name for p in team._participants]
+    unknown = sorted(set(answers) - set(names))
+    if unknown:
+        raise UsageError(
+            f"answers names {', '.join(map(repr, unknown))}, which is not a participant "
+            f"(participants: {', '.join(names)})",
+            option="answers",
+        )
 
 
 @contextlib.contextmanager
@@ -465,9 +550,48 @@ def _no_always_resume() -> Iterator[None]:
             os.environ[_ALWAYS_RESUME_ENV] = saved
 
 
-async def _run(team: DurableGraphFlow, task: Any) -> None:
-    """Run (or resume) the team's run to its end; a run already ended returns its stored result."""
+def _fresh(factory: Callable[..., DurableGraphFlow], run_id: str, store: Store) -> DurableGraphFlow:
+    team = _build(factory, run_id, store)
+    _watch_agents(team)
+    return team
+
+
+def _answer(answers: Answers, request: InputRequest) -> str:
+    given = answers.get(request.node)
+    if given is None:
+        raise UsageError(
+            f"node {request.node} waits for input (human_input='wait', asked {request.prompt!r}); "
+            f"give crash_matrix answers={{{request.node!r}: 'the answer'}}",
+            option="answers",
+        )
+    return given if isinstance(given, str) else str(given(request.prompt))
+
+
+def _parked(store: Store, run_id: str) -> list[InputRequest]:
+    """The requests the run is parked on (none unless it is ``waiting``)."""
+    run = store.get_run(run_id)
+    return store.pending_requests(run_id) if run is not None and run.status == "waiting" else []
+
+
+async def _drive(
+    factory: Callable[..., DurableGraphFlow],
+    task: Any,
+    store: Store,
+    run_id: str,
+    answers: Answers,
+    team: DurableGraphFlow,
+    gone: Callable[[], bool] = lambda: False,
+) -> None:
+    """Run (or resume) the team's run to its end; a run already ended returns its stored result. A
+    run parked for a person (``human_input="wait"``) is answered from ``answers`` and run again by a
+    fresh team, as a person answers and a worker resumes, until it ends (``gone``: crashed, stop)."""
     await team.run(task=task)
+    while not gone() and (pending := await asyncio.to_thread(_parked, store, run_id)):
+        for request in pending:
+            text = _answer(answers, request)
+            await asyncio.to_thread(store.respond, run_id, text, request_id=request.request_id)
+        team = _fresh(factory, run_id, store)
+        await team.run()
 
 
 async def crash_matrix(
@@ -478,6 +602,7 @@ async def crash_matrix(
     points: Points = "every-commit",
     mode: Mode = "inprocess",
     sample: int | None = None,
+    answers: Answers | None = None,
 ) -> CrashReport:
     """Crash the team at every commit (and inside every turn), resume it, compare with an
     uninterrupted run; see docs/crash-kit.md.
@@ -494,44 +619,65 @@ async def crash_matrix(
             dropped) or ``"subprocess"`` (a real process killed with SIGKILL; the resume runs here).
         sample: try only this many points, evenly spaced, the first and last included; ``None``:
             ``$GRAPHFLOW_DURABLE_CRASH_SAMPLE`` if set, else every point.
+        answers: for a team with people in it (``human_input="wait"``): node name -> the answer's
+            text, or a function of the prompt that returns it (text only with
+            ``mode="subprocess"``). Each run that parks is answered with ``Store.respond`` and run
+            again by a fresh team, as a person and a worker would; a node that waits with no
+            answer given is a ``UsageError``.
 
     Returns:
         A :class:`CrashReport`; ``report.assert_ok()`` raises on the first divergent point.
 
     Raises:
-        UsageError: a bad argument (the message names it and the fix); nothing was run.
+        UsageError: a bad argument (the message names it and the fix), nothing was run; or
+            ``make_team`` raised or returned something other than a :class:`DurableGraphFlow`, or a
+            node waits for input that ``answers`` does not answer.
     """
-    _check(task, store, points, mode)
+    given = _check(task, store, points, mode, answers)
     size = _sample_size(sample)
     factory = _factory(make_team)
+    check_factory(factory, option="make_team")
     spec = _spec(make_team) if mode == "subprocess" else None
+    global _matrices
+    _matrices += 1
     mark = len(_ledger)
     try:
-        with _no_always_resume():
+        with _no_always_resume(), _quiet():
             if isinstance(store, str):
                 with Store(store) as opened:
-                    return await _matrix(factory, spec, task, opened, points, size)
-            return await _matrix(factory, spec, task, store, points, size)
+                    return await _matrix(_Setup(factory, spec, task, opened, given), points, size)
+            return await _matrix(_Setup(factory, spec, task, store, given), points, size)
     finally:
+        _matrices -= 1
         del _ledger[mark:]  # the matrix's own entries: none outlives it
 
 
-async def _matrix(
-    factory: Callable[..., DurableGraphFlow],
-    spec: str | None,
-    task: Any,
-    store: Store,
-    points: Points,
-    sample: int | None,
-) -> CrashReport:
+@dataclass(frozen=True)
+class _Setup:
+    """What every run of one matrix is made of."""
+
+    factory: Callable[..., DurableGraphFlow]
+    spec: str | None  # "module:factory" in subprocess mode
+    task: Any
+    store: Store
+    answers: Mapping[str, str | Callable[[str], str]]
+
+    async def drive(
+        self, run_id: str, team: DurableGraphFlow, gone: Callable[[], bool] = lambda: False
+    ) -> None:
+        await _drive(self.factory, self.task, self.store, run_id, self.answers, team, gone)
+
+
+async def _matrix(setup: _Setup, points: Points, sample: int | None) -> CrashReport:
+    store = setup.store
     prefix = uuid.uuid4().hex[:8]
     ref_id = f"crashkit-{prefix}-reference"
-    team = factory(ref_id, store=store)
-    _watch_agents(team)
+    team = _fresh(setup.factory, ref_id, store)
+    _check_answers(team, setup.answers)
     trap = _Trap(store, ref_id, None, _raise_crash)
     start = len(_ledger)
     with trap.installed():
-        await _run(team, task)
+        await setup.drive(ref_id, team)
     ref = _Reference(
         await asyncio.to_thread(_outcome, store, ref_id),
         _turns(_ledger[start:], ref_id),
@@ -551,58 +697,46 @@ async def _matrix(
     for number in chosen:
         point = candidates[number]
         run_id = f"crashkit-{prefix}-{number}"
-        if spec is None:
-            difference = await _inprocess(factory, task, store, run_id, point, ref)
+        if setup.spec is None:
+            difference = await _inprocess(setup, run_id, point, ref)
         else:
-            difference = await _subprocess(factory, spec, task, store, run_id, point, ref)
+            difference = await _subprocess(setup, setup.spec, run_id, point, ref)
         if difference is not None:
             report.failures.append(CrashFailure(number, point.node, f"{point.describe()}: {difference}"))
     return report
 
 
-async def _inprocess(
-    factory: Callable[..., DurableGraphFlow],
-    task: Any,
-    store: Store,
-    run_id: str,
-    point: _Point,
-    ref: _Reference,
-) -> str | None:
+async def _inprocess(setup: _Setup, run_id: str, point: _Point, ref: _Reference) -> str | None:
     start = len(_ledger)
-    trap = _Trap(store, run_id, point, _raise_crash)
-    team: DurableGraphFlow | None = factory(run_id, store=store)
+    trap = _Trap(setup.store, run_id, point, _raise_crash)
+    team: DurableGraphFlow | None = _fresh(setup.factory, run_id, setup.store)
     assert team is not None
-    _watch_agents(team)
-    leg = asyncio.ensure_future(team.run(task=task))
-    trap.on_fire = lambda: _stop(leg)
     # Whatever the crashed run raises is the crash's doing: the resume is what is checked.
-    with trap.installed(), _quiet(), contextlib.suppress(_Crash, asyncio.CancelledError, Exception):
-        await leg
+    with trap.installed():
+        async with _buried():
+            leg = asyncio.ensure_future(setup.drive(run_id, team, lambda: trap.fired))
+            trap.on_fire = lambda: _stop(leg)
+            with contextlib.suppress(_Crash, asyncio.CancelledError, Exception):
+                await leg
     team = leg = None  # type: ignore[assignment]  # every object of the crashed team dropped
     if not trap.fired:
         return "the crash point was never reached: the run did not repeat the reference's commits"
-    return await _resume(factory, task, store, run_id, start, ref)
+    return await _resume(setup, run_id, start, ref)
 
 
-async def _resume(
-    factory: Callable[..., DurableGraphFlow],
-    task: Any,
-    store: Store,
-    run_id: str,
-    start: int,
-    ref: _Reference,
-) -> str | None:
+async def _resume(setup: _Setup, run_id: str, start: int, ref: _Reference) -> str | None:
     """Resume the crashed run in a fresh team and compare it with the reference."""
+    store = setup.store
     crashed = await asyncio.to_thread(store.get_run, run_id)
     if crashed is not None and crashed.lease_owner is not None:
         # The crashed holder is gone: as the next driver proves of a dead process on this host.
         await asyncio.to_thread(store._driver.release_lease, run_id, crashed.fencing_token)
     before = (await asyncio.to_thread(_outcome, store, run_id)).completions if crashed else Counter()
     middle = len(_ledger)
-    team = factory(run_id, store=store)
-    _watch_agents(team)
     try:
-        await _run(team, task)
+        await setup.drive(run_id, _fresh(setup.factory, run_id, store))
+    except UsageError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the resume's own failure is the finding, reported
         return f"the resume raised {type(exc).__name__}: {exc}"
     got = await asyncio.to_thread(_outcome, store, run_id)
@@ -610,21 +744,14 @@ async def _resume(
     return _compare(ref, got, before, resumed, _effects(_ledger[start:], run_id))
 
 
-async def _subprocess(
-    factory: Callable[..., DurableGraphFlow],
-    spec: str,
-    task: str,
-    store: Store,
-    run_id: str,
-    point: _Point,
-    ref: _Reference,
-) -> str | None:
+async def _subprocess(setup: _Setup, spec: str, run_id: str, point: _Point, ref: _Reference) -> str | None:
     with tempfile.TemporaryDirectory(prefix="gfd-crashkit-") as tmp:
         ledger = Path(tmp) / "ledger.jsonl"
         env = {k: v for k, v in os.environ.items() if k != _ALWAYS_RESUME_ENV}
         env[_LEDGER_ENV] = str(ledger)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        argv = [spec, _store_url(store), run_id, task, point.kind, str(point.index)]
+        argv = [spec, _store_url(setup.store), run_id, setup.task, point.kind, str(point.index)]
+        argv.append(json.dumps(setup.answers))
         code = "import sys; from graphflow_durable.testing import _child; sys.exit(_child(sys.argv[1:]))"
         proc = await asyncio.to_thread(
             subprocess.run,
@@ -643,21 +770,20 @@ async def _subprocess(
             for line in ledger.read_text(encoding="utf-8").splitlines():
                 with contextlib.suppress(ValueError, TypeError):  # a line cut by the kill
                     _ledger.append(_Entry(*json.loads(line)))
-    return await _resume(factory, task, store, run_id, start, ref)
+    return await _resume(setup, run_id, start, ref)
 
 
 def _child(argv: list[str]) -> int:
     """A subprocess of ``mode="subprocess"``: run the team, SIGKILL itself at the point."""
-    spec, url, run_id, task, kind, index = argv
+    spec, url, run_id, task, kind, index, answers = argv
     factory = _factory(spec)
 
     async def main() -> None:
         with Store(url) as store:
-            team = factory(run_id, store=store)
-            _watch_agents(team)
+            setup = _Setup(factory, spec, task, store, json.loads(answers))
             point = _Point("after" if kind == "after" else "turn", int(index), None)
             with _Trap(store, run_id, point, _die).installed():
-                await _run(team, task)
+                await setup.drive(run_id, _fresh(factory, run_id, store))
 
     asyncio.run(main())
     return 0

@@ -243,3 +243,19 @@ def test_check_with_team_keys_checks_each_run_with_the_factory_of_its_key(
     code, _, err = check(capsys, store_url, "--team", report, "--team", f"{TEAM}:make_team")
     assert code == EXIT_USAGE and "cannot be combined" in err[0]
     assert checkteam.CALLS["on_messages"] == 2  # the two turns that made the runs; none since
+
+
+def test_check_with_nothing_resumable_still_builds_a_team_with_each_factory(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asyncio.run(checkteam.make_team("done", store=store_url).run(task="go"))  # finished: left out
+    before = rows(store_url)
+    checkteam.CALLS.clear()
+    code, out, err = check(capsys, store_url, "--team", f"{TEAM}:make_team")
+    assert (code, out, err) == (EXIT_OK, [], ["graphflow-durable: 0 runs checked, 0 problems"])
+    for team in (f"{TEAM}:not_a_team", f"report={TEAM}:not_a_team"):
+        code, out, err = check(capsys, store_url, "--team", team)
+        assert (code, out) == (EXIT_USAGE, []), (team, err)
+        assert len(err) == 1 and "returned dict, expected a DurableGraphFlow" in err[0], err
+    assert checkteam.CALLS == {}  # the factory was called, no agent ran
+    assert rows(store_url) == before  # and nothing was written

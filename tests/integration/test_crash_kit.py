@@ -5,6 +5,8 @@ that reads a global counter and an effect applied again by a resumed turn, namin
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
 import re
 import subprocess
@@ -14,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from autogen_agentchat.teams import DiGraphBuilder, GraphFlow
 
 import crashkit_teams as teams
+from agents import Scripted
+from graphflow_durable import testing as kit
 from graphflow_durable.errors import UsageError
 from graphflow_durable.store import Store
 from graphflow_durable.testing import SAMPLE_ENV, CrashReport, _sampled, crash_matrix
@@ -193,4 +198,115 @@ def test_the_crash_kit_page_example_runs_and_passes(tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert "7 crash points, 0 failures" in done.stdout
+    # A passing kit prints its report and nothing else: no traceback, no warning of the crashed runs.
+    assert (done.stdout, done.stderr) == ("7 crash points, 0 failures\n", "")
+
+
+def plain_graphflow(run_id: str, *, store: Any) -> Any:
+    """A factory that forgot the durable team: GraphFlow's own."""
+    agent = Scripted("A")
+    return GraphFlow([agent], DiGraphBuilder().add_node(agent).build())
+
+
+@pytest.mark.parametrize(
+    ("make_team", "message"),
+    [
+        (plain_graphflow, "make_team: the team factory returned GraphFlow, expected a DurableGraphFlow"),
+        (lambda run_id, store: None, "make_team: the team factory returned NoneType, expected a"),
+        (lambda run_id: None, r"make_team: the team factory cannot be called as factory\(run_id, store"),
+        (lambda run_id, store: 1 / 0, "make_team: the team factory raised ZeroDivisionError"),
+    ],
+    ids=["graphflow", "none", "signature", "raises"],
+)
+def test_a_factory_that_gives_no_durable_team_is_a_usage_error_naming_make_team(
+    sqlite_url: str, make_team: Any, message: str
+) -> None:
+    with pytest.raises(UsageError, match=message) as caught:
+        matrix(make_team, sqlite_url)
+    assert caught.value.option == "make_team" and "\n" not in str(caught.value)
+
+
+def test_record_effect_outside_a_crash_matrix_keeps_nothing(sqlite_url: str) -> None:
+    async def runs() -> None:
+        for n in range(3):  # B and D record an effect in each run's turns
+            await teams.make_team(f"production-{n}", store=sqlite_url).run(task="write the report")
+
+    asyncio.run(runs())
+    assert kit._ledger == []
+    report = matrix(teams.make_team, sqlite_url, sample=2)  # in a matrix, effects are still checked
+    report.assert_ok()
+    assert kit._ledger == []
+
+
+def test_a_team_with_a_waiting_person_passes_when_the_kit_answers_for_them(store_url: str) -> None:
+    prompts: list[str] = []
+
+    def finance(prompt: str) -> str:
+        prompts.append(prompt)
+        return "within budget"
+
+    report = matrix(teams.make_approval_team, store_url, points="both", answers={"approver": "approved"})
+    report.assert_ok()
+    assert report.points >= 7  # the park, the answer's resume and what follows are points too
+    report = matrix(
+        teams.make_two_approvals_team, store_url, answers={"legal": "cleared", "finance": finance}
+    )
+    report.assert_ok()
+    assert prompts and all(p == prompts[0] for p in prompts)
+    with Store(store_url) as store:
+        runs = store.list_runs()
+        assert {r.status for r in runs} == {"finished"}
+        answered = [
+            m.body["content"]
+            for r in runs
+            if r.run_id.endswith("-reference")
+            for m in store.load(r.run_id).messages
+            if m.body.get("source") in ("approver", "legal", "finance")
+        ]
+    assert sorted(answered) == ["approved", "cleared", "within budget"]
+
+
+@pytest.mark.crash
+def test_subprocess_mode_answers_a_waiting_person_in_the_killed_process_and_after(sqlite_url: str) -> None:
+    report = matrix(
+        "crashkit_teams:make_approval_team",
+        sqlite_url,
+        points="both",
+        mode="subprocess",
+        sample=4,
+        answers={"approver": "approved"},
+    )
+    assert report.points == 4
+    report.assert_ok()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, r"node approver waits for input .*; give crash_matrix answers=\{'approver': 'the answer'\}"),
+        ({"answers": {"approver": 1}}, "answers must map node names to an answer's text or a function"),
+        ({"answers": {"nobody": "x"}}, "answers names 'nobody', which is not a participant"),
+        (
+            {"answers": {"approver": str.upper}, "mode": "subprocess"},
+            "mode='subprocess' takes answers given as text",
+        ),
+    ],
+    ids=["missing", "not-text", "unknown-node", "function-in-subprocess"],
+)
+def test_answers_that_do_not_answer_the_waiting_person_are_a_usage_error(
+    sqlite_url: str, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(UsageError, match=message) as caught:
+        matrix("crashkit_teams:make_approval_team", sqlite_url, **options)
+    assert caught.value.option == "answers" and "\n" not in str(caught.value)
+
+
+def test_a_passing_matrix_logs_nothing_at_warning_or_above(
+    store_url: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.WARNING)
+    matrix(teams.make_team, store_url, points="both").assert_ok()
+    matrix(teams.make_approval_team, store_url, points="both", answers={"approver": "ok"}).assert_ok()
+    gc.collect()  # a task of a crashed team left pending would be reported now
+    assert [r.getMessage() for r in caplog.records] == []
+    assert capfd.readouterr() == ("", "")

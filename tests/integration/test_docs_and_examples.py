@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -149,8 +150,9 @@ def test_observe_example_follows_a_worker_driven_run_and_prints_one_trace_tree()
     "options", [[], ["--gfd-always-resume", "--gfd-crash-sample=2"]], ids=["plain", "switches"]
 )
 def test_the_users_team_test_example_passes_under_pytest(tmp_path: Path, options: list[str]) -> None:
-    """``pytest examples/test_my_team.py`` as a user runs it: the crash matrix and the ordinary test
-    pass, and with the plugin's switches too."""
+    """``pytest examples/test_my_team.py`` as a user runs it, with what docs/crash-kit.md lists
+    (pytest and pytest-asyncio: pytest-timeout, which this repository's tests use, not loaded): the
+    crash matrix and the ordinary test pass, and with the plugin's switches too."""
     done = subprocess.run(
         [
             sys.executable,
@@ -159,6 +161,8 @@ def test_the_users_team_test_example_passes_under_pytest(tmp_path: Path, options
             "-q",
             "-p",
             "no:cacheprovider",
+            "-p",
+            "no:timeout",
             "examples/test_my_team.py",
             f"--basetemp={tmp_path / 'pytest'}",
             *options,
@@ -170,4 +174,40 @@ def test_the_users_team_test_example_passes_under_pytest(tmp_path: Path, options
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout
+
+
+def test_a_users_copy_of_the_team_test_example_passes_outside_the_repository(tmp_path: Path) -> None:
+    """The example copied into a project of its own (no config of this repository), run with pytest
+    and pytest-asyncio only: it passes."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "examples" / "test_my_team.py", project / "test_my_team.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:timeout"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout, done.stdout
+
+
+def test_every_heading_of_the_docs_is_a_plain_title_once_per_page() -> None:
+    """A heading holds no link, no unbalanced quote, backtick or bracket, and no page has one twice
+    (two headings alike: a section pasted in twice, or the tail of a merge left behind)."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        fenced, seen = False, set()
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if line.startswith("```"):
+                fenced = not fenced
+            if fenced or not line.startswith("#"):
+                continue
+            where = f"{page.name}:{number}: {line}"
+            assert "](" not in line, where
+            assert line.count('"') % 2 == 0 and line.count("`") % 2 == 0, where
+            assert line.count("(") == line.count(")") and line.count("[") == line.count("]"), where
+            assert line not in seen, where
+            seen.add(line)

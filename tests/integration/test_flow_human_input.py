@@ -23,6 +23,7 @@ from graphflow_durable import (
     RunExistsError,
     RunNotFoundError,
     Store,
+    UsageError,
     Worker,
 )
 from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, main
@@ -326,6 +327,18 @@ def test_bad_human_input_settings_are_refused_clearly(sqlite_url: str) -> None:
         one(sqlite_url, human_input={"Z": "wait"})
     with pytest.raises(ValueError, match="timeout must be"):
         HumanInput("wait", timeout=-1)
+
+
+def test_a_human_input_setting_for_a_node_that_is_not_a_user_proxy_is_refused_naming_its_type(
+    sqlite_url: str,
+) -> None:
+    with pytest.raises(
+        UsageError, match=r"human_input names 'A', a Scripted, not a UserProxyAgent"
+    ) as caught:
+        one(sqlite_url, human_input={"A": "wait", "H": "wait"})
+    assert caught.value.option == "human_input" and "\n" not in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+    one(sqlite_url, human_input={"H": "wait", "*": "inline"})  # a UserProxyAgent and '*': accepted
 
 
 def test_answering_a_run_that_does_not_exist_is_run_not_found(store: Store) -> None:

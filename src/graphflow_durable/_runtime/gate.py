@@ -79,7 +79,19 @@ class HumanGate:
         self._turn: dict[str, tuple[tuple[str, int], int]] = {}  # node -> ((key, attempt), calls so far)
 
     def install(self, participants: Sequence[ChatAgent | Team]) -> None:
-        """Route every ``UserProxyAgent`` participant's input function through the gate."""
+        """Route every ``UserProxyAgent`` participant's input function through the gate.
+
+        Raises:
+            UsageError: a per-node setting names a participant that is not a ``UserProxyAgent``
+                (only those ask for input: the setting would do nothing).
+        """
+        for agent in participants:
+            if agent.name in self.per_node and not isinstance(agent, UserProxyAgent):
+                raise UsageError(
+                    f"human_input names {agent.name!r}, a {type(agent).__name__}, not a UserProxyAgent: "
+                    "only a UserProxyAgent asks for input; name a UserProxyAgent participant or use '*'",
+                    option="human_input",
+                )
         for agent in participants:
             if isinstance(agent, UserProxyAgent):
                 self._wrap(agent)

@@ -109,6 +109,9 @@ class TeamView:
             for task in running:
                 task.cancel()
             cancelled = len(running)
+            if not running:  # no agent turn was running: nothing is lost, nothing to warn of
+                flow_logger.info("run %s: interrupted; no agent turn was running, stopped waiting", run_id)
+                return False
         flow_logger.warning(
             "run %s: interrupted, but %d agent turn(s) did not end within interrupt_grace_seconds=%g; "
             "stopped waiting: the run is left interrupted and those nodes run again on resume",

@@ -450,13 +450,20 @@ def _check(store: Store, args: SimpleNamespace, factories: TeamFactory | dict[st
             EXIT_USAGE,
         )
     problems, checked = [], 0
-    for key, group in groups.items():
-        factory = factories if callable(factories) else factories.get(key or "")
-        if factory is not None:
-            # The worker's factory type; check_runs calls it as factory(run_id, store=...) only,
-            # and checks first that its signature allows that.
-            problems += asyncio.run(check_runs(factory, store, group))  # type: ignore[arg-type]
-            checked += len(group)
+    # Each factory given is called, with no run of its own too (a factory that cannot build a team
+    # fails the check even when nothing is resumable).
+    if callable(factories):
+        work = [(factories, list(runs))]
+    else:
+        keyed: dict[str, list[RunRecord]] = {}
+        for key, group in groups.items():
+            keyed.setdefault(key or "", []).extend(group)
+        work = [(factory, keyed.get(key, [])) for key, factory in factories.items()]
+    for factory, group in work:
+        # The worker's factory type; check_runs calls it as factory(run_id, store=...) only,
+        # and checks first that its signature allows that.
+        problems += asyncio.run(check_runs(factory, store, group))  # type: ignore[arg-type]
+        checked += len(group)
     for problem in problems:
         _out(json.dumps(problem.to_json(), sort_keys=True) if args.json else str(problem))
     left = f" ({len(runs) - checked} of other teams left out)" if checked < len(runs) else ""

@@ -25,10 +25,10 @@ import sqlalchemy as sa
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams import DiGraphBuilder
 from autogen_core.models import CreateResult, LLMMessage
-from autogen_core.tools import FunctionTool
+from autogen_core.tools import FunctionTool, StaticWorkbench
 
 from agents import OPEN_TEAMS, close_stores
-from graphflow_durable import DurableGraphFlow
+from graphflow_durable import DurableGraphFlow, RetryPolicy
 from graphflow_durable.errors import LeaseLostError, NotSerializableError, StoreError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -295,3 +295,68 @@ _CLERK_CALLS = [
     ["issue_refund", "A17", "40.0"],
     ["model", "clerk", "2"],
 ]
+
+
+def _flaky_tools(ledger: Path, error: Exception) -> list[FunctionTool]:
+    """The ledger tools, whose first ``issue_refund`` raises ``error`` after its line (the bank
+    dropped the connection); the next one refunds."""
+    raised: list[Exception] = []
+
+    async def lookup_order(order_id: str) -> str:
+        append_line(ledger, "lookup_order", order_id)
+        return f"order {order_id}: 2 items, paid 40.00"
+
+    async def issue_refund(order_id: str, amount: float) -> str:
+        append_line(ledger, "issue_refund", order_id, amount)
+        if not raised:
+            raised.append(error)
+            raise error
+        return f"refunded {amount:.2f} on {order_id}"
+
+    return [
+        FunctionTool(lookup_order, description="Look an order up."),
+        FunctionTool(issue_refund, "Refund."),
+    ]
+
+
+@pytest.mark.parametrize("workbench", ["tools", "workbench"])
+async def test_a_tool_exception_the_retry_policy_retries_fails_the_turn_and_the_retry_runs_only_that_call_again(
+    store_url: str, tmp_path: Path, workbench: str
+) -> None:
+    """The tool's error result goes back to the agent; its next model call fails the attempt with
+    the tool's exception instead of calling out. The retried attempt replays the calls made before
+    (not paid twice) and runs the failed tool call again (its error result was not recorded)."""
+    log = tmp_path / "exec.log"
+    tools = _flaky_tools(log, ConnectionError("connection reset by the bank"))
+    clerk = AssistantAgent(
+        "clerk",
+        model_client=ScriptedModel("clerk", CLERK_SCRIPT, log=log),
+        **({"tools": tools} if workbench == "tools" else {"workbench": StaticWorkbench(tools)}),  # type: ignore[arg-type]
+        max_tool_iterations=3,
+    )
+    graph = DiGraphBuilder().add_node(clerk).build()
+    policy = RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
+    team = DurableGraphFlow([clerk], graph, store=store_url, run_id="flaky", record_calls=True, retry=policy)
+    OPEN_TEAMS.append(team)
+    result = await asyncio.wait_for(team.run(task="Refund order A17."), BOUND)
+    assert team.run_info().status == "finished"
+    assert "refunded 40.00 on A17" in result.messages[-1].to_text()
+    assert _lines(log) == [*_CLERK_CALLS[:4], ["issue_refund", "A17", "40.0"], ["model", "clerk", "2"]]
+    failed = [s.data for s in team.store.load("flaky").steps if s.kind.value == "attempt_failed"]
+    assert [(f["attempt"], f["error_type"], f["error"]) for f in failed] == [
+        (1, "ConnectionError", "connection reset by the bank")
+    ]
+
+
+async def test_a_tool_exception_the_retry_policy_does_not_retry_goes_to_the_model_as_before(
+    store_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "exec.log"
+    tools = _flaky_tools(log, ValueError("amount must be positive"))
+    policy = RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
+    team = _team(store_url, log, "flaky", tools=tools, retry=policy)
+    result = await asyncio.wait_for(team.run(task="Refund order A17."), BOUND)
+    assert team.run_info().status == "finished"
+    assert "amount must be positive" in result.messages[-1].to_text()  # the model was told
+    assert _lines(log) == _CLERK_CALLS
+    assert not [s for s in team.store.load("flaky").steps if s.kind.value == "attempt_failed"]

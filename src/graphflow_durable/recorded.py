@@ -22,7 +22,8 @@ client and workbench itself. Outside a durable turn a wrapper calls straight thr
   is replayed in that attempt. A call that raises is not recorded (the next attempt makes it
   again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded live).
 - A driver that lost its lease records nothing: the write raises ``LeaseLostError`` and the run
-  ends with it. Not replayed: what a tool does that is not itself a recorded call, calls made
+  ends with it; a database fault ends the run interrupted (a call made: its record written first
+  when the turn runs again in this process). Not replayed: what a tool does that is not itself a recorded call, calls made
   through a client or workbench that is not wrapped, a streaming tool's intermediate events.
 
 The container of a durable team sets the link (:func:`recording`) while a node's agent runs.

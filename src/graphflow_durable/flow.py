@@ -739,7 +739,8 @@ async def _opening(
         return None, messages
     failure = NodeFailure.of(run)
     if failure is not None:  # a budget ran out: nothing runs until `runs retry` gives a fresh one
-        raise failure.exception(session.run_id)
+        said = run.result.get("stop_reason") if isinstance(run.result, Mapping) else None
+        raise failure.exception(session.run_id, said if isinstance(said, str) else None)
     if run.status == "waiting":
         own = messages is not None and run.task == task_key(messages)  # a re-run script's task
         if await on_waiting_run(session.store, run, None if own else messages):

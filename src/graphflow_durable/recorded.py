@@ -157,8 +157,7 @@ class _TurnCalls:
         if self.failure is not None:
             raise self.failure
 
-    def keep(self, exc: Exception) -> None:
-        """Keep ``exc`` (the first one kept wins): the turn ends with it at its next call."""
+    def keep(self, exc: Exception) -> None:  # the first one kept wins
         self.failure = self.failure or exc
 
     async def kept(self, step: Awaitable[_T]) -> _T | None:
@@ -282,11 +281,8 @@ def start_recording(link: CallLink, fails_turn: _Fails = None) -> Token[_Scope |
     agent runs): the wrappers it calls through record in ``link``'s store. Each start is one
     attempt (its ordinals start at 0). Two functions, not a context manager, so that the
     container's own context manager sets it without a second generator per turn.
-
-    ``fails_turn``: which exceptions of a tool (seen by a recorded workbench before the workbench
-    makes an error result of them) fail the attempt (the node's retry policy retries them); the
-    tool's error result still goes back to the agent, and the attempt raises the exception at its
-    next call through a wrapper, or at its end (:func:`raise_kept`)."""
+    ``fails_turn``: a tool's exceptions that fail the attempt (its retry policy retries them; see
+    ``_ToolCall``)."""
     return _scope.set(_Scope(link, fails_turn))
 
 
@@ -559,14 +555,6 @@ def _not_run(name: str, failure: Exception) -> ToolResult:
     return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=True)
 
 
-async def _record_tool(
-    turn: _TurnCalls, name: str, call_id: str, fingerprint: str, result: ToolResult
-) -> None:
-    """Commit a tool call's record; its result that JSON cannot hold raises NotSerializableError."""
-    text = codec.dumps(result.model_dump(mode="json"), where="tool result")
-    await turn.write("tool", name, call_id, fingerprint, result=text, usage=None)
-
-
 class _ToolCall(Noting):
     """One live tool call of a recorded workbench, its tool's exceptions noted under a retry policy."""
 
@@ -585,7 +573,11 @@ class _ToolCall(Noting):
         if failed is not None:
             turn.keep(failed)
             return
-        await turn.kept(_record_tool(turn, self.name, call_id, self.fingerprint, result))
+        await turn.kept(self._record(turn, call_id, result))
+
+    async def _record(self, turn: _TurnCalls, call_id: str, result: ToolResult) -> None:
+        text = codec.dumps(result.model_dump(mode="json"), where="tool result")  # NotSerializableError
+        await turn.write("tool", self.name, call_id, self.fingerprint, result=text, usage=None)
 
 
 class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
@@ -623,12 +615,9 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         try:
             fingerprint = _tool_fingerprint(name, arguments)
         except NotSerializableError as exc:  # as a call without a call_id: made, never recorded
+            ctx = turn.ctx
             logger.warning(
-                "run %s: %s's tool call %s runs unrecorded (a re-run of the turn makes it again): %s",
-                turn.ctx.run_id,
-                turn.ctx.node,
-                call_id,
-                exc,
+                "run %s: %s's tool call %s runs unrecorded: %s", ctx.run_id, ctx.node, call_id, exc
             )
             return None, "", None
         if turn.failure is None and name not in self._rerun:
@@ -721,15 +710,18 @@ class RecordedStreamWorkbench(RecordedWorkbench, StaticStreamWorkbench):  # type
             return
         call = _ToolCall(turn, name, call_id, fingerprint)
         stream = self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id)
-        while True:
-            with call:  # the tool's exceptions are noted while the workbench runs it, not after
-                try:
-                    item = await anext(stream)
-                except StopAsyncIteration:
-                    return
-            if isinstance(item, ToolResult):
-                await call.done(item)
-            yield item
+        try:
+            while True:
+                with call:  # the tool's exceptions are noted while the workbench runs it, not after
+                    try:
+                        item = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                if isinstance(item, ToolResult):
+                    await call.done(item)
+                yield item
+        finally:
+            await stream.aclose()
 
     @classmethod
     def _from_config(cls, config: RecordedWorkbenchConfig) -> Self:  # type: ignore[override]

@@ -205,12 +205,13 @@ async def test_a_tool_result_that_json_cannot_hold_fails_the_run_with_not_serial
 
 
 class _Fault:
-    """A real database fault striking the record of the clerk's second model call: on SQLite,
+    """A real database fault striking the record of one call (``target``: kind and ident): on SQLite,
     another connection holds the write lock (the store waits its 0.5 s busy timeout: "database is
     locked") and lets go once the record failed; on PostgreSQL, the server terminates the record's
     own connection just before its INSERT."""
 
-    def __init__(self, url: str, admin: sa.Engine | None) -> None:
+    def __init__(self, url: str, admin: sa.Engine | None, target: tuple[str, str]) -> None:
+        self.target = target
         self.sqlite = url.startswith("sqlite")
         self.url = f"{url}?timeout=0.5" if self.sqlite else url
         self._admin = admin
@@ -222,7 +223,7 @@ class _Fault:
         record = calls.record
 
         def striking(rec: Any, *, fencing_token: int | None) -> Any:
-            if self.struck or (rec.kind, rec.ident) != ("model", "1"):
+            if self.struck or (rec.kind, rec.ident) != self.target:
                 return record(rec, fencing_token=fencing_token)
             lock = None
             if self.sqlite:
@@ -256,14 +257,15 @@ class _Fault:
 
 
 @pytest.mark.parametrize("retry", [None, 3], ids=["no-policy", "retry-policy"])
+@pytest.mark.parametrize("target", [("model", "1"), ("tool", "clerk-1-issue_refund")], ids=["model", "tool"])
 async def test_a_database_fault_while_recording_a_call_interrupts_the_run_and_its_resume_pays_no_call_twice(
-    store_url: str, tmp_path: Path, request: pytest.FixtureRequest, retry: int | None
+    store_url: str, tmp_path: Path, request: pytest.FixtureRequest, retry: int | None, target: tuple[str, str]
 ) -> None:
     """As a database fault on a commit: the run ends ``interrupted`` (not ``failed``, whatever the
     node's retry policy), and ``run()`` resumes it. The call whose record the fault kept out of the
     store was made: the resume replays it (written first), as every call recorded before it."""
     admin = None if store_url.startswith("sqlite") else request.getfixturevalue("postgres_admin")
-    fault = _Fault(store_url, admin)
+    fault = _Fault(store_url, admin, target)
     log = tmp_path / "exec.log"
     team = _team(fault.url, log, "faulty", retry=retry)
     fault.arm(team)
@@ -272,7 +274,8 @@ async def test_a_database_fault_while_recording_a_call_interrupts_the_run_and_it
     assert fault.struck == 1
     assert "recording a call" in str(raised.value)
     assert team.run_info().status == "interrupted"
-    made = _CLERK_CALLS[:3]  # the second model call was made; its record failed
+    # The call was made, its record failed; a tool call's turn ended at its next model call.
+    made = _CLERK_CALLS[:3] if target[0] == "model" else _CLERK_CALLS[:4]
     assert _lines(log) == made
     result = await asyncio.wait_for(team.run(), BOUND)
     assert team.run_info().status == "finished"
@@ -360,3 +363,33 @@ async def test_a_tool_exception_the_retry_policy_does_not_retry_goes_to_the_mode
     assert "amount must be positive" in result.messages[-1].to_text()  # the model was told
     assert _lines(log) == _CLERK_CALLS
     assert not [s for s in team.store.load("flaky").steps if s.kind.value == "attempt_failed"]
+
+
+@pytest.mark.parametrize("record_calls", [False, True], ids=["unrecorded", "recorded"])
+async def test_a_turn_that_failed_inside_its_tool_loop_resumes_with_run_on_the_same_team(
+    store_url: str, tmp_path: Path, record_calls: bool
+) -> None:
+    """The model call after a tool call raises (the agent's error fails the run, as in GraphFlow);
+    run() on the same team object resumes the round and finishes it, instead of waiting forever
+    (AutoGen's runtime kept an exception of the failed run's shutdown for its next start)."""
+
+    class FailsAfterATool(ScriptedModel):
+        failed = False
+
+        async def create(self, messages: Sequence[LLMMessage], **options: Any) -> CreateResult:
+            if self.tool_results(messages) and not self.failed:
+                self.failed = True
+                raise RuntimeError("the model provider is down")
+            return await super().create(messages, **options)
+
+    log = tmp_path / "exec.log"
+    model = FailsAfterATool("clerk", CLERK_SCRIPT, log=log)
+    team = _team(store_url, log, "loop", model=model, record_calls=record_calls)
+    with pytest.raises(RuntimeError, match="the model provider is down"):
+        await asyncio.wait_for(team.run(task="Refund order A17."), BOUND)
+    assert team.run_info().status == "failed"
+    result = await asyncio.wait_for(team.run(), BOUND)
+    assert team.run_info().status == "finished"
+    assert result.messages[-1].to_text().startswith("Refund done (")
+    lookups = [line for line in _lines(log) if line[0] == "lookup_order"]
+    assert len(lookups) == (1 if record_calls else 2)  # recorded: replayed, not made again

@@ -429,7 +429,10 @@ class NodeFailedError(GraphflowDurableError, RuntimeError):
 
     Args:
         message: the message; by default one built from the attributes (node, attempts, last
-            error, how to retry).
+            error, how to retry) and ``allowed`` and ``reason``.
+        allowed: the attempts the node's retry policy allowed (``None``: no retry policy).
+        reason: why no further attempt was made, when the attempts were not spent (the error is
+            not retryable under the policy, and how to make it so).
 
     Attributes:
         node: the node.
@@ -448,13 +451,18 @@ class NodeFailedError(GraphflowDurableError, RuntimeError):
         error_type: str,
         error: str,
         run_id: str | None = None,
+        allowed: int | None = None,
+        reason: str | None = None,
     ) -> None:
         if message is None:
             run = run_id or "RUN"
             where = f"run {run_id}: " if run_id else ""
             last = f"{error_type}: {error}" if error else error_type
+            tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+            if allowed is not None:
+                tries = f"{attempts} of {allowed} allowed attempt{'s' if allowed != 1 else ''}"
             message = (
-                f"{where}node {node!r} failed after {attempts} attempt{'s' if attempts != 1 else ''}; "
+                f"{where}node {node!r} failed after {tries}{f': {reason}' if reason else ''}; "
                 f"last error: {last}. Once the cause is fixed, retry it with "
                 f"`graphflow-durable runs retry {run}` (or Store.retry_run({run!r}))"
             )

@@ -49,7 +49,7 @@ from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.gate import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
-from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP
+from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP, forget_stale_shutdown
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._runtime.team import record_calls as record_calls_of
 from graphflow_durable._runtime.telemetry import Telemetry
@@ -384,6 +384,7 @@ class DurableGraphFlow(GraphFlow):
                 # hears what the round had produced before, as the uninterrupted turn did.
                 for message in earlier:
                     yield message
+            forget_stale_shutdown(self._runtime)
             inner = super().run_stream(
                 task=messages,
                 cancellation_token=cancellation_token,
@@ -739,7 +740,8 @@ async def _opening(
         return None, messages
     failure = NodeFailure.of(run)
     if failure is not None:  # a budget ran out: nothing runs until `runs retry` gives a fresh one
-        raise failure.exception(session.run_id)
+        said = run.result.get("stop_reason") if isinstance(run.result, Mapping) else None
+        raise failure.exception(session.run_id, said if isinstance(said, str) else None)
     if run.status == "waiting":
         own = messages is not None and run.task == task_key(messages)  # a re-run script's task
         if await on_waiting_run(session.store, run, None if own else messages):

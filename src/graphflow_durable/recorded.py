@@ -22,7 +22,8 @@ client and workbench itself. Outside a durable turn a wrapper calls straight thr
   is replayed in that attempt. A call that raises is not recorded (the next attempt makes it
   again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded live).
 - A driver that lost its lease records nothing: the write raises ``LeaseLostError`` and the run
-  ends with it. Not replayed: what a tool does that is not itself a recorded call, calls made
+  ends with it; a database fault ends the run interrupted (a call made: its record written first
+  when the turn runs again in this process). Not replayed: what a tool does that is not itself a recorded call, calls made
   through a client or workbench that is not wrapped, a streaming tool's intermediate events.
 
 The container of a durable team sets the link (:func:`recording`) while a node's agent runs.
@@ -59,8 +60,18 @@ from pydantic import BaseModel
 from typing_extensions import Self
 
 from graphflow_durable._model import codec
+from graphflow_durable._toolerrors import Noting, watch
 from graphflow_durable.context import ExecutionContext, current_execution
-from graphflow_durable.errors import GraphflowDurableError, LeaseLostError, UsageError
+from graphflow_durable.errors import (
+    ConflictError,
+    GraphflowDurableError,
+    LeaseLostError,
+    NotSerializableError,
+    SchemaVersionError,
+    StoreCorruptError,
+    StoreError,
+    UsageError,
+)
 from graphflow_durable.store import CallRecord, Store
 
 __all__ = [
@@ -68,6 +79,7 @@ __all__ = [
     "RecordedChatCompletionClient",
     "RecordedStreamWorkbench",
     "RecordedWorkbench",
+    "raise_kept",
     "recorded",
     "start_recording",
     "stop_recording",
@@ -76,6 +88,7 @@ __all__ = [
 logger = logging.getLogger("graphflow_durable.flow")
 
 _T = TypeVar("_T")
+_Fails = Callable[[Exception], bool] | None
 
 
 class _Streaming(Protocol):
@@ -106,40 +119,56 @@ class CallLink(Protocol):
     @property
     def fencing_token(self) -> int: ...
 
+    #: Live records a database fault kept out of the store (this process only): written before the
+    #: next attempt of their turn reads its records, so that a call made is not paid for twice.
+    unwritten: list[CallRecord]
+
     def fail(self, exc: BaseException) -> None: ...
 
     def replayed(self, tokens: int) -> None:
         """A recorded call was replayed instead of made (``tokens``: its model tokens; telemetry)."""
 
 
+def _database_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database failing (an outage, a lock, a full disk), not the data."""
+    return isinstance(exc, StoreError) and not isinstance(
+        exc, (ConflictError, StoreCorruptError, SchemaVersionError, UsageError)
+    )
+
+
 class _TurnCalls:
     """One attempt of one turn's recorded calls, shared by every wrapper the turn calls through:
     the records it may replay (read once), its model-call ordinal, whether it diverged."""
 
-    def __init__(self, link: CallLink, ctx: ExecutionContext) -> None:
-        self.link = link
-        self.ctx = ctx
+    def __init__(self, link: CallLink, ctx: ExecutionContext, fails_turn: _Fails) -> None:
+        self.link, self.ctx = link, ctx
+        self.fails_turn = fails_turn  # a tool exception the node's retry policy retries
         self.key = ctx.idempotency_key
         self._records: dict[tuple[str, str], CallRecord] | None = None
         self._loading = asyncio.Lock()
         self._ordinal = 0
         self.diverged = False
-        self.failure: GraphflowDurableError | None = None  # a tool call's record that failed: kept()
+        # What ends the attempt at its next call, kept by a tool call (see kept()): its record's
+        # failure, or the tool's own exception that the node's retry policy retries.
+        self.failure: Exception | None = None
 
     def check(self) -> None:
         """Raise the failure a tool call of this attempt kept: the turn ends at its next call."""
         if self.failure is not None:
             raise self.failure
 
+    def keep(self, exc: Exception) -> None:  # the first one kept wins
+        self.failure = self.failure or exc
+
     async def kept(self, step: Awaitable[_T]) -> _T | None:
         """A tool call's record read or write: its error is kept, not raised (``None`` returned).
         AssistantAgent waits forever for tool calls of which one raised (their end is never put on
         its event queue), so a tool call ends with an error result instead, and the turn's next call
-        through a wrapper (its next model call) raises the kept error before calling out."""
+        through a wrapper (its next model call), or the end of the attempt, raises the kept error."""
         try:
             return await step
-        except GraphflowDurableError as exc:  # the store's: a lost lease, an outage, a damaged row
-            self.failure = self.failure or exc
+        except GraphflowDurableError as exc:  # the store's (a lost lease, an outage...), an encoding's
+            self.keep(exc)
             return None
 
     def next_ordinal(self) -> int:
@@ -154,9 +183,19 @@ class _TurnCalls:
         token = self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
         try:
             return await asyncio.to_thread(write, *args, fencing_token=token)
-        except LeaseLostError as lost:
-            self.link.fail(lost)
+        except StoreError as exc:
+            # A lost lease, or the database failing (the run ends interrupted, not failed, as on a
+            # commit's fault): the run ends with it, whatever the agent makes of the error.
+            if isinstance(exc, LeaseLostError) or _database_fault(exc):
+                self.link.fail(exc)
             raise
+
+    async def _write_unwritten(self) -> None:
+        """Write this turn's records a database fault kept out of the store (oldest first)."""
+        unwritten = self.link.unwritten
+        for record in [r for r in unwritten if (r.run_id, r.turn_key) == (self.ctx.run_id, self.key)]:
+            await self._fenced(self.link.store.calls.record, record)
+            unwritten.remove(record)
 
     async def replayable(self, kind: str, ident: str, fingerprint: str) -> CallRecord | None:
         """The live record this call replays, or ``None`` (it goes live). A record of the same
@@ -164,6 +203,8 @@ class _TurnCalls:
         are discarded, and nothing more is replayed in this attempt."""
         async with self._loading:
             if self._records is None:
+                if self.link.unwritten:
+                    await self._write_unwritten()
                 found = await asyncio.to_thread(self.link.store.calls.for_turn, self.ctx.run_id, self.key)
                 self._records = {(r.kind, r.ident): r for r in found}  # seq order: the latest wins
             if self.diverged:
@@ -207,7 +248,12 @@ class _TurnCalls:
         prompt, completion = (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
         identity = (ctx.run_id, self.key, ctx.node, ctx.step, ctx.attempt, kind, name, ident)
         record = CallRecord(*identity, fingerprint, outcome, result, prompt, completion, time.time())
-        await self._fenced(self.link.store.calls.record, record)
+        try:
+            await self._fenced(self.link.store.calls.record, record)
+        except StoreError as exc:
+            if result is not None and _database_fault(exc):
+                self.link.unwritten.append(record)  # the call was made: the next attempt replays it
+            raise
         if result is None:
             self.link.replayed((prompt or 0) + (completion or 0))
 
@@ -216,31 +262,41 @@ class _Scope:
     """The link a container set while a node's agent runs, and that attempt's calls (made on the
     first recorded call, for the execution context current then)."""
 
-    def __init__(self, link: CallLink) -> None:
-        self.link = link
+    def __init__(self, link: CallLink, fails_turn: _Fails) -> None:
+        self.link, self.fails_turn = link, fails_turn
         self._turn: _TurnCalls | None = None
 
     def turn(self, ctx: ExecutionContext) -> _TurnCalls:
         turn = self._turn
         if turn is None or turn.ctx != ctx:
-            turn = self._turn = _TurnCalls(self.link, ctx)
+            turn = self._turn = _TurnCalls(self.link, ctx, self.fails_turn)
         return turn
 
 
 _scope: ContextVar[_Scope | None] = ContextVar("graphflow_durable_recorded_calls", default=None)
 
 
-def start_recording(link: CallLink) -> Token[_Scope | None]:
+def start_recording(link: CallLink, fails_turn: _Fails = None) -> Token[_Scope | None]:
     """From here until :func:`stop_recording` (the container's ``running(node)``, while a node's
     agent runs): the wrappers it calls through record in ``link``'s store. Each start is one
     attempt (its ordinals start at 0). Two functions, not a context manager, so that the
-    container's own context manager sets it without a second generator per turn."""
-    return _scope.set(_Scope(link))
+    container's own context manager sets it without a second generator per turn.
+    ``fails_turn``: a tool's exceptions that fail the attempt (its retry policy retries them; see
+    ``_ToolCall``)."""
+    return _scope.set(_Scope(link, fails_turn))
 
 
 def stop_recording(token: Token[_Scope | None]) -> None:
     """End what :func:`start_recording` began (``token`` is what it returned)."""
     _scope.reset(token)
+
+
+def raise_kept() -> None:
+    """At the end of an attempt that made no further call: raise what a tool call of it kept (a
+    record that could not be written, a tool exception its retry policy retries), if anything."""
+    scope = _scope.get()
+    if scope is not None and scope._turn is not None:
+        scope._turn.check()
 
 
 def _current_turn() -> _TurnCalls | None:
@@ -269,7 +325,9 @@ def _tool_schema(tool: Tool | ToolSchema) -> Any:
 
 
 def _tool_fingerprint(name: str, arguments: Mapping[str, Any] | None) -> str:
-    return _digest({"name": name, "arguments": dict(arguments or {})})
+    """Its arguments as the model gave them (``5`` too); NotSerializableError: a lone surrogate."""
+    given = dict(arguments or {}) if arguments is None or isinstance(arguments, Mapping) else arguments
+    return _digest({"name": name, "arguments": given})
 
 
 def _model_name(client: ChatCompletionClient) -> str:
@@ -492,9 +550,34 @@ def _tool_result(record: CallRecord) -> ToolResult:
     return ToolResult.model_validate(codec.loads(record.result or "{}"))
 
 
-def _not_run(name: str, failure: GraphflowDurableError) -> ToolResult:
-    text = f"not run: recording this turn's calls failed ({type(failure).__name__})"
+def _not_run(name: str, failure: Exception) -> ToolResult:
+    text = f"not run: this attempt of the turn failed ({type(failure).__name__})"
     return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=True)
+
+
+class _ToolCall(Noting):
+    """One live tool call of a recorded workbench, its tool's exceptions noted under a retry policy."""
+
+    def __init__(self, turn: _TurnCalls | None, name: str, call_id: str | None, fingerprint: str) -> None:
+        super().__init__(turn is None or turn.fails_turn is None)
+        self.turn, self.name, self.call_id, self.fingerprint = turn, name, call_id, fingerprint
+
+    async def done(self, result: ToolResult) -> None:
+        """The tool returned ``result``: commit its record, unless the tool raised an exception the
+        retry policy retries (kept: the attempt fails; the next one runs the call again)."""
+        turn, call_id = self.turn, self.call_id
+        if turn is None or call_id is None:
+            return
+        fails = turn.fails_turn or (lambda _: False)
+        failed = next((e for e in self.errors or () if fails(e)), None)
+        if failed is not None:
+            turn.keep(failed)
+            return
+        await turn.kept(self._record(turn, call_id, result))
+
+    async def _record(self, turn: _TurnCalls, call_id: str, result: ToolResult) -> None:
+        text = codec.dumps(result.model_dump(mode="json"), where="tool result")  # NotSerializableError
+        await turn.write("tool", self.name, call_id, self.fingerprint, result=text, usage=None)
 
 
 class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
@@ -509,6 +592,7 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
     def __init__(self, workbench: Workbench, rerun: Collection[str] = ()) -> None:
         self._inner = workbench
         self._rerun = frozenset(rerun)
+        watch(workbench)
 
     @property
     def inner(self) -> Workbench:
@@ -528,7 +612,14 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         turn = _current_turn()
         if turn is None or call_id is None:
             return None, "", None
-        fingerprint = _tool_fingerprint(name, arguments)
+        try:
+            fingerprint = _tool_fingerprint(name, arguments)
+        except NotSerializableError as exc:  # as a call without a call_id: made, never recorded
+            ctx = turn.ctx
+            logger.warning(
+                "run %s: %s's tool call %s runs unrecorded: %s", ctx.run_id, ctx.node, call_id, exc
+            )
+            return None, "", None
         if turn.failure is None and name not in self._rerun:
             record = await turn.kept(turn.replayable("tool", call_id, fingerprint))
             if record is not None:
@@ -549,10 +640,9 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         turn, fingerprint, replayed = await self._replay(name, arguments, call_id)
         if replayed is not None:
             return replayed
-        result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
-        if turn is not None and call_id is not None:
-            text = codec.dumps(result.model_dump(mode="json"), where="tool result")
-            await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))
+        with _ToolCall(turn, name, call_id, fingerprint) as call:
+            result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
+        await call.done(result)
         return result
 
     async def list_tools(self) -> list[ToolSchema]:
@@ -618,11 +708,20 @@ class RecordedStreamWorkbench(RecordedWorkbench, StaticStreamWorkbench):  # type
         if replayed is not None:
             yield replayed
             return
-        async for item in self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id):
-            if isinstance(item, ToolResult) and turn is not None and call_id is not None:
-                text = codec.dumps(item.model_dump(mode="json"), where="tool result")
-                await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))
-            yield item
+        call = _ToolCall(turn, name, call_id, fingerprint)
+        stream = self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id)
+        try:
+            while True:
+                with call:  # the tool's exceptions are noted while the workbench runs it, not after
+                    try:
+                        item = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                if isinstance(item, ToolResult):
+                    await call.done(item)
+                yield item
+        finally:
+            await stream.aclose()
 
     @classmethod
     def _from_config(cls, config: RecordedWorkbenchConfig) -> Self:  # type: ignore[override]

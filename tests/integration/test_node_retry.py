@@ -106,12 +106,44 @@ async def test_non_retryable_error_fails_at_once_with_node_failed_error(store_ur
     assert len(_attempts_failed(team)) == 1
 
 
+@pytest.mark.parametrize(
+    "policy, why",
+    [
+        (
+            FAST,
+            "failed after 1 of 3 allowed attempts: ValueError is not retryable under its retry policy "
+            "(retry_on=[]); add it to retry_on to retry it; last error: ValueError: B: connection reset",
+        ),
+        (
+            RetryPolicy(max_attempts=4, retry_on=("KeyError",), non_retryable=("ConnectionError",)),
+            "failed after 1 of 4 allowed attempts: ConnectionError is not retryable under its retry "
+            "policy (non_retryable=['ConnectionError']); remove it from non_retryable; last error: ",
+        ),
+    ],
+    ids=["not-retryable", "listed-non-retryable"],
+)
+async def test_a_failure_with_attempts_left_says_why_it_was_not_retried_now_and_on_every_later_run(
+    store_url: str, policy: RetryPolicy, why: str
+) -> None:
+    error_type = ValueError if policy is FAST else ConnectionError
+    agents = [Scripted(n, before=failing(5, error_type) if n == "B" else None) for n in "ABC"]
+    team = durable(agents, chain(*agents), store_url, "run", retry=policy)
+    with pytest.raises(NodeFailedError) as raised:
+        await team.run(task="go")
+    assert why in str(raised.value), str(raised.value)
+    assert "\n" not in str(raised.value)
+    with pytest.raises(NodeFailedError) as again:  # a later run(), from the stored run
+        await durable(agents, chain(*agents), store_url, "run", retry=policy).run()
+    assert str(again.value) == str(raised.value)
+
+
 async def test_spent_attempts_fail_the_run_with_the_last_error_chained(store_url: str) -> None:
     agents = [Scripted(n, before=failing(9) if n == "B" else None) for n in "ABC"]
     team = durable(agents, chain(*agents), store_url, "run", retry={"B": 2, "*": None})
     with pytest.raises(NodeFailedError) as raised:
         await team.run(task="go")
     assert (raised.value.node, raised.value.attempts, raised.value.error_type) == ("B", 2, "ConnectionError")
+    assert "node 'B' failed after 2 of 2 allowed attempts; last error: ConnectionError" in str(raised.value)
     assert isinstance(raised.value.__cause__, ConnectionError)
     run = team.run_info()
     assert run.status == "failed" and run.result["node_failed"]["attempts"] == 2

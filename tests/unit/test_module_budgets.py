@@ -26,6 +26,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Agent states written as splices of their JSON text, with whole snapshots often enough t...",
     ),
     "_agentstate/jsondelta.py": (100, "Deltas between JSON values, for agent states that grow every turn."),
+    "_toolerrors.py": (  # new: kept out of recorded.py, which holds the replay
+        80,
+        "The exceptions a workbench's tools raise, seen before the workbench makes error results of them.",
+    ),
     "_agentstate/textdelta.py": (
         200,
         "Text splices with message references, for agent states that grow every turn.",

@@ -456,6 +456,9 @@ def test_node_failed_error_says_which_node_how_many_attempts_the_last_error_and_
         "cause is fixed, retry it with `graphflow-durable runs retry r42` (or Store.retry_run('r42'))"
     )
     assert "after 1 attempt;" in str(NodeFailedError(node="w", attempts=1, error_type="E", error=""))
+    why = "E is not retryable under its retry policy (retry_on=[]); add it to retry_on to retry it"
+    told = NodeFailedError(node="w", attempts=1, error_type="E", error="x", allowed=3, reason=why)
+    assert f"node 'w' failed after 1 of 3 allowed attempts: {why}; last error: E: x. " in str(told)
 
 
 def test_node_timeout_error_names_the_node_the_limit_and_the_attempt() -> None:

@@ -194,10 +194,11 @@ class NodeFailure:
             node, deaths, "ProcessDied", f"the process died {times} during node {node}'s turn", "crash"
         )
 
-    def exception(self, run_id: str) -> NodeFailedError:
-        """The error ``run()`` raises for this failure."""
-        message = None
-        if self.cause == "crash":
+    def exception(self, run_id: str, said: str | None = None) -> NodeFailedError:
+        """The error ``run()`` raises for this failure (``said``: its message when the run failed,
+        the stored stop reason, which says why no further attempt was made)."""
+        message = said
+        if message is None and self.cause == "crash":
             message = (
                 f"run {run_id}: {self.error} (max_crash_attempts={self.attempts}); it is not dispatched "
                 f"again. Once the cause is fixed (memory, a crashing native tool...), retry it with "

@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 from autogen_agentchat.base import ChatAgent, Response, Team
@@ -50,8 +51,8 @@ from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
 from graphflow_durable._runtime.telemetry import record_output, tag_agent_span
 from graphflow_durable.context import ExecutionContext
 from graphflow_durable.errors import NodeTimeoutError
-from graphflow_durable.recorded import CallLink, start_recording, stop_recording
-from graphflow_durable.retry import RetryPolicy, TimeoutPolicy, within_limits
+from graphflow_durable.recorded import CallLink, raise_kept, start_recording, stop_recording
+from graphflow_durable.retry import RetryPolicy, TimeoutPolicy, is_retryable, within_limits
 from graphflow_durable.store import Store
 
 __all__ = ["DurableChatAgentContainer", "GroupChatAttemptFailed", "Turns", "answer_delta", "outer_run_store"]
@@ -74,9 +75,15 @@ class Turns:
     """The execution contexts of a team's turns in flight, and the nodes' retry and timeout
     policies: the manager writes, containers read (and hand a failed attempt's exception back)."""
 
-    def __init__(self, link: CallLink, may_start: Callable[[str], Awaitable[bool]]) -> None:
+    def __init__(
+        self,
+        link: CallLink,
+        may_start: Callable[[str], Awaitable[bool]],
+        fatal: Callable[[], BaseException | None] = lambda: None,
+    ) -> None:
         self._link = link
         self._may_start = may_start
+        self.fatal = fatal  # the error the run ends with whatever its turns do (a lost lease...)
         self._contexts: dict[str, ExecutionContext] = {}
         self._errors: dict[str, BaseException] = {}
         self.retry: dict[str, RetryPolicy | None] = {}
@@ -126,7 +133,8 @@ class Turns:
         the run's link for recorded model and tool calls (each entry is one attempt of the turn)."""
         context = _context._current.set(self._contexts.get(node))
         store = _outer_store.set(self._link.store)
-        calls = start_recording(self._link)
+        policy = self.retry.get(node)
+        calls = start_recording(self._link, None if policy is None else partial(is_retryable, policy=policy))
         try:
             yield
         finally:
@@ -243,11 +251,15 @@ class DurableChatAgentContainer(ChatAgentContainer):
                     raise RuntimeError(
                         "The agent did not produce a final response. Check the agent's on_messages_stream method."
                     )
+                raise_kept()  # a tool call's failure that no later call of the turn raised
                 record_output(response.chat_message)  # its text only when the user opted in
         except InputPending:
             raise
         except Exception as exc:
-            if self._turns.retry.get(name) is None and not isinstance(exc, NodeTimeoutError):
+            # The run ends with its fatal error (a lost lease, a database fault), not with a failed
+            # attempt; without a policy, or an exception it does not take, as in GraphFlow.
+            policies = self._turns.retry.get(name) is not None or isinstance(exc, NodeTimeoutError)
+            if not policies or self._turns.fatal() is not None:
                 await self.publish_message(
                     GroupChatError(error=SerializableException.from_exception(exc)),
                     topic_id=DefaultTopicId(type=self._parent_topic_type),

@@ -58,7 +58,7 @@ from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP, RoundStops, Run
 from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import NodeFailedError, NodeTimeoutError, StateFormatError
-from graphflow_durable.retry import NodeRetryEvent, delay, is_retryable
+from graphflow_durable.retry import NodeRetryEvent, RetryPolicy, delay, is_retryable
 from graphflow_durable.scheduler import GraphSpec, SchedulerState, complete, finish, initial, select
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind
 
@@ -248,7 +248,7 @@ class DurableGraphFlowManager(GraphFlowManager):
         }
         self._link.telemetry.attempt_failed(name, message.attempt, message.error_type, retry)
         if policy is None or not retry:
-            await self._exhausted(name, used, message, exc, data)
+            await self._exhausted(name, used, message, exc, data, policy)
             return
         wait = delay(policy, message.attempt, exc)
         # The wall clock: the time is durable (another process resumes the run by it) and is the
@@ -336,15 +336,22 @@ class DurableGraphFlowManager(GraphFlowManager):
         message: GroupChatAttemptFailed,
         exc: BaseException | None,
         data: Mapping[str, Any],
+        policy: RetryPolicy | None,
     ) -> None:
         """No further attempt: commit the failed attempt and the run ``failed`` with its marker,
-        and end the round with :class:`NodeFailedError` (chaining the attempt's exception)."""
+        and end the round with :class:`NodeFailedError` (chaining the attempt's exception), which
+        says why when attempts were left (the error is not retryable under the policy)."""
+        reason = None
+        if policy is not None and used < policy.max_attempts:
+            reason = _not_retryable(message.error_type, exc, policy)
         error = NodeFailedError(
             node=name,
             attempts=used,
             error_type=message.error_type,
             error=message.error,
             run_id=self._link.run_id,
+            allowed=None if policy is None else policy.max_attempts,
+            reason=reason,
         )
         error.__cause__ = exc
         marker = NodeFailure(
@@ -742,3 +749,14 @@ class DurableGraphFlowManager(GraphFlowManager):
         # The termination condition sees the committed history of the current round again.
         seen = [] if cursor.finished else thread[cursor.round_start : cursor.batch_start]
         await self._stops.replay(seen, self._link.run_id)
+
+
+def _not_retryable(error_type: str, exc: BaseException | None, policy: RetryPolicy) -> str:
+    """Why an attempt's error is not retried under ``policy``, and what would retry it."""
+    if exc is not None and policy.non_retryable and is_retryable(exc, replace(policy, non_retryable=())):
+        listed = f"non_retryable={list(policy.non_retryable)!r}"
+        return (
+            f"{error_type} is not retryable under its retry policy ({listed}); remove it from non_retryable"
+        )
+    listed = f"retry_on={list(policy.retry_on)!r}"
+    return f"{error_type} is not retryable under its retry policy ({listed}); add it to retry_on to retry it"

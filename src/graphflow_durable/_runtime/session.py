@@ -58,6 +58,7 @@ from graphflow_durable.errors import (
 from graphflow_durable.scheduler import GraphSpec, initial
 from graphflow_durable.store import (
     ENDED_STATUSES,
+    CallRecord,
     InputRequest,
     RunRecord,
     RunUpdate,
@@ -139,7 +140,9 @@ class RunSession:
         self._key: RunKey | None = None
         self._lease: RunLease | None = None
         self._commits: Commits | None = None
-        self.turns = Turns(self, lambda node: self.lease.may_start(node))
+        self.turns = Turns(self, lambda node: self.lease.may_start(node), lambda: self.control.fatal)
+        # Live call records a database fault kept out of the store (see recorded.CallLink).
+        self.unwritten: list[CallRecord] = []
         install_log_filters()  # a lost lease or an outage: no library tracebacks in the ERROR log
         self.pending_import: Mapping[str, Any] | None = None  # a loaded state for a run not yet created
         self.resumed_round: list[tuple[Mapping[str, Any], bool]] | None = None

@@ -289,3 +289,14 @@ def install_log_filters() -> None:
         target = logging.getLogger(name)
         if not any(isinstance(f, kind) for f in target.filters):
             target.addFilter(kind())
+
+
+def forget_stale_shutdown(runtime: object) -> None:
+    """Before a stopped runtime starts again: forget the ``QueueShutDown`` a message handler of its
+    last run raised after the run ended (a publish into the queue AutoGen had shut down, as when a
+    turn failed inside an agent's tool loop). AutoGen's runtime keeps it and raises it from its next
+    start's message loop, which then ends at once, and that run would wait forever."""
+    stale = getattr(runtime, "_background_exception", None)
+    stopped = getattr(runtime, "_run_context", True) is None
+    if stopped and any(cls.__name__ == "QueueShutDown" for cls in type(stale).__mro__):
+        runtime._background_exception = None  # type: ignore[attr-defined]

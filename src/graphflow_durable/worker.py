@@ -9,7 +9,9 @@ crashed worker's runs are taken over by the others.
 
 Guarantees (see docs/worker-pool.md): every committed agent completion is recorded exactly once;
 an agent that was running when its worker died runs again (at-least-once execution), at most
-``max_crash_attempts`` times per turn (then the run ends ``failed``); takeover happens when the
+``max_crash_attempts`` times per turn, then the run ends ``failed`` (once more, driven alone by
+a worker that claims nothing else meanwhile, when each of those deaths was shared with the same
+other run's turn: a healthy run never fails for another's crash loop); takeover happens when the
 lease expires, or at once when the dead worker was a process on the same host. A failed run is
 never claimed again on its own: ``graphflow-durable runs retry`` (``Store.retry_run``) queues it.
 No worker sits on a run for a retry's back-off of a second or more: its team leaves the run

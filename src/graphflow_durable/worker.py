@@ -9,7 +9,9 @@ crashed worker's runs are taken over by the others.
 
 Guarantees (see docs/worker-pool.md): every committed agent completion is recorded exactly once;
 an agent that was running when its worker died runs again (at-least-once execution), at most
-``max_crash_attempts`` times per turn (then the run ends ``failed``); takeover happens when the
+``max_crash_attempts`` times per turn, then the run ends ``failed`` (once more, driven alone by
+a worker that claims nothing else meanwhile, when each of those deaths was shared with the same
+other run's turn: a healthy run never fails for another's crash loop); takeover happens when the
 lease expires, or at once when the dead worker was a process on the same host. A failed run is
 never claimed again on its own: ``graphflow-durable runs retry`` (``Store.retry_run``) queues it.
 No worker sits on a run for a retry's back-off of a second or more: its team leaves the run
@@ -245,6 +247,8 @@ class _RunDriver:
                     option="run_id",
                 )
             team._release_backoffs()  # no worker sits on a run for a retry's back-off
+            if claim.alone:
+                team._drive_alone()
             run = store.get_run(run_id)
             # A submitted task starts the run; once its round has started, resuming needs no task
             # (and the same task again would be recognised and not added twice anyway).
@@ -473,6 +477,7 @@ class Worker:
         # The runs this worker drives now. Their leases may have expired under its own id (its
         # driver could not renew in an outage) and be claimable again: not while that driver lives.
         self._driving: set[str] = set()
+        self._alone = False  # driving a run that must be driven alone: claiming nothing else
         self._database = _DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
         self._driver = _RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
         self._metrics = PoolMetrics(meter_provider, self.owner, self._depth)
@@ -613,10 +618,14 @@ class Worker:
             while not self._stopping:
                 claimed = False
                 paused = time.monotonic() < self._database.resume_at
-                while len(tasks) < self._concurrency and not self._stopping and not paused:
+                while len(tasks) < self._concurrency and not (self._stopping or paused or self._alone):
                     try:
                         claim = store.queue.claim(
-                            self.owner, lease_seconds=self._lease, teams=self.teams, skip=self._driving
+                            self.owner,
+                            lease_seconds=self._lease,
+                            teams=self.teams,
+                            skip=self._driving,
+                            alone=not self._driving,
                         )
                     except StoreError as exc:
                         self._database.problem("claiming work", exc)
@@ -628,6 +637,7 @@ class Worker:
                     claimed = True
                     self._metrics.claimed(claim.claimable_since)
                     self._driving.add(claim.run_id)
+                    self._alone = claim.alone  # a run to drive alone: nothing else until it is done
                     tasks.add(asyncio.ensure_future(self._drive(claim)))
                 if until_idle and not tasks and not claimed and not paused:
                     break
@@ -674,4 +684,6 @@ class Worker:
             raise
         finally:
             self._driving.discard(run_id)
+            if claim.alone:
+                self._alone = False
         done(outcome, error)

@@ -100,13 +100,17 @@ def test_show_of_a_nested_run_prints_its_parent_and_of_a_top_level_run_no_parent
     assert json.loads(out[0])["parent_run_id"] == "outer"
 
 
-def test_show_of_a_submission_not_started_yet_says_submitted(
+def test_show_of_a_submission_not_started_yet_says_it_waits_for_a_worker_serving_its_team(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    waits = (
+        "a worker serving team report (started with --team report=module:factory); none holds a claim on it"
+    )
     with Store(store_url) as store:
         store.queue.submit("sub-1", task="go", team="report")
     code, out, _ = cli(capsys, store_url, "show", "sub-1")
     assert code == EXIT_OK and out[:3] == ["run         sub-1", "status      submitted", "team        report"]
+    assert f"waiting for {waits}" in out
     code, out, _ = cli(capsys, store_url, "show", "sub-1", "--json")
     assert json.loads(out[0]) == {
         "run_id": "sub-1",
@@ -114,7 +118,42 @@ def test_show_of_a_submission_not_started_yet_says_submitted(
         "team": "report",
         "attempts": 0,
         "last_error": None,
+        "waiting_for": waits,
     }
+    with Store(store_url) as store:
+        store.queue.submit("sub-2", task="go", team=None)
+        claim = store.queue.claim("worker-9", lease_seconds=60, teams=["report"])
+        assert claim is not None and claim.run_id == "sub-1"
+    code, out, _ = cli(capsys, store_url, "show", "sub-2", "--json")
+    assert json.loads(out[0])["waiting_for"] == (
+        "a worker started with --team module:factory (a submission with no team key)"
+    )
+    code, out, _ = cli(capsys, store_url, "show", "sub-1", "--json")
+    assert json.loads(out[0])["waiting_for"].startswith("worker worker-9, which claimed it (until 20")
+
+
+def test_runs_list_keeps_its_columns_aligned_with_a_long_run_id_and_json_keeps_it_whole(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long_id = "nightly-report/" + "x" * 70
+    with Store(store_url) as store:
+        made(store, "r1", status="finished")
+        made(store, long_id, status="interrupted")
+        store.queue.submit("sub-" + "y" * 40, task="go", team="a-team-with-a-long-key")
+    code, out, _ = cli(capsys, store_url, "list")
+    assert code == EXIT_OK and len(out) == 4
+    header, *rows = out
+    for column in ("STATUS", "TEAM", "HEAD", "LEASE"):
+        at = header.index(column)
+        assert all(row[at - 1] == " " and row[at] != " " for row in rows if column != "HEAD"), (column, out)
+    assert [row.split()[0] for row in rows] == ["r1", long_id, "sub-" + "y" * 40]
+    assert {row[header.index("STATUS") :].split()[0] for row in rows} == {
+        "finished",
+        "interrupted",
+        "submitted",
+    }
+    code, out, _ = cli(capsys, store_url, "list", "--json")
+    assert {json.loads(line)["run_id"] for line in out} == {"r1", long_id, "sub-" + "y" * 40}
 
 
 @pytest.mark.parametrize(
@@ -162,8 +201,8 @@ def test_retry_queues_a_cancelled_run_again_and_refuses_a_held_one(
     code, out, _ = cli(capsys, store_url, "retry", "run-1")
     assert code == EXIT_OK
     assert out == [
-        "run run-1: queued again, interrupted (was cancelled); workers started with --team module:factory "
-        "claim it"
+        "run run-1: queued again, interrupted (was cancelled); a worker started with --team module:factory "
+        "or the next run() resumes it"
     ]
     code, out, err = cli(capsys, store_url, "retry", "held", "--json")
     assert (code, out) == (EXIT_REFUSED, [])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import sys
 import time
@@ -221,6 +222,40 @@ async def test_a_deadline_takes_the_default_answer_or_fails_the_run(store_url: s
     with pytest.raises(RuntimeError, match="passed its deadline"):
         await failing.run()
     assert failing.run_info().status == "failed"  # type: ignore[union-attr]
+
+
+async def test_a_run_that_finished_after_failing_on_a_deadline_no_longer_shows_that_error(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    team = one(store_url, "f", human_input=HumanInput("wait", timeout=0.2))
+    await team.run(task="go")
+    time.sleep(0.3)
+    with pytest.raises(InputDeadlineError):
+        await team.run()
+    assert (team.store.queue.get_submission("f").last_error or "").startswith("InputDeadlineError")  # type: ignore[union-attr]
+    team.store.respond("f", "late, but yes")
+    await one(store_url, "f", human_input=HumanInput("wait", timeout=0.2)).run()
+    assert team.run_info().status == "finished"  # type: ignore[union-attr]
+    capsys.readouterr()
+    assert main(["runs", "show", "f", "--store", store_url]) == EXIT_OK
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("last error")] == [
+        "last error  -"
+    ]
+    assert main(["runs", "show", "f", "--json", "--store", store_url]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["last_error"] is None
+    assert main(["runs", "list", "--json", "--store", store_url]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["last_error"] is None
+
+
+async def test_runs_respond_says_that_a_worker_or_the_next_run_resumes_the_run(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await one(store_url, "r", human_input="wait").run(task="go")
+    capsys.readouterr()
+    assert main(["runs", "respond", "r", "yes", "--store", store_url]) == EXIT_OK
+    assert capsys.readouterr().out == (
+        "r: answered H/3 (H); run interrupted: a worker or the next run() resumes it\n"
+    )
 
 
 async def test_a_deadline_without_a_default_raises_input_deadline_error_recorded_as_the_runs_last_error(

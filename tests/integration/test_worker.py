@@ -122,9 +122,12 @@ def test_the_cli_submits_lists_and_refuses_a_conflicting_submission(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["submit", "--store", store_url, "r1", "hello", "--team", "t"]) == EXIT_OK
+    assert (
+        capsys.readouterr().out
+        == "run r1: submitted; a worker started with --team t=module:factory claims it\n"
+    )
+    assert main(["submit", "--store", store_url, "r1", "hello", "--team", "t", "--json"]) == EXIT_OK
     assert json.loads(capsys.readouterr().out) == {"run_id": "r1", "team": "t", "status": "pending"}
-    assert main(["submit", "--store", store_url, "r1", "hello", "--team", "t"]) == EXIT_OK
-    capsys.readouterr()
     assert main(["submit", "--store", store_url, "r1", "other", "--team", "t"]) == EXIT_CONFLICT
     assert "already submitted" in capsys.readouterr().err
     assert main(["runs", "list", "--store", store_url, "--json"]) == EXIT_OK

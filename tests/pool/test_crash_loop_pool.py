@@ -20,7 +20,9 @@ HERE = Path(__file__).parent
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
 
-def start_worker(url: str, tmp: Path, n: int) -> subprocess.Popen[bytes]:
+def start_worker(
+    url: str, tmp: Path, n: int, team: str = "poisonteam:team", concurrency: int = 1
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -28,7 +30,7 @@ def start_worker(url: str, tmp: Path, n: int) -> subprocess.Popen[bytes]:
     }
     args = [
         sys.executable, "-m", "graphflow_durable.cli.runs", "worker", "--store", url,
-        "--team", "t=poisonteam:team", "--concurrency", "1", "--lease-seconds", "5",
+        "--team", f"t={team}", "--concurrency", str(concurrency), "--lease-seconds", "5",
         "--poll-interval", "0.05",
     ]  # fmt: skip
     with open(tmp / f"worker-{n}.err", "wb") as err:
@@ -80,3 +82,51 @@ def test_a_poison_run_stops_being_claimed_after_max_crash_attempts_and_the_other
         assert run is not None and run.result["node_failed"]["cause"] == "crash"
         assert "the process died 3 times during node K's turn" in run.result["stop_reason"]
     assert all(k_turns(tmp_path)[r] == 1 for r in good)
+
+
+@pytest.mark.parametrize(("workers", "concurrency"), [(1, 4), (2, 2)])
+def test_healthy_runs_sharing_a_worker_with_a_crash_looping_run_finish_and_only_it_fails(
+    store_url: str, tmp_path: Path, workers: int, concurrency: int
+) -> None:
+    # Workers driving several runs at once (restarted as a supervisor does): each time the poison's
+    # K kills one, the healthy runs' K turns in flight in it die too.
+    good = [f"good-{i}" for i in range(3)]
+    with Store(store_url) as store:
+        store.queue.submit("poison", task="go", team="t")
+        for run_id in good:
+            store.queue.submit(run_id, task="go", team="t")
+    procs = [start_worker(store_url, tmp_path, n, "poisonteam:crowded", concurrency) for n in range(workers)]
+    started = workers
+    try:
+        deadline = time.monotonic() + 150
+        statuses: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            for i, proc in enumerate(procs):
+                if proc.poll() is not None:  # restarted as a supervisor does
+                    procs[i] = start_worker(store_url, tmp_path, started, "poisonteam:crowded", concurrency)
+                    started += 1
+            with Store(store_url) as store:
+                statuses = {r.run_id: r.status for r in store.list_runs()}
+            if statuses.get("poison") == "failed" and all(statuses.get(r) == "finished" for r in good):
+                break
+            if any(statuses.get(r) == "failed" for r in good):
+                break
+            time.sleep(0.2)
+        assert statuses.get("poison") == "failed" and all(statuses.get(r) == "finished" for r in good), (
+            statuses
+        )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+    turns = k_turns(tmp_path)
+    assert turns["poison"] >= 3
+    with Store(store_url) as store:
+        run = store.get_run("poison")
+        assert run is not None and run.result["node_failed"]["cause"] == "crash"
+        assert run.result["node_failed"]["error_type"] == "ProcessDied"
+        assert f"the process died {turns['poison']} times during node K's turn" in run.result["stop_reason"]
+        for run_id in good:
+            assert store.get_run(run_id).result.get("node_failed") is None  # type: ignore[union-attr]

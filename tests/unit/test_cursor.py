@@ -80,6 +80,23 @@ def test_dispatched_keeps_only_each_nodes_last_two_dispatch_points() -> None:
     assert cursor.dispatches == {"A": (4, 6), "B": (8,)}
 
 
+def test_a_turn_whose_every_crash_another_run_shared_is_unclear_and_one_crash_alone_makes_it_its_own() -> (
+    None
+):
+    cursor = Cursor.fresh(flying()).dispatched(flying("B", "C"), ["B", "C"], 3, 7)
+    shared = cursor.crashed(["B", "C"], frozenset({"p", "q"})).crashed(["B", "C"], frozenset({"p"}))
+    shared = shared.crashed(["B"], frozenset({"p", "r"})).crashed(["C"], frozenset({"q"}))
+    assert dict(shared.crash_with) == {"B": ("p",)}  # p was in all of B's crashes; none was in all of C's
+    assert shared.spent(["B", "C"], 3) == (["C"], ["B"])  # C's crashes are its own; B may be p's bystander
+    back = Cursor.from_json(shared.to_json(SPEC), SPEC, {})
+    assert back.crash_with == shared.crash_with and Cursor.from_extension(
+        shared.extension("r")
+    ).crash_with == {"B": ("p",)}
+    alone = shared.crashed(["B"])  # driven alone, it died again: no company, its own
+    assert alone.crash_with == {} and alone.spent(["B"], 3) == (["B"], [])
+    assert shared.answered("B", flying("C")).crash_with == {} and shared.fresh_budget().crash_with == {}
+
+
 def test_redispatched_counts_another_attempt_but_keeps_the_turns_dispatch_step_and_key() -> None:
     # On resume the runtime re-dispatches every in-flight node of the interrupted batch.
     cursor = Cursor(initial(SPEC)).dispatched(flying("B", "C"), ["B", "C"], at=2, step=5)

@@ -55,8 +55,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The participant buffer rule: what each participant has heard since it last spoke.",
     ),
     "_model/codec.py": (250, "Canonical JSON in and out: the only place where stored bytes are made."),
-    "_model/cursor.py": (  # 250 -> 325: each node's durable back-off (retry_at), end_due
-        325,
+    # 250 -> 325: each node's durable back-off (retry_at), end_due; 325 -> 375: the runs a turn's
+    # crashes shared (crash_with), to tell a crash loop's turn from its bystanders
+    "_model/cursor.py": (
+        375,
         "The manager's position in a run: scheduler state plus what resuming needs beyond it.",
     ),
     "_model/exported.py": (  # 150 -> 175: a supplied answer's rule (Store.supply_output)
@@ -104,16 +106,17 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Human input in a durable run: the input functions of ``UserProxyAgent`` participants, i...",
     ),
     # 450 -> 650: a failed attempt's retry, the run's failure, crash loops; 650 -> 750: the durable
-    # back-off (a pool worker releases the run for it, a resume waits out what is left)
+    # back-off (a pool worker releases the run for it, a resume waits out what is left); 750 -> 800:
+    # a turn whose crashes another run's turn shared is released to be driven alone
     "_runtime/manager.py": (
-        750,
+        800,
         "The durable GraphFlow manager: commits every transition; retries a failed attempt.",
     ),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),
     "_runtime/session.py": (
-        640,
+        665,
         "One team's hold on its stored run: the run session.",
-    ),  # 625: always-resume tear-down; 640: _bound's field-by-field fast path
+    ),  # 625: always-resume tear-down; 640: _bound's field-by-field fast path; 665: whom a run died with
     "_runtime/stops.py": (
         300,
         "When a round ends, and why a run stops dispatching (the run's control, its log filters).",
@@ -142,6 +145,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         550,
         "A run's export document (``Store.export_run`` / ``Store.import_run``; ``runs export`` /...",
     ),
+    "_storage/deaths.py": (100, "Which process each run died with, and which other runs died with it."),
     "_storage/driver.py": (
         450,
         "The runtime's way into the store: one private driver object (commits, new runs, leases).",
@@ -186,8 +190,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         450,
         "Store URLs: the package's options in the query, the driver's options, and the URL to wr...",
     ),
-    "_storage/workqueue.py": (  # 600 -> 650: the queue's depth and when an item became claimable
-        650,
+    # 600 -> 650: the queue's depth and when an item became claimable; 650 -> 700: runs a worker
+    # must drive alone (isolate, the claim's alone)
+    "_storage/workqueue.py": (
+        700,
         "The worker-pool queue: ``store.queue``, its value objects and the statements of its claim.",
     ),
     "_storage/writer.py": (

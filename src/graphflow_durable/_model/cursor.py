@@ -19,7 +19,7 @@ __all__ = ["FORMAT", "Cursor", "without_one"]
 FORMAT = 1
 
 
-def _counts(name: str, counts: Mapping[str, float], flying: Sequence[str]) -> dict[str, Any]:
+def _counts(name: str, counts: Mapping[str, Any], flying: Sequence[str]) -> dict[str, Any]:
     """``{name: values}`` of the nodes in flight (``flying``, sorted: counts, or back-off times), or
     nothing at all when none has one (so a run with no failure stores, and saves, exactly what it did
     before them)."""
@@ -31,12 +31,13 @@ def _counts(name: str, counts: Mapping[str, float], flying: Sequence[str]) -> di
 
 #: The per-node maps of the in-flight turns, by key, with the type of their values (the compact
 #: JSON and the saved state's extension write them alike).
-_TURN_MAPS: dict[str, type[int] | type[str] | type[float]] = {
+_TURN_MAPS: dict[str, type[int] | type[str] | type[float] | type[tuple[str, ...]]] = {
     "attempts": int,
     "dispatch_step": int,
     "keys": str,
     "failures": int,
     "crashes": int,
+    "crash_with": tuple,
     "retry_at": float,
 }
 
@@ -75,6 +76,9 @@ class Cursor:
         crashes: per in-flight node, how many attempts of this turn died with their process (what
             ``max_crash_attempts`` counts). Both are committed, so a crash never resets them; a new
             turn starts both at zero, and :meth:`fresh_budget` clears them.
+        crash_with: per in-flight node whose turn crashed, the other runs whose turns were in
+            flight in every one of those crashes (sorted; absent when none): while there is one,
+            the crashes may be that run's doing, not this turn's (see docs/retries.md).
         retry_at: per in-flight node backing off after a failed attempt, when its next attempt may
             be dispatched (epoch seconds, the driver's ``time.time()``: the clock of the pool
             queue's ``not_before``). Committed with the ``attempt_failed`` step, so a driver that
@@ -97,6 +101,7 @@ class Cursor:
     keys: Mapping[str, str] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
     crashes: Mapping[str, int] = field(default_factory=dict)
+    crash_with: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     retry_at: Mapping[str, float] = field(default_factory=dict)
     end_due: bool = False
 
@@ -127,6 +132,7 @@ class Cursor:
                 "keys": {},
                 "failures": {},
                 "crashes": {},
+                "crash_with": {},
                 "retry_at": {},
                 "end_due": False,
             },
@@ -153,13 +159,30 @@ class Cursor:
         """An attempt of ``node``'s turn raised or timed out: one more failure counted."""
         return replace(self, failures={**self.failures, node: self.failures.get(node, 0) + 1})
 
-    def crashed(self, nodes: Sequence[str]) -> Cursor:
-        """The attempts of ``nodes``' turns died with their process: one more crash each."""
-        return replace(self, crashes={**self.crashes, **{n: self.crashes.get(n, 0) + 1 for n in nodes}})
+    def crashed(self, nodes: Sequence[str], died_with: frozenset[str] = frozenset()) -> Cursor:
+        """The attempts of ``nodes``' turns died with their process, as did the turns of the runs
+        ``died_with``: one more crash each, and of those runs only the ones that were in every
+        crash of the turn stay in its ``crash_with``."""
+        crash_with = dict(self.crash_with)
+        for n in nodes:
+            kept = died_with if not self.crashes.get(n) else died_with & set(crash_with.get(n, ()))
+            crash_with[n] = tuple(sorted(kept))
+        return replace(
+            self,
+            crashes={**self.crashes, **{n: self.crashes.get(n, 0) + 1 for n in nodes}},
+            crash_with={n: w for n, w in crash_with.items() if w},
+        )
+
+    def spent(self, nodes: Sequence[str], most: int) -> tuple[list[str], list[str]]:
+        """Of ``nodes`` (in flight), those whose turn died with its process ``most`` times or more:
+        with no other run in every one of those crashes (the turn's own doing), and with one (maybe
+        that run's doing: the turn must be tried alone)."""
+        done = [n for n in dict.fromkeys(nodes) if self.crashes.get(n, 0) >= most]
+        return [n for n in done if not self.crash_with.get(n)], [n for n in done if self.crash_with.get(n)]
 
     def fresh_budget(self) -> Cursor:
         """Failures, crashes and back-offs forgotten (an operator's retry of a run whose budget ran out)."""
-        return replace(self, failures={}, crashes={}, retry_at={})
+        return replace(self, failures={}, crashes={}, crash_with={}, retry_at={})
 
     def answered(self, name: str, sched: SchedulerState) -> Cursor:
         # Not with dataclasses.replace (its __init__ is the slower part): this runs on every completion.
@@ -177,6 +200,9 @@ class Cursor:
                 "crashes": {n: c for n, c in self.crashes.items() if n in still}
                 if self.crashes
                 else self.crashes,
+                "crash_with": {n: w for n, w in self.crash_with.items() if n in still}
+                if self.crash_with
+                else self.crash_with,
                 "retry_at": {n: t for n, t in self.retry_at.items() if n in still}
                 if self.retry_at
                 else self.retry_at,
@@ -232,6 +258,7 @@ class Cursor:
         if self.failures or self.crashes or self.retry_at:  # a run with a failure only
             out.update(_counts("failures", self.failures, flying))
             out.update(_counts("crashes", self.crashes, flying))
+            out.update(_counts("crash_with", {n: list(w) for n, w in self.crash_with.items()}, flying))
             out.update(_counts("retry_at", self.retry_at, flying))
         return out
 
@@ -288,6 +315,7 @@ class Cursor:
             "run_id": run_id,
             **_counts("failures", self.failures, flying),
             **_counts("crashes", self.crashes, flying),
+            **_counts("crash_with", {n: list(w) for n, w in self.crash_with.items()}, flying),
             **({"end_due": True} if self.end_due else {}),
             **_counts("retry_at", self.retry_at, flying),
         }

@@ -200,7 +200,7 @@ class NodeFailure:
         message = said
         if message is None and self.cause == "crash":
             message = (
-                f"run {run_id}: {self.error} (max_crash_attempts={self.attempts}); it is not dispatched "
+                f"run {run_id}: {self.error} (max_crash_attempts reached); it is not dispatched "
                 f"again. Once the cause is fixed (memory, a crashing native tool...), retry it with "
                 f"`graphflow-durable runs retry {run_id}` (or Store.retry_run({run_id!r}))"
             )

@@ -84,6 +84,8 @@ class ManagerLink(Protocol):
     max_crash_attempts: int
     releases_backoffs: bool
     """Driven by a pool worker: a back-off of :data:`RELEASE_BACKOFF` seconds or more releases the run."""
+    driven_alone: bool
+    """Claimed by a pool worker that drives nothing else meanwhile."""
     telemetry: Telemetry
     always_resume: bool
     """The always-resume test mode: after each answer's commit, the round stops before its next
@@ -101,12 +103,16 @@ class ManagerLink(Protocol):
     async def parked(self, request_ids: Sequence[str]) -> None:
         """The round parked for human input."""
 
-    def take_resume_budget(self) -> tuple[bool, bool]:
-        """Once per attach: whether the previous driver died with turns in flight, and whether the
-        run was given a fresh budget (``runs retry``)."""
+    def take_resume_budget(self) -> tuple[frozenset[str] | None, bool]:
+        """Once per attach: the other runs whose turns died with the previous driver's process if
+        it died with turns in flight (``None``: it did not), and whether the run was given a fresh
+        budget (``runs retry``)."""
 
     async def defer(self, until: float) -> None:
         """While the lease is held: no pool worker claims the run before ``until`` (epoch seconds)."""
+
+    async def isolate(self) -> None:
+        """While the lease is held: a pool worker claims the run only to drive it alone."""
 
 
 class DurableGraphFlowManager(GraphFlowManager):
@@ -459,14 +465,14 @@ class DurableGraphFlowManager(GraphFlowManager):
             # that died count one crash each; a node that died max_crash_attempts times is not run.
             cursor = cursor.fresh_budget() if fresh else cursor
             # A node backing off had its failure recorded, and was not running: no crash of its.
-            cursor = cursor.crashed([n for n in speakers if n not in cursor.retry_at]) if died else cursor
-            spent = [
-                n
-                for n in dict.fromkeys(speakers)
-                if cursor.crashes.get(n, 0) >= self._link.max_crash_attempts
-            ]
+            if died is not None:
+                cursor = cursor.crashed([n for n in speakers if n not in cursor.retry_at], died)
+            spent, unclear = cursor.spent(speakers, self._link.max_crash_attempts)
             if spent:
                 await self._crash_loop(cursor, spent[0], records, update)
+                return
+            if unclear and self._link.releases_backoffs and not self._link.driven_alone:
+                await self._release_to_run_alone(cursor, kind, unclear, records, update)
                 return
             due = cursor.next_attempt_at(speakers)
             if due is not None and not await self._resume_after_backoff(cursor, kind, due, records, update):
@@ -550,6 +556,37 @@ class DurableGraphFlowManager(GraphFlowManager):
         )
         await self._released_for_backoff(nodes, due)
         return False
+
+    async def _release_to_run_alone(
+        self,
+        cursor: Cursor,
+        kind: StepKind,
+        nodes: Sequence[str],
+        records: Sequence[MessageRecord],
+        update: RunUpdate,
+    ) -> None:
+        """``nodes``' turns died ``max_crash_attempts`` times, each time with another run's turn
+        in flight in the same process (``crash_with``): either may have killed it. Commit what this
+        resume counted, the run left ``interrupted`` for a pool worker that drives nothing else
+        (its next crash is its own), and end the round saying so."""
+        others = sorted({r for n in nodes for r in cursor.crash_with[n]})
+        reason = (
+            f"{', '.join(nodes)} died with their process {cursor.crashes[nodes[0]]} times, each time with "
+            f"run {', '.join(others)} in flight too: the run is released for a pool worker to drive it alone"
+        )
+        logger.warning("run %s: %s", self._link.run_id, reason)
+        self._cursor = cursor
+        await self._link.isolate()
+        await self._commit(
+            Step(kind, None, cursor.to_json(self._spec), {"run_alone": list(nodes)}),
+            records,
+            (),
+            None,
+            replace(update, status="interrupted", release_lease=True),
+        )
+        self._stop_reason = reason
+        self._link.control.halt(reason)
+        await self._signal_termination(StopMessage(content=reason, source=self._name))
 
     async def _crash_loop(
         self, cursor: Cursor, node: str, records: Sequence[MessageRecord], update: RunUpdate

@@ -149,12 +149,14 @@ class RunSession:
         self.max_crash_attempts = max_crash_attempts
         self.telemetry = Telemetry()  # the team gives its providers (DurableGraphFlow's arguments)
         self.releases_backoffs = False  # driven by a pool worker: a long back-off releases the run
+        self.driven_alone = False  # claimed by a pool worker that drives nothing else meanwhile
         self.always_resume = False  # this call runs in the always-resume test mode (see tear_down)
         self._torn_down_at: int | None = None  # the head at the last tear_down
         # What the last attach found, for the resume's budget (see take_resume_budget); and the head
         # at which it found the previous driver dead, until a commit of this driver counts it.
         self._died = self._fresh_budget = False
         self._died_at: int | None = None
+        self._died_with: frozenset[str] = frozenset()
 
     @property
     def store(self) -> Store:
@@ -333,6 +335,10 @@ class RunSession:
         stale = not self.synced or commits.head != run.head_seq
         commits.at(run.head_seq)
         self._died_at = run.head_seq if self._died else None
+        self._died_with = frozenset()
+        if self._died:  # the other runs whose turns died with the same process
+            died_with = await asyncio.to_thread(store._driver.died_with, self.run_id, run.head_seq)
+            self._died_with = died_with or frozenset()
         if self.pending_import is not None:
             # Another process created the run after load_state() found none: the loaded state
             # becomes the run's new starting point, as load_state() does on an existing run.
@@ -586,10 +592,12 @@ class RunSession:
         self.synced = True
         return True
 
-    def take_resume_budget(self) -> tuple[bool, bool]:
-        """What the last attach found, once: whether the run's previous driver died with turns in
-        flight (their crashes count), and whether ``runs retry`` gave its nodes a fresh budget."""
-        found, self._died, self._fresh_budget = (self._died, self._fresh_budget), False, False
+    def take_resume_budget(self) -> tuple[frozenset[str] | None, bool]:
+        """What the last attach found, once: the other runs whose turns died with the process of
+        the run's previous driver if it died with turns in flight (their crashes count; ``None``:
+        it did not), and whether ``runs retry`` gave its nodes a fresh budget."""
+        found = (self._died_with if self._died else None), self._fresh_budget
+        self._died, self._fresh_budget, self._died_with = False, False, frozenset()
         return found
 
     async def defer(self, until: float) -> None:
@@ -598,6 +606,12 @@ class RunSession:
         driver taken over changes nothing), before the commit that releases it."""
         queue = self.store.queue
         await asyncio.to_thread(queue.defer, self.run_id, until, fencing_token=self.fencing_token)
+
+    async def isolate(self) -> None:
+        """Have a pool worker claim the run only to drive it alone (its queue row's ``run_alone``),
+        set while this driver holds the lease, before the commit that releases it."""
+        queue = self.store.queue
+        await asyncio.to_thread(queue.isolate, self.run_id, fencing_token=self.fencing_token)
 
     def take_resumed_round(self) -> list[tuple[Mapping[str, Any], bool]]:
         """What the round resumed by the last attach had produced before (message dump, whether it

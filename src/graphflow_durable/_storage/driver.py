@@ -34,7 +34,7 @@ from graphflow_durable._model.records import (
     Step,
     StepKind,
 )
-from graphflow_durable._storage import schema
+from graphflow_durable._storage import deaths, schema
 from graphflow_durable._storage.checksum import add_sums
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import Heartbeat, acquire, process_identity, release, renew
@@ -409,6 +409,12 @@ class Driver:
         with self._guard(f"reading the head of run {run_id}", run_id), self._e.read.begin() as conn:
             found: Mapping[str, Any] | None = head_scheduler(conn, run_id, self._e.url)
         return found
+
+    def died_with(self, run_id: str, head_seq: int) -> frozenset[str] | None:
+        """The other runs the process that ``run_id`` died with at ``head_seq`` drove (see
+        :func:`deaths.company`; ``None``: no such death recorded)."""
+        with self._guard(f"reading how run {run_id} died", run_id), self._e.read.begin() as conn:
+            return deaths.company(conn, run_id, head_seq)
 
     def trace_context(self, run_id: str) -> str | None:
         """The run's stored trace context (JSON text, see ``schema.runs``), ``None`` when it has none."""

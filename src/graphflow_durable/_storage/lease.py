@@ -25,6 +25,7 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
+from graphflow_durable._storage import deaths
 from graphflow_durable._storage import statements as S
 from graphflow_durable.errors import LeaseLostError, RunLockedError
 
@@ -286,6 +287,15 @@ def take_over(
     if reason is None:
         return None
     token = S.next_token(conn)  # after the row's lock (SQLite: the write lock): a run's tokens only grow
+    process = process_identity(pid)
+    if row.lease_pid is not None and (row.lease_host, row.lease_pid, row.lease_process or "") != (
+        host,
+        pid,
+        process,
+    ):  # a run left running by another process died with it (recorded only if still running)
+        deaths.record(
+            conn, row.run_id, (str(row.lease_host), int(row.lease_pid), row.lease_process or ""), now
+        )
     expires = conn.execute(
         S.UPDATE_LEASE,
         {
@@ -296,7 +306,7 @@ def take_over(
             "p_owner": owner,
             "p_host": host,
             "p_pid": pid,
-            "p_process": process_identity(pid),
+            "p_process": process,
             "p_seconds": lease_seconds,
             # the holder is alive by the clock, but take_over proved its process dead
             "p_early": reason.startswith("holder process"),

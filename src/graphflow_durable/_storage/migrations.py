@@ -360,6 +360,30 @@ def _m0013_trace_context(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN trace_context TEXT"))
 
 
+def _m0014_deaths(conn: Connection) -> None:
+    """Version 14: ``graphflow_deaths``, which process each run died with (at a takeover), and
+    ``graphflow_queue.run_alone``, a run a worker must drive alone; frozen copy."""
+    md = sa.MetaData()
+    sa.Table("graphflow_runs", md, sa.Column("run_id", sa.String, primary_key=True))  # the FK's target
+    sa.Table(
+        "graphflow_deaths",
+        md,
+        sa.Column(
+            "run_id",
+            sa.String,
+            sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("head_seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("holder_host", sa.String, primary_key=True),
+        sa.Column("holder_pid", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("holder_process", sa.String, primary_key=True),
+        sa.Column("died_at", sa.Double, nullable=False),
+        sa.Index("graphflow_deaths_holder", "holder_host", "holder_pid"),
+    ).create(conn)
+    conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN run_alone BOOLEAN"))
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -380,6 +404,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (11, "a nested team's run records its outer run (parent_run_id)", _m0011_nested_run_parents),
     (12, "create the records of model and tool calls made inside turns", _m0012_call_records),
     (13, "a run's and a submission's trace context for OpenTelemetry", _m0013_trace_context),
+    (14, "which process each run died with; runs a worker must drive alone", _m0014_deaths),
 )
 
 #: The schema version this package writes.

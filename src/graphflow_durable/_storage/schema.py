@@ -16,6 +16,7 @@ __all__ = [
     "FENCING_SEQUENCE",
     "agent_states",
     "call_records",
+    "deaths",
     "declared_tables",
     "fencing_tokens",
     "input_requests",
@@ -154,6 +155,9 @@ queue = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     # the submitting call's W3C traceparent, the run's trace (version 13; NULL: none)
     sa.Column("trace_context", sa.Text, nullable=True),
+    # version 14: a worker claims the run only while it drives nothing else, and claims nothing
+    # else meanwhile (its driver could not tell its turn's crashes from another run's; NULL: no)
+    sa.Column("run_alone", sa.Boolean, nullable=True),
     sa.Index("graphflow_queue_status", "status", "created_at"),
     sa.Index("graphflow_queue_team", "team"),
 )
@@ -217,6 +221,28 @@ call_records = sa.Table(
     # CRC of the row's keys and content, discarded flag included; see _storage/checksum
     sa.Column("checksum", sa.BigInteger, nullable=False),
     sa.Index("graphflow_call_records_turn", "run_id", "turn_key"),
+)
+
+#: Which process a run died with (schema version 14): one row per takeover of a run left
+#: ``running`` by a holder (host, pid, process identity) other than the new one, at the run's head
+#: then. The runs a dead process held are those still leased to it and those with a row naming it:
+#: the other runs whose turns were in flight when it died (see docs/retries.md, "Crash loops in a
+#: pool"). Rows older than a week are deleted as new ones are written.
+deaths = sa.Table(
+    "graphflow_deaths",
+    metadata,
+    sa.Column(
+        "run_id",
+        sa.String,
+        sa.ForeignKey("graphflow_runs.run_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("head_seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("holder_host", sa.String, primary_key=True),
+    sa.Column("holder_pid", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("holder_process", sa.String, primary_key=True),
+    sa.Column("died_at", sa.Double, nullable=False),
+    sa.Index("graphflow_deaths_holder", "holder_host", "holder_pid"),
 )
 
 #: Where fencing tokens come from (schema version 10): one store-wide counter, so that a token never

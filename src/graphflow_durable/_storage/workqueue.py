@@ -91,6 +91,8 @@ class Claim:
         attempts: how many times workers failed this run before.
         claimable_since: when it became claimable (epoch seconds, by the database's clock): its
             submission, the end of its retry back-off, or the end of its previous holder's lease.
+        alone: the run must be driven alone (see :meth:`WorkQueue.isolate`): the worker claims
+            nothing else until it is done with it.
     """
 
     run_id: str
@@ -104,6 +106,7 @@ class Claim:
     reason: str
     attempts: int
     claimable_since: float | None = None
+    alone: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,13 @@ def _takeable(
 
 
 def _runs_claimable(
-    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float, skip: Sequence[str] = ()
+    *,
+    teams: Sequence[str] | None,
+    host: str,
+    dead_pids: Sequence[int],
+    now: float,
+    skip: Sequence[str] = (),
+    alone: bool = True,
 ) -> tuple[sa.ColumnElement[bool], ...]:
     holder = (_R.lease_owner, _R.lease_expires_at, _R.lease_host, _R.lease_pid)
     return (
@@ -211,11 +220,18 @@ def _runs_claimable(
         _R.run_id.not_in(list(skip)) if skip else sa.true(),
         _due(now),
         _team_filter(teams),
+        sa.true() if alone else sa.func.coalesce(_Q.run_alone, sa.false()) == sa.false(),
     )
 
 
 def claimable_runs(
-    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float, skip: Sequence[str] = ()
+    *,
+    teams: Sequence[str] | None,
+    host: str,
+    dead_pids: Sequence[int],
+    now: float,
+    skip: Sequence[str] = (),
+    alone: bool = True,
 ) -> sa.Select[Any]:
     """The oldest-updated unfinished run whose lease may be taken (locked, skipping locked rows), but
     none of ``skip``.
@@ -223,7 +239,8 @@ def claimable_runs(
     A lease is takeable when it is free, expired, or held by a dead process of this host, whoever
     holds it: the claimant's own lease too (left behind when the database failed under its driver),
     since the claim draws a new fencing token that fences that driver off. ``skip`` lists the runs
-    the claimant still drives.
+    the claimant still drives; unless ``alone`` (it drives nothing), runs that must be driven alone
+    are not claimable.
     """
     return (
         sa.select(
@@ -236,9 +253,10 @@ def claimable_runs(
             _Q.task,
             _Q.not_before,
             sa.func.coalesce(_Q.attempts, 0).label("attempts"),
+            sa.func.coalesce(_Q.run_alone, sa.false()).label("run_alone"),
         )
         .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
-        .where(*_runs_claimable(teams=teams, host=host, dead_pids=dead_pids, now=now, skip=skip))
+        .where(*_runs_claimable(teams=teams, host=host, dead_pids=dead_pids, now=now, skip=skip, alone=alone))
         .order_by(_R.updated_at, _R.run_id)
         .limit(1)
         .with_for_update(of=runs, skip_locked=True)
@@ -385,6 +403,7 @@ class WorkQueue:
         host: str | None = None,
         pid: int | None = None,
         skip: Collection[str] = (),
+        alone: bool = False,
     ) -> Claim | None:
         """Atomically take ONE claimable item for ``owner``, or return ``None`` when there is none.
 
@@ -396,7 +415,9 @@ class WorkQueue:
         that were never submitted). A run whose expired lease ``owner`` holds itself is claimable
         too (its driver's commits, renewal and release failed, e.g. in a database outage): the new
         token fences that driver off. ``skip`` names the runs ``owner`` still drives, which are
-        not claimed whatever their lease says.
+        not claimed whatever their lease says. A run its driver asked to be driven alone
+        (:meth:`isolate`) is claimed only by a claimant that drives nothing else (``alone``), which
+        then claims nothing else until it is done with that run (the claim's ``alone``).
 
         PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED``: concurrent claimers never
         block each other and never get the same item. SQLite serialises them (``BEGIN IMMEDIATE``).
@@ -410,7 +431,7 @@ class WorkQueue:
                 local = conn.execute(local_lease_pids(here), {"p_now": now}).all()
             dead = _dead_pids(here, local)
             with self._e.write.begin() as conn:
-                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip))
+                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip), alone)
                 found = self._claim_run(conn, want) or self._claim_submission(conn, want)
         if found is not None and found.reason not in ("free", "submitted"):
             _log.info(
@@ -421,7 +442,9 @@ class WorkQueue:
     def _claim_run(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
         owner, lease_seconds, host, pid, now = want.owner, want.lease_seconds, want.host, want.pid, want.now
         here = socket.gethostname()
-        query = claimable_runs(teams=want.teams, host=here, dead_pids=want.dead, now=now, skip=want.skip)
+        query = claimable_runs(
+            teams=want.teams, host=here, dead_pids=want.dead, now=now, skip=want.skip, alone=want.alone
+        )
         row = conn.execute(query, {"p_now": now}).first()
         if row is None:
             return None
@@ -434,7 +457,9 @@ class WorkQueue:
             # (SQLite cannot lock it): the next poll tries again
             return None
         token, reason, expires = taken.token, taken.reason, taken.expires_at
-        conn.execute(sa.update(queue).where(queue.c.run_id == row.run_id).values(**want.claimed(expires)))
+        # driven alone once (the claim says so): its next crash, if any, is its own
+        claimed = {**want.claimed(expires), "run_alone": None}
+        conn.execute(sa.update(queue).where(queue.c.run_id == row.run_id).values(**claimed))
         return Claim(
             run_id=row.run_id,
             kind="run",
@@ -446,6 +471,7 @@ class WorkQueue:
             status=row.status,
             reason="free" if row.lease_owner is None else reason,
             attempts=int(row.attempts),
+            alone=bool(row.run_alone),
             claimable_since=_claimable_since(
                 row.not_before,
                 row.updated_at if row.lease_owner is None else row.lease_expires_at,
@@ -537,19 +563,21 @@ class WorkQueue:
         back-off is not a failure of the pool). Only while the lease is held with ``fencing_token``
         (a driver taken over changes nothing); returns whether it was. Works for runs that were never
         submitted, too."""
-        held = (
-            sa.select(runs.c.run_id)
-            .where(
-                runs.c.run_id == run_id,
-                runs.c.fencing_token == fencing_token,
-                runs.c.lease_owner.is_not(None),
-            )
-            .with_for_update()
-        )  # PostgreSQL: no takeover between the check and the update
         with self._guard(f"deferring run {run_id}", run_id), self._e.write.begin() as conn:
-            if conn.execute(held).first() is None:
+            if conn.execute(_held(run_id, fencing_token)).first() is None:
                 return False
             _note(conn, run_id, {"not_before": until}, count=False)
+        return True
+
+    def isolate(self, run_id: str, *, fencing_token: int) -> bool:
+        """Have ``run_id`` driven alone: a worker claims it only while it drives nothing else, and
+        claims nothing else until it gives it back (its driver could not tell its turn's crashes
+        from another run's). Only while the lease is held with ``fencing_token``; returns whether it
+        was. Works for runs that were never submitted, too."""
+        with self._guard(f"isolating run {run_id}", run_id), self._e.write.begin() as conn:
+            if conn.execute(_held(run_id, fencing_token)).first() is None:
+                return False
+            _note(conn, run_id, {"run_alone": True}, count=False)
         return True
 
     def record_error(self, run_id: str, *, error: str) -> None:
@@ -558,6 +586,18 @@ class WorkQueue:
         submitted, too."""
         with self._guard(f"recording the error of run {run_id}", run_id), self._e.write.begin() as conn:
             _note(conn, run_id, {"last_error": error[:4000]}, count=False)
+
+
+def _held(run_id: str, fencing_token: int) -> sa.Select[Any]:
+    """The run's row if its lease is held with ``fencing_token`` (PostgreSQL: locked, so that no
+    takeover comes between the check and the update)."""
+    return (
+        sa.select(runs.c.run_id)
+        .where(
+            runs.c.run_id == run_id, runs.c.fencing_token == fencing_token, runs.c.lease_owner.is_not(None)
+        )
+        .with_for_update()
+    )
 
 
 def _note(conn: sa.Connection, run_id: str, values: dict[str, Any], *, count: bool) -> int:
@@ -613,6 +653,7 @@ class _Wanted:
     dead: Sequence[int]
     now: float
     skip: Sequence[str] = ()
+    alone: bool = False
 
     def claimed(self, expires: float) -> dict[str, Any]:
         """The queue row's columns once this call holds its claim."""

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +49,7 @@ __all__ = [
     "require_value",
     "run_command",
     "store_option",
+    "table",
     "write_atomically",
 ]
 
@@ -450,3 +451,20 @@ def _silence_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+def table(columns: Sequence[tuple[str, int]], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A table's lines, its header first. ``columns``: each heading and its least width (negative:
+    aligned right). Each column is as wide as its widest cell, so a long value (a run id) widens
+    its column instead of shifting the ones after it; a last column aligned left is not padded."""
+    rows = list(rows)
+    widths = [max(abs(w), len(h), *(len(r[i]) for r in rows)) for i, (h, w) in enumerate(columns)]
+    last = len(columns) - 1
+
+    def line(cells: Sequence[str]) -> str:
+        return " ".join(
+            cell if i == last and w >= 0 else cell.rjust(widths[i]) if w < 0 else cell.ljust(widths[i])
+            for i, (cell, (_, w)) in enumerate(zip(cells, columns, strict=True))
+        )
+
+    return [line([h for h, _ in columns]), *(line(r) for r in rows)]

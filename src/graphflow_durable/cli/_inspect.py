@@ -13,7 +13,8 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from graphflow_durable._storage.lease import iso, owner_gone
-from graphflow_durable.store import RunRecord, Store
+from graphflow_durable.cli._common import table
+from graphflow_durable.store import ENDED_STATUSES, RunRecord, Store
 
 __all__ = ["EXIT_DAMAGED", "HELD", "EXPIRED", "GONE", "SUBMITTED", "lease_state", "list_rows", "verify"]
 
@@ -59,7 +60,8 @@ def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
                 "lease_host": run.lease_host,
                 "lease_pid": run.lease_pid,
                 "attempts": 0 if sub is None else sub.attempts,
-                "last_error": None if sub is None else sub.last_error,
+                # an error a later success superseded is not the run's now
+                "last_error": None if sub is None or run.status in ENDED_STATUSES else sub.last_error,
                 "pending": [r.to_json() for r in store.pending_requests(run.run_id)]
                 if run.status == "waiting"
                 else [],
@@ -96,7 +98,7 @@ def print_rows(rows: Sequence[dict[str, Any]], as_json: bool, out: Callable[[str
         for row in rows:
             out(json.dumps(row, sort_keys=True))
         return
-    out(f"{'RUN':<24} {'STATUS':<24} {'TEAM':<12} {'HEAD':>5} {'LEASE'}")
+    cells: list[list[str]] = []
     for row in rows:
         status, state = row["status"], row["lease_state"]
         lease = "-"
@@ -109,7 +111,11 @@ def print_rows(rows: Sequence[dict[str, Any]], as_json: bool, out: Callable[[str
         if status == "running" and state in (EXPIRED, GONE):
             status = f"running ({'lease expired' if state == EXPIRED else state})"
         head = "-" if row["head"] is None else str(row["head"])
-        out(f"{row['run_id']:<24} {status:<24} {row['team'] or '-':<12} {head:>5} {lease}")
+        cells.append([row["run_id"], status, row["team"] or "-", head, lease])
+    header, *lines = table([("RUN", 24), ("STATUS", 24), ("TEAM", 12), ("HEAD", -5), ("LEASE", 0)], cells)
+    out(header)
+    for row, line in zip(rows, lines, strict=True):
+        out(line)
         for request in row["pending"]:  # what a waiting run waits for, one line each
             out(f"  waits for {request['request_id']}: {request['node']} asks {request['prompt']!r}")
 

@@ -21,9 +21,9 @@ from graphflow_durable._model.records import CallSummary, NodeFailure
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.statements import not_found
-from graphflow_durable.cli._common import Choice, json_option, store_option
+from graphflow_durable.cli._common import Choice, json_option, store_option, table
 from graphflow_durable.cli._inspect import lease_state
-from graphflow_durable.store import RUN_STATUSES, Removal, Store
+from graphflow_durable.store import ENDED_STATUSES, RUN_STATUSES, Removal, Store, Submission
 
 __all__ = ["COMMANDS", "EXIT_REFUSED", "add_commands", "check", "older_than", "run"]
 
@@ -79,7 +79,10 @@ def add_commands(runs: click.Group, dispatch: Dispatch) -> None:
 
     add("show", "a run's status, round, head, lease and last error")
     add("cancel", "stop a run (its driver stops within one lease period); run() resumes it")
-    add("retry", "queue a failed, cancelled or interrupted run for the workers again")
+    add(
+        "retry",
+        "make a failed, cancelled or interrupted run resumable: a worker or the next run() resumes it",
+    )
     add(
         "supply",
         "write the answer of the node a failed run failed on; the run continues without it\n\n"
@@ -138,6 +141,7 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     if run is None and (waiting := store.queue.get_submission(args.run_id)) is not None:
         pending: dict[str, Any] = {"run_id": waiting.run_id, "status": "submitted", "team": waiting.team}
         pending |= {"attempts": waiting.attempts, "last_error": waiting.last_error}
+        pending["waiting_for"] = _waiting_for(waiting, store.lease_clock())
         if args.json:
             out(json.dumps(pending, sort_keys=True))
             return
@@ -166,7 +170,8 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         "cancel_requested_at": run.cancel_requested_at,
         "team": None if sub is None else sub.team,
         "attempts": 0 if sub is None else sub.attempts,
-        "last_error": None if sub is None else sub.last_error,
+        # an error a later success superseded (a deadline, a failed attempt) is not the run's now
+        "last_error": None if sub is None or run.status in ENDED_STATUSES else sub.last_error,
         "parent_run_id": run.parent_run_id,
         "created_at": run.created_at,
         "updated_at": run.updated_at,
@@ -247,6 +252,19 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         out(f"{key:<11} {value}")
 
 
+def _waiting_for(sub: Submission, now: float) -> str:
+    """Who a submission not started yet waits for: a worker of its team (only a worker started with
+    that key, or with one factory for every run, claims it), or the worker whose claim is live."""
+    if sub.claimed_by is not None and sub.claim_expires_at is not None and sub.claim_expires_at >= now:
+        return f"worker {sub.claimed_by}, which claimed it (until {iso(sub.claim_expires_at)})"
+    if sub.team is None:
+        return "a worker started with --team module:factory (a submission with no team key)"
+    return (
+        f"a worker serving team {sub.team} (started with --team {sub.team}=module:factory); none "
+        "holds a claim on it"
+    )
+
+
 def _calls(calls: CallSummary) -> str:
     """A run's (or the store's) recorded model and tool calls in words."""
     return f"{calls.calls_live} made, {calls.calls_replayed} replayed ({calls.tokens_saved} tokens saved)"
@@ -292,7 +310,10 @@ def _retry(store: Store, args: SimpleNamespace, out: Out) -> None:
     was = "submitted, not started" if done.previous_status is None else done.previous_status
     now = done.status or "submitted"
     again = f"; asks again with a new deadline: {', '.join(done.asked_again)}" if done.asked_again else ""
-    out(f"run {done.run_id}: queued again, {now} (was {was}); workers started with {who} claim it{again}")
+    out(
+        f"run {done.run_id}: queued again, {now} (was {was}); a worker started with {who} or the next "
+        f"run() resumes it{again}"
+    )
 
 
 def _supply(store: Store, args: SimpleNamespace, out: Out) -> None:
@@ -353,8 +374,8 @@ def _stats(store: Store, args: SimpleNamespace, out: Out) -> None:
     total = sum(stats.runs.values())
     per = ", ".join(f"{status} {n}" for status, n in stats.runs.items() if n)
     out(f"runs: {total}{f' ({per})' if per else ''}; submissions waiting: {stats.submissions}")
-    out(f"{'TABLE':<24} {'ROWS':>8} {'BYTES':>12}")
-    for table, rows in stats.rows.items():
-        size = stats.bytes[table]
-        out(f"{table:<24} {rows:>8} {'-' if size is None else size:>12}")
+    sizes = {name: "-" if size is None else str(size) for name, size in stats.bytes.items()}
+    cells = [[name, str(rows), sizes[name]] for name, rows in stats.rows.items()]
+    for line in table([("TABLE", 24), ("ROWS", -8), ("BYTES", -12)], cells):
+        out(line)
     out(f"recorded calls: {_calls(stats.calls)}")

@@ -99,7 +99,8 @@ commands:
                                      recorded calls made and replayed, tokens saved
   runs cancel RUN [--json]           stop a run: its driver stops within one lease period and
                                      leaves it cancelled (run() with no task resumes it)
-  runs retry RUN [--json]            queue a failed, cancelled or interrupted run for workers again
+  runs retry RUN [--json]            make a failed, cancelled or interrupted run resumable again (a
+                                     worker or the next run() resumes it)
   runs supply RUN NODE TEXT [--json] write TEXT as the answer of NODE, the node a failed run failed
                                      on (its retries or crashes spent): recorded as NODE's
                                      completion ('runs history' prints "supplied"); the run becomes
@@ -113,8 +114,9 @@ commands:
                                      made and replayed, tokens saved
   runs respond RUN ANSWER [--node N | --request ID] [--json]
                                      answer a waiting run's request for human input; the run
-                                     becomes resumable (a worker of the pool picks it up)
-  submit RUN_ID TASK [--team KEY]    queue a run for the pool (idempotent per RUN_ID)
+                                     becomes resumable (a worker or the next run() resumes it)
+  submit RUN_ID TASK [--team KEY] [--json]
+                                     queue a run for the pool (idempotent per RUN_ID)
   check --team [KEY=]module:factory [RUN ...] [--json]
                                      the pre-deploy check: load the stored runs (default: every
                                      run not finished or cancelled) into fresh teams of the current
@@ -274,6 +276,7 @@ def _respond_command(ctx: click.Context, /, **params: Any) -> int:
 @click.argument("run_id", metavar="RUN_ID")
 @click.argument("task", metavar="TASK")
 @click.option("--team", default=None, help="the team key workers claim it by")
+@json_option("the submission as one JSON object: run_id, team, status")
 def _submit_command(**params: Any) -> int:
     return _main("submit", None, params)
 
@@ -369,7 +372,12 @@ def _submit(store: Store, args: SimpleNamespace) -> int:
     for what, value in (("RUN_ID", args.run_id), ("TASK", args.task), ("--team", args.team)):
         _not_utf8(what, value)
     sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
-    _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
+    if args.json:
+        _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
+        return EXIT_OK
+    who = "--team module:factory" if sub.team is None else f"--team {sub.team}=module:factory"
+    again = "" if sub.status == "pending" else f" (already submitted: {sub.status})"
+    _out(f"run {sub.run_id}: submitted{again}; a worker started with {who} claims it")
     return EXIT_OK
 
 
@@ -396,11 +404,14 @@ def _respond(store: Store, args: SimpleNamespace) -> int:
     done = store.respond(args.run_id, args.answer, node=args.node, request_id=args.request)  # exit 3
     status = store.get_run(args.run_id)
     row = {"run_id": args.run_id, **done.to_json(), "run_status": None if status is None else status.status}
-    _out(
-        json.dumps(row)
-        if args.json
-        else f"{args.run_id}: answered {done.request_id} ({done.node}); run {row['run_status']}"
-    )
+    if args.json:
+        _out(json.dumps(row))
+        return EXIT_OK
+    then = {
+        "interrupted": ": a worker or the next run() resumes it",
+        "waiting": ": it still waits for another answer ('runs show' lists its requests)",
+    }.get(str(row["run_status"]), "")
+    _out(f"{args.run_id}: answered {done.request_id} ({done.node}); run {row['run_status']}{then}")
     return EXIT_OK
 
 

@@ -29,6 +29,7 @@ from graphflow_durable.cli._common import (
     json_option,
     load_json,
     store_option,
+    table,
     write_atomically,
 )
 from graphflow_durable.store import RunRecord, Store, StoredMessage
@@ -148,12 +149,23 @@ def _history(store: Store, args: SimpleNamespace, out: Callable[[str], None]) ->
         for step in steps:
             out(json.dumps(step.as_dict(), sort_keys=True))
         return 0
-    out(f"{'STEP':>4} {'ROUND':>5} {'KIND':<9} {'NODE':<12} {'TRY':>3} {'TIME':<25} {'MESSAGES':<9} NEXT")
-    for s in steps:
-        seqs = ",".join(map(str, s.message_seqs)) or "-"
-        attempt = "-" if s.attempt is None else str(s.attempt)
-        nodes = ",".join(s.dispatched) or "-"
-        line = f"{s.seq:>4} {s.round:>5} {s.kind:<9} {s.node or '-':<12} {attempt:>3} {iso(s.time):<25} {seqs:<9} {nodes}"
+    columns = [("STEP", -4), ("ROUND", -5), ("KIND", 9), ("NODE", 12), ("TRY", -3), ("TIME", 25)]
+    cells = [
+        [
+            str(s.seq),
+            str(s.round),
+            s.kind,
+            s.node or "-",
+            "-" if s.attempt is None else str(s.attempt),
+            iso(s.time),
+            ",".join(map(str, s.message_seqs)) or "-",
+            ",".join(s.dispatched) or "-",
+        ]
+        for s in steps
+    ]
+    header, *lines = table([*columns, ("MESSAGES", 9), ("NEXT", 0)], cells)
+    out(header)
+    for s, line in zip(steps, lines, strict=True):
         if s.error_type is not None:  # a failed attempt: what it raised, and how long it ran
             first = (s.error or "").strip().splitlines()
             error = f"{s.error_type}: {first[0]}" if first else s.error_type
@@ -172,16 +184,18 @@ def _calls(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> i
         for record in records:
             out(json.dumps(record.as_dict(), sort_keys=True))
         return 0
-    out(
-        f"{'SEQ':>4} {'STEP':>4} {'NODE':<12} {'TRY':>3} {'KIND':<5} {'NAME':<20} {'IDENT':<12} "
-        f"{'OUTCOME':<8} {'PROMPT':>6} {'COMPL':>6} TIME"
-    )
-    for r in records:
-        tokens = ["-" if n is None else str(n) for n in (r.prompt_tokens, r.completion_tokens)]
-        line = (
-            f"{r.seq:>4} {r.step:>4} {r.node:<12} {r.attempt:>3} {r.kind:<5} {r.name:<20} {r.ident:<12} "
-            f"{r.outcome:<8} {tokens[0]:>6} {tokens[1]:>6} {iso(r.created_at)}"
-        )
+    columns = [("SEQ", -4), ("STEP", -4), ("NODE", 12), ("TRY", -3), ("KIND", 5), ("NAME", 20), ("IDENT", 12)]
+    cells = [
+        [
+            *(str(r.seq), str(r.step), r.node, str(r.attempt), r.kind, r.name, r.ident, r.outcome),
+            *("-" if n is None else str(n) for n in (r.prompt_tokens, r.completion_tokens)),
+            iso(r.created_at),
+        ]
+        for r in records
+    ]
+    header, *lines = table([*columns, ("OUTCOME", 8), ("PROMPT", -6), ("COMPL", -6), ("TIME", 0)], cells)
+    out(header)
+    for r, line in zip(records, lines, strict=True):
         out(line + ("  discarded" if r.discarded else ""))
     return 0
 

@@ -1,6 +1,6 @@
 """Telemetry never changes a run's outcome, on a real OpenTelemetry SDK: a run's stored trace
-context that holds no valid ``traceparent`` starts a new trace, a span processor that raises is
-logged once and ignored, an attempt's exception text stays off the ``invoke_agent`` span unless
+context that holds no valid ``traceparent`` starts a new trace, a span processor or a metrics view
+that raises is logged once and ignored, an attempt's exception text stays off the ``invoke_agent`` span unless
 message content is opted in; and an attach that fails once the run's lease is its own gives the
 lease up."""
 
@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import ExemplarReservoir, MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from agents import Scripted, chain, close_stores, durable, failing
-from graphflow_durable import Store
+from graphflow_durable import RetryPolicy, Store, Worker
 from graphflow_durable._runtime import telemetry
 from graphflow_durable.errors import StoreCorruptError
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
+from poolteam import team as pool_team
 
 
 @pytest.fixture
@@ -188,3 +197,51 @@ async def test_a_failed_attempts_agent_span_names_the_error_type_and_its_text_on
         assert dict(event.attributes or {})["exception.message"] == "b: connection reset by peer"
     else:
         assert carried == [] and list(span.events) == []
+
+
+def _broken_reservoir(aggregation: type) -> Callable[[dict[str, Any]], ExemplarReservoir]:
+    raise RuntimeError("the metrics view is broken")
+
+
+async def test_a_meter_provider_that_raises_changes_nothing_in_the_run_and_is_logged_once(
+    store_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK view whose exemplar reservoir cannot be made: every measurement raises."""
+    monkeypatch.setattr(telemetry, "_WARNED", set())
+    caplog.set_level(logging.DEBUG, logger="graphflow_durable")
+    meters = MeterProvider(
+        metric_readers=[InMemoryMetricReader()],
+        views=[View(instrument_name="*", exemplar_reservoir_factory=_broken_reservoir)],
+    )
+    a, b = Scripted("a"), Scripted("b", before=failing(1))
+    retry = RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False)
+    team = durable([a, b], chain(a, b), store_url, "metered", name="pipe", meter_provider=meters, retry=retry)
+    result = await team.run(task="go")
+
+    assert [m.source for m in result.messages] == ["user", "a", "b", "b"]  # b's retry event, its answer
+    run = team.store.get_run("metered")
+    assert run is not None and run.status == "finished" and run.lease_owner is None
+    ours = [r for r in caplog.records if r.name == "graphflow_durable._runtime.telemetry"]
+    warnings = [r.getMessage() for r in ours if r.levelno == logging.WARNING]
+    assert (
+        len(warnings) == 1 and "a metrics call raised RuntimeError: the metrics view is broken" in warnings[0]
+    )
+    assert len(ours) > 1  # the commits', the retry's and the end's measurements: DEBUG after the first
+
+
+async def test_a_pool_whose_meter_provider_raises_drives_its_runs_as_any_pool(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(telemetry, "_WARNED", set())
+    monkeypatch.setenv("GFD_AGENT_DELAY", "0")
+    for i in range(2):
+        store.queue.submit(f"r{i}", task=f"task {i}", team="t")
+    meters = MeterProvider(
+        metric_readers=[InMemoryMetricReader()],
+        views=[View(instrument_name="*", exemplar_reservoir_factory=_broken_reservoir)],
+    )
+    worker = Worker(store, {"t": pool_team}, poll_interval=0.01, meter_provider=meters)
+    await worker.run_until_idle()
+    assert [o.outcome for o in worker.outcomes] == ["finished", "finished"]
+    warnings = [r for r in caplog.records if r.name.endswith(".telemetry") and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, caplog.text

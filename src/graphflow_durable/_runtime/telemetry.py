@@ -300,7 +300,9 @@ class Telemetry:
         global provider, or tracing off -- AutoGen's own default then)."""
         if self.tracer_provider is None or tracing_disabled():
             return None
-        return self.tracer_provider.get_tracer("autogen-core")
+        with _AGENT_SPAN:
+            return self.tracer_provider.get_tracer("autogen-core")
+        return None  # getting it raised: AutoGen's default
 
     def task(self, messages: Sequence[Any]) -> None:
         """The attach's task messages: ``gen_ai.input.messages`` on its span, only when message
@@ -494,9 +496,11 @@ class PoolMetrics:
         # worker (its store) must not live as long as a global provider does.
         self._depth = weakref.WeakMethod(depth) if inspect.ismethod(depth) else lambda: depth
         self.running = True  # False once the worker closed its store: the gauge reports nothing
-        meter = None if tracing_disabled() else (provider or metrics.get_meter_provider()).get_meter(_SCOPE)
         self._latency = None
-        if meter is not None:
+        if tracing_disabled():
+            return
+        with _METRICS:
+            meter = (provider or metrics.get_meter_provider()).get_meter(_SCOPE)
             self._latency = meter.create_histogram(
                 f"{_NS}.queue.claim.latency", unit="s", description="From claimable to claimed"
             )

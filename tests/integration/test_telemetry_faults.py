@@ -128,6 +128,35 @@ async def test_an_attach_that_fails_after_taking_the_lease_gives_the_lease_up(
     assert _lease_owner(store_url, "damaged") is None
 
 
+class _Abort(BaseException):
+    """Not an ``Exception`` (as ``KeyboardInterrupt`` is not): nothing contains it."""
+
+
+class _Aborting(SpanProcessor):
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        raise _Abort("stop now")
+
+
+async def test_an_attach_interrupted_as_its_workflow_span_starts_gives_the_lease_up(
+    store_url: str, exporter: InMemorySpanExporter
+) -> None:
+    a, b = Scripted("a"), Scripted("b")
+    first = durable([a, b], chain(a, b), store_url, "aborted", name="pipe", max_turns=1)
+    await first.run(task="go")
+
+    provider = _provider(exporter, _Aborting())
+    again = durable(
+        [Scripted("a"), Scripted("b")], chain(a, b), store_url, "aborted", tracer_provider=provider
+    )
+    with pytest.raises(_Abort):
+        await again.run()
+
+    assert _lease_owner(store_url, "aborted") is None
+    resumed = durable([Scripted("a"), Scripted("b")], chain(a, b), store_url, "aborted", lease_seconds=600)
+    result = await resumed.run()  # at once: no lease left to expire
+    assert result.messages[-1].source == "b"
+
+
 class _Raising(SpanProcessor):
     """A span processor whose ``on_start`` or ``on_end`` raises, as a broken exporter run inline."""
 

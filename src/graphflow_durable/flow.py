@@ -355,14 +355,14 @@ class DurableGraphFlow(GraphFlow):
             self._driven = False  # a new outer turn: a run this object has not driven
         first_call = not self._driven
         started_ns = time.time_ns()
-        run = await session.attach()
+        run = await session.attach()  # the lease is ours from here on (given up if it raises)
         self._driven = True
-        await session.begin_trace(self.name, run, started_ns)
-        tasks = session.telemetry.context()  # the team's tasks run in the workflow span's trace
         renewer = asyncio.ensure_future(session.lease.keep())
         finished_cleanly = failed = abandoned = False
         error: BaseException | None = None
-        try:
+        try:  # whatever raises from here on, the finally below gives the lease up
+            await session.begin_trace(self.name, run, started_ns)
+            tasks = session.telemetry.context()  # the team's tasks run in the workflow span's trace
             result, messages = await _opening(
                 session, run, messages, first_call, self._message_factory.create
             )

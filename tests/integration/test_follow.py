@@ -4,6 +4,7 @@ level and on the team) and ``graphflow-durable runs follow``, on SQLite and Post
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -328,3 +329,46 @@ async def test_on_postgresql_a_commit_stands_when_its_followers_cannot_be_notifi
             conn.exec_driver_sql("GRANT EXECUTE ON FUNCTION pg_notify(text, text) TO PUBLIC")
             conn.exec_driver_sql(f'DROP OWNED BY "{role}"')
             conn.exec_driver_sql(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.postgres
+async def test_a_watchers_listen_connection_terminated_by_the_server_is_one_whole_warning_line(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server ends the connection a feed LISTENs on (``pg_terminate_backend``): the feed polls
+    from then on, and the pool's error on closing the dead connection is one WARNING that says
+    what the pool said, what failed and what the pool does."""
+    caplog.set_level(logging.DEBUG)
+    store = Store(postgres_database)
+    try:
+        _create(store, "r")  # running: its watcher waits for commits
+        watcher = asyncio.ensure_future(collect(store.follow("r")))
+        listening = "SELECT pid FROM pg_stat_activity WHERE query = :q AND pid <> pg_backend_pid()"
+        with store._e.engine.connect() as conn:
+            deadline = time.monotonic() + 30
+            while not (
+                pids := conn.execute(sa.text(listening), {"q": f"LISTEN {follow_module.CHANNEL}"}).all()
+            ):
+                assert time.monotonic() < deadline, "the watcher never listened"
+                conn.rollback()  # the statistics are a snapshot per transaction
+                await asyncio.sleep(0.05)
+            ((pid,),) = pids
+            assert conn.execute(sa.text("SELECT pg_terminate_backend(:p, 5000)"), {"p": pid}).scalar()
+        deadline = time.monotonic() + 30
+        while not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    finally:
+        store.close()
+    (pool,) = [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
+    assert (pool.levelname, pool.exc_info) == ("WARNING", None)
+    message = pool.getMessage()
+    assert "%s" not in message and "\n" not in message
+    assert message.count("the pool discards the connection") == 1
+    # SQLAlchemy's own words first, then the driver's error.
+    assert message.startswith("Exception ") and message.endswith(
+        "OperationalError: the connection is lost"
+    ), message

@@ -3,6 +3,7 @@ conflicting options are refused, and config_url round-trips without the password
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from agents import Scripted, chain, close_stores, durable
 from graphflow_durable import DurableGraphFlow
 from graphflow_durable.cli.runs import EXIT_OK, EXIT_USAGE, main
 from graphflow_durable.errors import StoreConfigError, StoreError
+from graphflow_durable.flow import DEFAULT_STORE_ENV
 from graphflow_durable.store import Store
 
 from .test_store import commit_text, start
@@ -376,3 +379,66 @@ def test_a_good_store_url_constructs_and_loads_without_creating_the_file(tmp_pat
     loaded = DurableGraphFlow.load_component(built.dump_component())
     assert built.run_id == loaded.run_id == "r"
     assert list(tmp_path.iterdir()) == []  # opened on first use, as before
+
+
+# --- postgres:// (as hosting providers print it) ---------------------------------------------------
+
+
+def _scheme(url: str, drivername: str, password: str) -> str:
+    return (
+        sa.make_url(url).set(drivername=drivername, password=password).render_as_string(hide_password=False)
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("drivername", ["postgres", "postgres+psycopg"])
+async def test_a_postgres_scheme_url_is_read_as_postgresql_wherever_a_store_url_is_taken(
+    postgres_database: str,
+    drivername: str,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = _scheme(postgres_database, drivername, "s3cr3t-pw")  # trust auth: the password is unused
+    written = drivername.replace("postgres", "postgresql") + "://postgres@"  # in a component config
+    with Store(url) as store:
+        assert store.config_url.startswith(written) and store.has_password
+        store.queue.submit("submitted", task="hello", team="t")
+
+    a, b = Scripted("a"), Scripted("b")
+    flow = durable([a, b], chain(a, b), url, "driven")
+    result = await flow.run(task="go")
+    assert [m.source for m in result.messages] == ["user", "a", "b"]
+    assert str(flow.dump_component().config["store"]).startswith(written)
+    close_stores()
+
+    assert main(["runs", "list", "--json", "--store", url]) == EXIT_OK
+    listed = capsys.readouterr().out
+    monkeypatch.setenv(DEFAULT_STORE_ENV, url)
+    assert main(["runs", "list", "--json"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    assert out == listed and "driven" in out and "submitted" in out, err
+    assert "s3cr3t-pw" not in caplog.text + listed + out + err
+
+
+@pytest.mark.parametrize("drivername", ["postgres", "postgres+psycopg"])
+def test_a_postgres_scheme_url_that_fails_says_why_without_its_password(
+    drivername: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    refused = f"{drivername}://app:s3cr3t-pw@127.0.0.1:1/agents?statement_timeot=5"
+    with pytest.raises(StoreConfigError) as info:
+        Store(refused)
+    assert str(info.value).startswith(
+        f"unknown option 'statement_timeot' in the store URL {drivername}://app:***@"
+    )
+    with pytest.raises(StoreConfigError, match="unknown option 'statement_timeot'") as built:
+        team("r", store=refused)
+    assert main(["runs", "list", "--store", refused]) == EXIT_USAGE
+    # No server there: the store cannot be opened (exit 1, the store's error, not an unexpected one).
+    assert main(["runs", "list", "--store", f"{drivername}://app:s3cr3t-pw@127.0.0.1:1/agents"]) == 1
+    out, err = capsys.readouterr()
+    assert "unexpected" not in err and "app:***@127.0.0.1:1/agents" in err, err
+    assert err.count("\n") == 2 and "Traceback" not in err
+    assert "s3cr3t-pw" not in str(info.value) + str(built.value) + out + err + caplog.text

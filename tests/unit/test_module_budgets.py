@@ -121,8 +121,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         300,
         "When a round ends, and why a run stops dispatching (the run's control, its log filters).",
     ),
-    "_runtime/telemetry.py": (  # new: OpenTelemetry traces and metrics of runs; 350: a pool's, content
-        350,
+    # new: OpenTelemetry traces and metrics of runs; 350: a pool's, content; 500: the turn's
+    # invoke_agent span opened here (its error's type without its text), tracing errors contained
+    "_runtime/telemetry.py": (
+        500,
         "What a durable run records for OpenTelemetry, through ``opentelemetry-api`` only: one s...",
     ),
     "_runtime/team.py": (

@@ -41,14 +41,13 @@ from autogen_core import (
     MessageContext,
     event,
     rpc,
-    trace_invoke_agent_span,
 )
 from opentelemetry.trace import Tracer
 from pydantic import BaseModel
 
 from graphflow_durable import context as _context
 from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
-from graphflow_durable._runtime.telemetry import record_output, tag_agent_span
+from graphflow_durable._runtime.telemetry import agent_span, record_output
 from graphflow_durable.context import ExecutionContext
 from graphflow_durable.errors import NodeTimeoutError
 from graphflow_durable.recorded import CallLink, raise_kept, start_recording, stop_recording
@@ -224,13 +223,8 @@ class DurableChatAgentContainer(ChatAgentContainer):
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            with trace_invoke_agent_span(
-                agent_name=name,
-                agent_description=agent.description,
-                agent_id=str(self.id),
-                tracer=self._turns.tracer,
-            ):
-                tag_agent_span(execution)  # the span GraphFlow's container opens, with the turn's ids
+            # The span GraphFlow's container opens (AutoGen's attributes), with the turn's ids.
+            with agent_span(self._turns.tracer, name, agent.description, str(self.id), execution):
                 response: Response | None = None
                 stream: AsyncIterator[BaseAgentEvent | BaseChatMessage | Response] = agent.on_messages_stream(
                     self._message_buffer, token

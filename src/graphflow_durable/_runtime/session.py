@@ -20,13 +20,14 @@ assigns the session's fields; its parts report to the control, never back to the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from autogen_agentchat.base import TaskResult
@@ -38,7 +39,7 @@ from graphflow_durable._model.records import FRESH_BUDGET, AgentStateRow, RunLog
 from graphflow_durable._model.restore import Plan
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._runtime import team as stored
-from graphflow_durable._runtime.commits import Commits
+from graphflow_durable._runtime.commits import Commits, to_the_end
 from graphflow_durable._runtime.config import default_store_url, shared_store
 from graphflow_durable._runtime.container import Turns, outer_run_store
 from graphflow_durable._runtime.runlease import RunKey, RunLease
@@ -315,12 +316,44 @@ class RunSession:
                 raise
             self.synced = True
             lease.created(run.fencing_token, started)
-            # A loaded state: the run's status is the state's (a finished one runs nothing).
-            await self._import(self.pending_import, origin=0)
-            await self._restore()
-            return store.get_run(self.run_id)
+            async with self._released_on_failure(lease):
+                # A loaded state: the run's status is the state's (a finished one runs nothing).
+                await self._import(self.pending_import, origin=0)
+                await self._restore()
+                return store.get_run(self.run_id)
         self.check_graph(run)
         await asyncio.to_thread(lease.take)
+        async with self._released_on_failure(lease):
+            return await self._taken(store, run)
+
+    @contextlib.asynccontextmanager
+    async def _released_on_failure(self, lease: RunLease) -> AsyncIterator[None]:
+        """The rest of an attach once the lease is ours: anything it raises (a damaged state, the
+        database gone, a cancellation) gives the lease up before it propagates, so that the next
+        driver resumes the run at once, not after the lease expires (best effort, as in detach)."""
+        try:
+            yield
+        except BaseException:
+            self.synced = False
+            await to_the_end(self.release(lease))
+            raise
+
+    async def release(self, lease: RunLease) -> None:
+        """Give the lease up (best effort: a WARNING when the database cannot; it then expires)."""
+        try:
+            await asyncio.to_thread(self.store._driver.release_lease, self.run_id, lease.token)
+        except StoreError as exc:
+            logger.warning(
+                "run %s: releasing its lease failed too (%s); the next driver can resume it once the "
+                "lease expires (%g s after its last renewal)",
+                self.run_id,
+                exc,
+                self.lease_seconds,
+            )
+
+    async def _taken(self, store: Store, run: RunRecord) -> RunRecord | None:
+        """The attach of a stored run once its lease is ours: the team made equal to its head."""
+        commits = self.commits
         run = store.get_run(self.run_id) or run  # what committed before the lease was ours
         if run.head_seq != self._torn_down_at:  # another driver moved the run since: they may have run
             self.control.unstarted = ()
@@ -456,16 +489,7 @@ class RunSession:
                 "failed" if failed else "was interrupted",
                 exc,
             )
-        try:
-            await asyncio.to_thread(store._driver.release_lease, self.run_id, lease.token)
-        except StoreError as exc:
-            logger.warning(
-                "run %s: releasing its lease failed too (%s); the next driver can resume it once the "
-                "lease expires (%g s after its last renewal)",
-                self.run_id,
-                exc,
-                self.lease_seconds,
-            )
+        await self.release(lease)
 
     async def _record_error(self, error: BaseException) -> None:
         """Keep ``error`` as the run's last error (best effort, as the rest of :meth:`detach`)."""

@@ -2,7 +2,9 @@
 ``invoke_workflow {team}`` per attach, one trace per run across processes (the run's stored trace
 context), events per commit, the attributes on AutoGen's ``invoke_agent`` span of a turn, and the
 ``graphflow_durable.*`` metrics. No message text is recorded. ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``
-(AutoGen's own switch) turns all of it off.
+(AutoGen's own switch) turns all of it off. Telemetry never changes a run's outcome: an exception
+from a tracing or metrics call (a span processor, a view, an exporter run inline) is logged once at
+WARNING and the run goes on (:class:`_Contained`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import contextvars
 import inspect
 import json
+import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -44,10 +48,12 @@ __all__ = [
     "DISABLE_ENV",
     "PoolMetrics",
     "Telemetry",
+    "agent_span",
     "record_output",
-    "tag_agent_span",
     "tracing_disabled",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: AutoGen's switch for its runtime's tracing; it turns off everything this package records too.
 DISABLE_ENV = "AUTOGEN_DISABLE_RUNTIME_TRACING"
@@ -56,6 +62,41 @@ CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _NS = "graphflow_durable"
 _SCOPE = "graphflow_durable"
 _PROPAGATOR = TraceContextTextMapPropagator()
+_WARNED: set[str] = set()  # what raised already (logged at WARNING once per process)
+
+
+class _Contained:
+    """``with`` it around a tracing or metrics call the package makes (``what``: the call): an
+    exception from it is logged, at WARNING the first time per process and at DEBUG after, and goes
+    no further (the run goes on as if nothing was recorded). One object per kind of call, reused."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> bool:
+        if not isinstance(error, Exception):
+            return False
+        first = self.what not in _WARNED
+        _WARNED.add(self.what)
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "OpenTelemetry: %s raised %s: %s; the run goes on without it%s",
+            self.what,
+            type(error).__name__,
+            error,
+            " (logged once)" if first else "",
+        )
+        return True
+
+
+_STARTING = _Contained("starting the workflow span")
+_AGENT_SPAN = _Contained("starting an agent span")
+_SPAN_CALL = _Contained("a span call")
+_METRICS = _Contained("a metrics call")
+_ENDING = _Contained("ending a span")
 
 
 def tracing_disabled() -> bool:
@@ -84,11 +125,25 @@ def _carrier(ctx: otel_context.Context) -> str | None:
     return carrier.get("traceparent")
 
 
-def _extract(traceparent: str | None) -> otel_context.Context | None:
-    if not traceparent:
+def _extract(traceparent: object) -> otel_context.Context | None:
+    """The context of a stored ``traceparent``; ``None`` for anything that is not a valid one (a
+    number, a list, a malformed string: the stored context is telemetry, never trusted)."""
+    if not isinstance(traceparent, str) or not traceparent:
         return None
-    ctx = _PROPAGATOR.extract({"traceparent": traceparent})
+    ctx = _PROPAGATOR.extract({"traceparent": traceparent})  # a malformed one: no valid span
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def _stored(text: str | None) -> Mapping[str, Any]:
+    """A run's stored trace context (JSON ``{"root", "last"}``) as a mapping; empty when it is
+    missing or unreadable (not JSON, not an object): the attach then starts the run's trace afresh."""
+    if not text:
+        return {}
+    try:
+        loaded = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return loaded if isinstance(loaded, Mapping) else {}
 
 
 class Telemetry:
@@ -183,20 +238,36 @@ class Telemetry:
         """Start the attach's span (from ``start_ns``): a child of the run's stored trace context
         (``stored``, JSON ``{"root", "last"}``) linked to the last attach's span; on the first
         attach, a child of the caller's current span, whose context (else the span's own) becomes
-        the run's."""
+        the run's. A stored context that is unreadable or holds no valid ``traceparent`` starts the
+        run's trace afresh."""
+        self._pending, self._instruments = None, None  # the span: None since the last attach's end
+        started = False
+        with _STARTING:
+            self._start(team_name, run_id, _stored(stored), start_ns, resumed_from_step)
+            started = True
+        if not started:  # the attach records no span; the run goes on
+            span, self.span, self._pending = self.span, None, None
+            if span is not None:
+                _end(span)
+        with _METRICS:
+            self._instruments = self._meter()  # once per attach: the commits' path looks up nothing
+            if took_over and self._instruments is not None:
+                self._instruments["takeovers"].add(1)
+
+    def _start(
+        self,
+        team_name: str,
+        run_id: str,
+        saved: Mapping[str, Any],
+        start_ns: int,
+        resumed_from_step: int | None,
+    ) -> None:
         provider: TracerProvider = (
             NoOpTracerProvider()
             if tracing_disabled()
             else self.tracer_provider or trace.get_tracer_provider()
         )
         tracer = provider.get_tracer(_SCOPE)
-        saved: Mapping[str, Any] = {}
-        if stored:
-            try:
-                loaded = json.loads(stored)
-                saved = loaded if isinstance(loaded, Mapping) else {}
-            except ValueError:
-                saved = {}  # unreadable: this attach starts the run's trace afresh
         root = _extract(saved.get("root"))
         last = _extract(saved.get("last"))
         links = [] if last is None else [Link(trace.get_current_span(last).get_span_context())]
@@ -218,14 +289,10 @@ class Telemetry:
             links=links,
             start_time=start_ns,
         )
-        self._pending = None
         if self.span.is_recording():
             own = _carrier(trace.set_span_in_context(self.span))
             first = saved.get("root") if root is not None else (_carrier(caller) or own)
             self._pending = json.dumps({"root": first, "last": own})
-        self._instruments = self._meter()  # once per attach: the commits' path looks up nothing
-        if took_over and self._instruments is not None:
-            self._instruments["takeovers"].add(1)
 
     def agent_tracer(self) -> Tracer | None:
         """The tracer of AutoGen's ``invoke_agent`` spans of the team's turns: AutoGen's scope on the
@@ -233,14 +300,17 @@ class Telemetry:
         global provider, or tracing off -- AutoGen's own default then)."""
         if self.tracer_provider is None or tracing_disabled():
             return None
-        return self.tracer_provider.get_tracer("autogen-core")
+        with _AGENT_SPAN:
+            return self.tracer_provider.get_tracer("autogen-core")
+        return None  # getting it raised: AutoGen's default
 
     def task(self, messages: Sequence[Any]) -> None:
         """The attach's task messages: ``gen_ai.input.messages`` on its span, only when message
         content is opted in (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``)."""
         if self.enabled and messages and _capture_content():
             assert self.span is not None
-            self.span.set_attribute("gen_ai.input.messages", _messages("user", messages))
+            with _SPAN_CALL:
+                self.span.set_attribute("gen_ai.input.messages", _messages("user", messages))
 
     def take_pending(self) -> str | None:
         """The trace context to store on the run once this attach has committed (then ``None``)."""
@@ -262,15 +332,17 @@ class Telemetry:
     def event(self, name: str, attributes: Mapping[str, Any]) -> None:
         """An event on the attach's span (attributes: numbers and names, never message text)."""
         if self.span is not None:
-            self.span.add_event(f"{_NS}.{name}", dict(attributes))
+            with _SPAN_CALL:
+                self.span.add_event(f"{_NS}.{name}", dict(attributes))
 
     def committed(self, seq: int, rows: int, size: Callable[[], int], seconds: float) -> None:
         """A transition committed at ``seq``: the commit duration and the count, and an event with
         the bytes of its messages (``size``, called only when the span records)."""
         instruments = self._instruments
         if instruments is not None:
-            instruments["commit"].record(seconds)
-            instruments["transitions"].add(1)
+            with _METRICS:
+                instruments["commit"].record(seconds)
+                instruments["transitions"].add(1)
         if self.enabled:
             self.event("commit", {"seq": seq, "rows": rows, "bytes": size(), "duration_s": seconds})
 
@@ -278,8 +350,9 @@ class Telemetry:
         """A recorded call replayed instead of made (``tokens`` its model tokens, 0 for a tool)."""
         instruments = self._instruments
         if instruments is not None:
-            instruments["replayed"].add(1)
-            instruments["tokens"].add(tokens)
+            with _METRICS:
+                instruments["replayed"].add(1)
+                instruments["tokens"].add(tokens)
         if self.enabled:
             self.event("call_replayed", {"tokens_saved": tokens})
 
@@ -287,7 +360,8 @@ class Telemetry:
         """An attempt of ``node``'s turn failed (a ``timeout`` event when it timed out); ``retried``:
         it runs again (a ``retry`` event, counted)."""
         if retried and self._instruments is not None:
-            self._instruments["retries"].add(1)
+            with _METRICS:
+                self._instruments["retries"].add(1)
         if not self.enabled:
             return
         if error_type == "NodeTimeoutError":
@@ -306,7 +380,8 @@ class Telemetry:
     def round(self, number: int) -> None:
         """The run's round at the end of the attach (``graphflow_durable.round``)."""
         if self.span is not None:
-            self.span.set_attribute(f"{_NS}.round", number)
+            with _SPAN_CALL:
+                self.span.set_attribute(f"{_NS}.round", number)
 
     def lease_lost(self) -> None:
         """The lease was lost: another driver holds the run."""
@@ -319,44 +394,94 @@ class Telemetry:
         span, self.span = self.span, None
         instruments, self._instruments = self._instruments, None
         if instruments is not None:
-            instruments["runs"].add(1, {"status": status})
+            with _METRICS:
+                instruments["runs"].add(1, {"status": status})
         if span is None:
             return
-        if span.is_recording():
-            span.set_attribute(f"{_NS}.status", status)
-            if status == "failed":
-                error_type = "_OTHER" if error is None else type(error).__name__
-                span.set_attribute("error.type", error_type)
-                span.set_status(Status(StatusCode.ERROR, error_type))
+        with _SPAN_CALL:
+            if span.is_recording():
+                span.set_attribute(f"{_NS}.status", status)
+                if status == "failed":
+                    _failed(span, "_OTHER" if error is None else type(error).__name__)
+        _end(span)
+
+
+def _failed(span: Span, error_type: str) -> None:
+    """A span ends in error: status ERROR described by ``error_type`` alone, and ``error.type``."""
+    span.set_attribute("error.type", error_type)
+    span.set_status(Status(StatusCode.ERROR, error_type))
+
+
+def _end(span: Span) -> None:
+    """End ``span``; a span processor's ``on_end`` (an exporter run inline) that raises is logged."""
+    with _ENDING:
         span.end()
 
 
-def tag_agent_span(execution: ExecutionContext | None) -> None:
-    """Give the current span (AutoGen's ``invoke_agent`` span of a turn) the turn's node, step,
-    attempt and run."""
-    if execution is None:
-        return
+@contextmanager
+def agent_span(
+    tracer: Tracer | None, name: str, description: str, agent_id: str, execution: ExecutionContext | None
+) -> Iterator[None]:
+    """AutoGen's ``invoke_agent {name}`` span around an attempt of a turn (the attributes of
+    AutoGen's ``trace_invoke_agent_span``, on ``tracer``, else AutoGen's scope on the global
+    provider), given the turn's node, step, attempt and run. An attempt that raises ends it with
+    status ERROR and ``error.type`` (the exception's type); its message and traceback (an
+    ``exception`` event) only when message content is opted in. A tracing call that raises is
+    logged, never the attempt's outcome."""
+    tracer = tracer or trace.get_tracer("autogen-core")
+    span: Span = trace.INVALID_SPAN  # if starting it raises: the turn runs under no span
+    with _AGENT_SPAN:
+        span = tracer.start_span(
+            f"invoke_agent {name}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.system": "autogen",
+                "gen_ai.agent.name": name,
+                "gen_ai.agent.id": agent_id,
+                "gen_ai.agent.description": description,
+            },
+        )
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        _tag(span, execution)
+        yield
+    except Exception as error:
+        with _SPAN_CALL:
+            if span.is_recording():
+                _failed(span, type(error).__name__)
+                if _capture_content():
+                    span.record_exception(error)
+        raise
+    finally:
+        otel_context.detach(token)
+        _end(span)
+
+
+def _tag(span: Span, execution: ExecutionContext | None) -> None:
+    """Give the ``invoke_agent`` span of a turn the turn's node, step, attempt and run."""
     # The span first: with no SDK (the usual case) it does not record, and reading it costs less
     # than reading the environment, which this runs on every turn.
-    span = trace.get_current_span()
-    if not span.is_recording() or tracing_disabled():
+    if execution is None or not span.is_recording() or tracing_disabled():
         return
-    span.set_attributes(
-        {
-            f"{_NS}.node": execution.node,
-            f"{_NS}.step": execution.step,
-            f"{_NS}.attempt": execution.attempt,
-            "gen_ai.conversation.id": execution.run_id,
-        }
-    )
+    with _SPAN_CALL:
+        span.set_attributes(
+            {
+                f"{_NS}.node": execution.node,
+                f"{_NS}.step": execution.step,
+                f"{_NS}.attempt": execution.attempt,
+                "gen_ai.conversation.id": execution.run_id,
+            }
+        )
 
 
 def record_output(message: Any) -> None:
     """A turn's answer (an AutoGen chat message): ``gen_ai.output.messages`` on the current span
     (AutoGen's ``invoke_agent`` span of the turn), only when message content is opted in."""
-    span = trace.get_current_span()  # first: see tag_agent_span
+    span = trace.get_current_span()  # first: see _tag
     if span.is_recording() and not tracing_disabled() and _capture_content():
-        span.set_attribute("gen_ai.output.messages", _messages("assistant", [message]))
+        with _SPAN_CALL:
+            span.set_attribute("gen_ai.output.messages", _messages("assistant", [message]))
 
 
 class PoolMetrics:
@@ -371,9 +496,11 @@ class PoolMetrics:
         # worker (its store) must not live as long as a global provider does.
         self._depth = weakref.WeakMethod(depth) if inspect.ismethod(depth) else lambda: depth
         self.running = True  # False once the worker closed its store: the gauge reports nothing
-        meter = None if tracing_disabled() else (provider or metrics.get_meter_provider()).get_meter(_SCOPE)
         self._latency = None
-        if meter is not None:
+        if tracing_disabled():
+            return
+        with _METRICS:
+            meter = (provider or metrics.get_meter_provider()).get_meter(_SCOPE)
             self._latency = meter.create_histogram(
                 f"{_NS}.queue.claim.latency", unit="s", description="From claimable to claimed"
             )
@@ -384,7 +511,8 @@ class PoolMetrics:
     def claimed(self, claimable_since: float | None) -> None:
         """A worker claimed an item claimable since ``claimable_since`` (epoch seconds)."""
         if self._latency is not None and claimable_since is not None and not tracing_disabled():
-            self._latency.record(max(time.time() - claimable_since, 0.0), self._worker)
+            with _METRICS:
+                self._latency.record(max(time.time() - claimable_since, 0.0), self._worker)
 
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         if not self.running or tracing_disabled():

@@ -127,8 +127,9 @@ class _PoolFaults(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if record.levelno >= logging.ERROR and isinstance(exc, self.errors):
+            said = record.getMessage()  # the pool's own message, its arguments applied: read first
             record.msg = "%s (the pool discards the connection; the next use connects again): %s"
-            record.args = (record.getMessage(), describe(exc))
+            record.args = (said, describe(exc))
             record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
             record.exc_info, record.exc_text = None, None
         return True

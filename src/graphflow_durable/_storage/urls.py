@@ -290,17 +290,23 @@ def parse_store_url(
             "use sqlite:///path/to/file.db or postgresql://user@host/dbname",
             url=None,
         ) from exc
-    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
-    given = safe_url(parsed)
+    given = safe_url(parsed)  # as given, in messages
+    parsed = _aliased(parsed)
+    try:
+        backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    except sa.exc.NoSuchModuleError as exc:  # a backend SQLAlchemy does not know
+        raise StoreConfigError(
+            f"unsupported database URL {given!r} (no SQLAlchemy dialect {parsed.drivername!r}); "
+            "use sqlite:///path/to/file.db or postgresql://user@host/dbname",
+            url=given,
+        ) from exc
     if synchronous is not None:
         synchronous = _synchronous(synchronous, "", url=given)
     if backend == "sqlite" and driver in ("pysqlite", ""):
         _check_keys(parsed.query, _SqliteOptions.names(), "SQLite", given)
         lite = _SqliteOptions.read(parsed.query, given, synchronous=synchronous, shared=shared)
         return _result(parsed, parsed, "sqlite", lite)
-    if backend in ("postgresql", "postgres") and (
-        parsed.drivername in ("postgresql", "postgres") or driver == "psycopg"
-    ):
+    if backend == "postgresql" and (parsed.drivername == "postgresql" or driver == "psycopg"):
         libpq = libpq_keywords()
         _check_keys(parsed.query, _PG_OWN + libpq if libpq else None, "PostgreSQL", given)
         _check_libpq_options(parsed.query, given)
@@ -312,6 +318,13 @@ def parse_store_url(
         "postgresql:// or postgresql+psycopg:// (psycopg 3)",
         url=given,
     )
+
+
+def _aliased(parsed: URL) -> URL:
+    """``postgres://`` and ``postgres+DRIVER://``, as many hosting providers print a database URL, read
+    as ``postgresql://`` and ``postgresql+DRIVER://`` (SQLAlchemy knows no ``postgres`` dialect)."""
+    backend, plus, driver = parsed.drivername.partition("+")
+    return parsed.set(drivername=f"postgresql{plus}{driver}") if backend == "postgres" else parsed
 
 
 def _result(parsed: URL, engine_url: URL, dialect: str, options: _Options) -> StoreUrl:

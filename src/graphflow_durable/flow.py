@@ -689,7 +689,7 @@ async def attach_stream(
 
     Raises:
         UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
-        RunNotFoundError: no such run.
+        RunNotFoundError: no such run, or it was deleted (maybe made again under its id) while watched.
     """
     create = (message_factory or MessageFactory()).create
     follow = store.follow(run_id, after_seq)

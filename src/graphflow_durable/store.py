@@ -415,7 +415,9 @@ class Store:
 
         Raises (from the iteration):
             UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
-            RunNotFoundError: no such run.
+            RunNotFoundError: no such run; or the run was deleted while it was followed, also
+                when another run was made under its id since (known by its ``created_at``): its
+                messages are never spliced into the iteration.
             StoreCorruptError: a message row does not match its checksum, or one is missing.
         """
         check_after(after_seq)  # at the call, not at the first iteration

@@ -53,6 +53,7 @@ from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP, forget_stale_sh
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._runtime.team import record_calls as record_calls_of
 from graphflow_durable._runtime.telemetry import Telemetry
+from graphflow_durable._storage.lease import check_lease_seconds
 from graphflow_durable.errors import NodeFailedError, UsageError
 from graphflow_durable.retry import (
     RetryPolicy,
@@ -204,6 +205,7 @@ class DurableGraphFlow(GraphFlow):
                 f"max_crash_attempts must be an int 1 or more, not {max_crash_attempts!r}",
                 option="max_crash_attempts",
             )
+        lease_seconds = check_lease_seconds(lease_seconds)
         if not isinstance(record_calls, bool):
             raise UsageError(
                 f"record_calls must be True or False, not {record_calls!r}", option="record_calls"
@@ -693,7 +695,7 @@ async def attach_stream(
 
     Raises:
         UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
-        RunNotFoundError: no such run.
+        RunNotFoundError: no such run, or it was deleted (maybe made again under its id) while watched.
     """
     create = (message_factory or MessageFactory()).create
     follow = store.follow(run_id, after_seq)

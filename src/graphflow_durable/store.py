@@ -415,7 +415,9 @@ class Store:
 
         Raises (from the iteration):
             UsageError: ``after_seq`` is not ``None`` or a whole number >= 0.
-            RunNotFoundError: no such run.
+            RunNotFoundError: no such run; or the run was deleted while it was followed, also
+                when another run was made under its id since (known by its ``created_at``): its
+                messages are never spliced into the iteration.
             StoreCorruptError: a message row does not match its checksum, or one is missing.
         """
         check_after(after_seq)  # at the call, not at the first iteration
@@ -517,10 +519,14 @@ class Store:
     def cancel_run(self, run_id: str) -> Cancellation:
         """Cancel a run, from any process.
 
-        A run a live driver holds gets a cancel *request*: the driver learns of it when it next
-        renews its lease (every third of its lease period), stops dispatching, lets the agents
-        already running answer (recorded as usual), and records the run ``cancelled``, all within
-        one lease period. A pending request is honoured by whichever driver holds the run next (the
+        A run a live driver holds gets a cancel *request*: the driver learns of it in its next
+        commit (the head move reads it: no statement of its own) or lease renewal (every third of
+        its lease period), whichever comes first, so it stops before its next dispatch; it lets
+        the agents already running answer (recorded as usual), and records the run ``cancelled``.
+        A round whose last turn was dispatched already ends on its own (``finished``,
+        ``stopped``): it keeps the request, and ``RunRecord.ended_before_cancel`` (``runs show``:
+        "finished before the cancel took effect") says so until another round takes the lease. A
+        pending request is honoured by whichever driver holds the run next (the
         one asked may die first). A run nobody holds (interrupted, failed, or whose driver's lease
         ran out) is ``cancelled`` at once, no step written, its fencing token moved on. ``run()``
         with no task resumes a cancelled run; worker pools do not claim it until :meth:`retry_run`.

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from graphflow_durable import Store
+from graphflow_durable.cli.runs import main
 
 WORKER = Path(__file__).with_name("cancel_worker.py")
 LEASE = 2.0  # seconds: the driver renews (and so learns of a cancel) every LEASE / 3
@@ -23,9 +24,11 @@ TURN = 0.25  # seconds each agent turn takes
 pytestmark = [pytest.mark.crash]
 
 
-def start(url: str, run_id: str, times: Path) -> subprocess.Popen[str]:
+def start(
+    url: str, run_id: str, times: Path, lease: float = LEASE, turn: float = TURN
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(WORKER), url, run_id, str(LEASE), str(TURN)],
+        [sys.executable, str(WORKER), url, run_id, str(lease), str(turn)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -86,3 +89,60 @@ def test_cancel_from_another_process_stops_the_driver_within_its_lease_and_run_r
     assert resumed["status"] == "finished"
     assert resumed["transcript"] == reference["transcript"]
     assert resumed["result"] == reference["result"]
+
+
+LONG_LEASE = 30.0  # seconds: renewed every 10 s, longer than the whole run takes
+
+
+def test_a_cancel_from_another_process_stops_the_driver_before_its_next_dispatch_not_at_its_next_renewal(
+    store_url: str, tmp_path: Path
+) -> None:
+    times = tmp_path / "run.times"
+    driver = start(store_url, "run", times, lease=LONG_LEASE)
+    deadline = time.monotonic() + 60
+    while len(turn_starts(times)) < 2:
+        assert time.monotonic() < deadline and driver.poll() is None, "the driver never got going"
+        time.sleep(0.02)
+    with Store(store_url) as store:
+        asked_at = time.time()
+        asked = store.cancel_run("run")
+        assert (asked.outcome, asked.status) == ("requested", "running")
+    stopped = outcome(driver)
+    assert stopped["status"] == "cancelled"
+    # The turn running when the cancel came answers; its commit reads the request, and nothing is
+    # dispatched after it (no turn starts later than that turn's end), long before a renewal.
+    started = turn_starts(times)
+    assert max(started) < asked_at + TURN, [round(t - asked_at, 2) for t in started]
+    with Store(store_url) as store:
+        run = store.get_run("run")
+        assert run is not None and (run.status, run.cancel_requested_at) == ("cancelled", None)
+
+
+def test_a_cancel_from_another_process_after_the_last_dispatch_is_reported_not_wiped(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reference = tmp_path / "ref.times"
+    outcome(start(store_url, "ref", reference, turn=0.0))
+    turns = len(turn_starts(reference))
+
+    times = tmp_path / "run.times"
+    driver = start(store_url, "run", times, lease=LONG_LEASE, turn=1.0)
+    deadline = time.monotonic() + 60
+    while len(turn_starts(times)) < turns:  # the last turn is dispatched and running
+        assert time.monotonic() < deadline and driver.poll() is None, "the driver never got there"
+        time.sleep(0.02)
+    capsys.readouterr()
+    assert main(["runs", "cancel", "run", "--store", store_url]) == 0  # as an operator would
+    assert "unless its last turn is already dispatched" in capsys.readouterr().out
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["status"] == "finished"
+    assert "finished before the cancel requested at" in err  # the driver's warning
+
+    assert main(["runs", "show", "run", "--store", store_url]) == 0
+    assert "finished before the cancel took effect" in capsys.readouterr().out
+    assert main(["runs", "cancel", "run", "--store", store_url]) != 0  # nothing left to cancel ...
+    assert "before the cancel requested at" in capsys.readouterr().err  # ... and it says why
+    with Store(store_url) as store:
+        run = store.get_run("run")
+        assert run is not None and run.status == "finished" and run.ended_before_cancel

@@ -4,11 +4,13 @@ driver when the one asked stopped first), the run left ``cancelled``, and ``run(
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator, Mapping
 
 import pytest
 
 from agents import Gate, Hook, Scripted, chain, close_stores, durable, fail_once, stored_transcript, text
+from graphflow_durable.errors import RunStateError
 from graphflow_durable.store import Store
 
 
@@ -97,3 +99,50 @@ async def test_a_dispatch_whose_lease_check_renews_and_finds_a_cancel_request_is
     assert calls == ["A", "B"]  # C's dispatch was refused by the renewal that found the request
     run = team.run_info()
     assert run is not None and run.status == "cancelled"
+
+
+async def test_a_cancel_stops_the_run_before_its_next_dispatch_without_waiting_for_a_renewal(
+    store_url: str,
+) -> None:
+    calls: list[str] = []
+    gate = Gate()
+    made = agents(calls, hooks={"B": gate})
+    team = durable(made, chain(*made), store_url, "run", lease_seconds=60)  # renewer: every 20 s
+    running = asyncio.ensure_future(team.run(task="go"))
+    await gate.reached(running)
+    with Store(store_url) as other:  # as another process would
+        assert other.cancel_run("run").outcome == "requested"
+    gate.open()  # B's answer is committed; that commit reads the request: C is never dispatched
+    await asyncio.wait_for(running, 10)
+    assert calls == ["A", "B"]
+    run = team.run_info()
+    assert run is not None and (run.status, run.cancel_requested_at) == ("cancelled", None)
+    assert not run.ended_before_cancel
+
+
+async def test_a_cancel_after_the_last_dispatch_is_kept_and_reported_until_the_next_round(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[str] = []
+    gate = Gate()
+    made = agents(calls, hooks={"C": gate})
+    team = durable(made, chain(*made), store_url, "run", lease_seconds=60)
+    running = asyncio.ensure_future(team.run(task="go"))
+    await gate.reached(running)  # C, the last node, is dispatched and running
+    with Store(store_url) as other:
+        assert other.cancel_run("run").outcome == "requested"
+        gate.open()
+        with caplog.at_level(logging.WARNING, logger="graphflow_durable.flow"):
+            await asyncio.wait_for(running, 10)
+        assert calls == ["A", "B", "C"]
+        run = other.get_run("run")
+        assert run is not None and run.status == "finished"
+        assert run.cancel_requested_at is not None and run.ended_before_cancel  # not wiped
+        assert "finished before the cancel requested at" in caplog.text
+        with pytest.raises(RunStateError, match="finished: its last round ended before the cancel requested"):
+            other.cancel_run("run")
+
+    await team.run(task="again")  # a new round: the old request is not one of its
+    run = team.run_info()
+    assert run is not None and (run.status, run.cancel_requested_at) == ("finished", None)
+    assert calls == ["A", "B", "C", "A", "B", "C"]

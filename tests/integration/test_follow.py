@@ -24,8 +24,11 @@ from autogen_agentchat.ui import Console
 
 from graphflow_durable import DurableGraphFlow, HumanInput, RunNotFoundError, Store, UsageError, attach_stream
 from graphflow_durable._storage import follow as follow_module
+from graphflow_durable._storage.driver import CommitRequest
+from graphflow_durable.cli import timeline
 from graphflow_durable.cli.runs import EXIT_USAGE, main
 from graphflow_durable.errors import ConflictError, LeaseLostError
+from graphflow_durable.store import RunUpdate, Step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents import Scripted, chain
@@ -372,3 +375,109 @@ async def test_a_watchers_listen_connection_terminated_by_the_server_is_one_whol
     assert message.startswith("Exception ") and message.endswith(
         "OperationalError: the connection is lost"
     ), message
+
+
+async def _replace(store: Store, messages: int) -> None:
+    """Delete run ``r`` and make another run under its id, with ``messages`` messages, finished."""
+    store.delete_run("r", force=True)
+    again = _create(store, "r")
+    for head in range(messages):
+        await _step(store, "r", head, again.fencing_token)
+    await store._driver.submit_commit(
+        CommitRequest(
+            "r",
+            expected_head=messages,
+            fencing_token=again.fencing_token,
+            step=Step("complete", "A", {}),
+            update=RunUpdate(status="finished", release_lease=True),
+        )
+    )
+
+
+async def test_followers_of_a_run_deleted_and_made_again_under_its_id_end_with_an_error_not_its_messages(
+    store: Store, store_url: str
+) -> None:
+    first = _create(store, "r")
+    for head in range(2):
+        await _step(store, "r", head, first.fencing_token)
+    followers = [store.follow("r") for _ in range(2)]
+    seen: list[list[int]] = [[], []]
+
+    async def follow(index: int) -> None:
+        async for message in followers[index]:
+            seen[index].append(message.seq)
+
+    watchers = [asyncio.ensure_future(follow(i)) for i in range(2)]
+    watchers.append(asyncio.ensure_future(collect(attach_stream(store, "r"))))
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "graphflow_durable.cli.runs", "runs", "follow", "r", "--store", store_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stdout is not None
+        printed = [await asyncio.to_thread(cli.stdout.readline) for _ in range(2)]
+        assert [line.split()[0] for line in printed] == ["[0]", "[1]"]
+        deadline = time.monotonic() + 30
+        while seen != [[0, 1], [0, 1]]:
+            assert time.monotonic() < deadline, seen
+            await asyncio.sleep(0.01)
+        await _replace(store, 4)  # another run, under the same id, with more messages than the first
+        for watcher in watchers:
+            with pytest.raises(
+                RunNotFoundError,
+                match=r"run r \(created .*\) was deleted while it was followed, and another run was made",
+            ):
+                await asyncio.wait_for(watcher, 30)
+        assert seen == [[0, 1], [0, 1]]  # nothing of the run made again
+        out, err = await asyncio.to_thread(cli.communicate, timeout=30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert out == "" and cli.returncode != 0, (out, err)
+    assert "was deleted while it was followed" in err and "Traceback" not in err
+    # Followed again, the run under the id now is read from its start.
+    assert [m.seq for m in await collect(store.follow("r"))] == [0, 1, 2, 3]
+
+
+async def test_a_follower_of_a_run_deleted_between_its_reads_ends_with_run_not_found(store: Store) -> None:
+    first = _create(store, "r")
+    await _step(store, "r", 0, first.fencing_token)
+    follow = store.follow("r")
+    assert (await follow.__anext__()).seq == 0
+    store.delete_run("r", force=True)
+    with pytest.raises(
+        RunNotFoundError,
+        match=r"run r does not exist any more: it .* was deleted while it was followed; follow the run again",
+    ):
+        await asyncio.wait_for(follow.__anext__(), 30)
+
+
+async def test_runs_follow_says_once_on_stderr_that_the_driver_is_gone_and_it_waits_for_a_takeover(
+    store: Store, store_url: str, driver: Driver
+) -> None:
+    driver.wait_held(store)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graphflow_durable.cli.runs", "runs", "follow", "r", "--store", store_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("[0] user: go")
+        driver.proc.send_signal(signal.SIGKILL)  # the driver dies, its lease still unexpired
+        driver.proc.communicate()  # reaped, its pipes closed
+        await asyncio.sleep(3 * timeline.DRIVER_CHECK)  # it looks several times meanwhile
+        assert proc.poll() is None  # still following: a takeover would go on with the run
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    said = [line for line in err.splitlines() if "waiting for a driver to take it over" in line]
+    assert len(said) == 1, err
+    assert said[0].startswith("graphflow-durable: run r is running but its driver ")
+    assert " is gone; " in said[0]

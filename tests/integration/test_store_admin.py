@@ -127,12 +127,18 @@ def test_a_driver_recording_cancelled_settles_the_request(store: Store) -> None:
     assert store.cancel_run("run-1").outcome == "already cancelled"
 
 
-def test_a_run_finishing_before_its_driver_saw_the_request_drops_it(store: Store) -> None:
+def test_a_run_finishing_before_its_driver_saw_the_request_keeps_it_until_the_next_round(
+    store: Store,
+) -> None:
     token = start(store)
     store.cancel_run("run-1")
     commit_text(store, "run-1", 0, token, 0, update=RunUpdate(status="finished", release_lease=True))
     run = store.get_run("run-1")
-    assert run is not None and (run.status, run.cancel_requested_at) == ("finished", None)
+    assert run is not None and run.status == "finished"
+    assert run.cancel_requested_at is not None and run.ended_before_cancel
+    store._driver.acquire_lease("run-1", "next-round", lease_seconds=60)  # another round begins
+    run = store.get_run("run-1")
+    assert run is not None and run.cancel_requested_at is None and not run.ended_before_cancel
 
 
 def test_cancel_refuses_an_unknown_run_and_an_ended_one(store: Store) -> None:

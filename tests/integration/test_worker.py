@@ -169,9 +169,14 @@ async def test_a_run_with_a_changed_graph_fails_once_and_waits_the_longest_back_
     """A caller's mistake (GraphMismatchError) fails the same way every time: no hot retry loop."""
     store._driver.create_run(
         CreateRequest(
-            "r", graph_fingerprint="another graph", graph={"nodes": {"X": {}}}, owner="gone", lease_seconds=0
+            "r",
+            graph_fingerprint="another graph",
+            graph={"nodes": {"X": {}}},
+            owner="gone",
+            lease_seconds=0.01,
         )
     )
+    await asyncio.sleep(0.05)  # the lease of its driver, gone, ran out
     calls: list[str] = []
 
     def factory(run_id: str, **durable: Any) -> DurableGraphFlow:

@@ -292,7 +292,9 @@ class RunRecord:
     lease_process: str | None = None
     """The lease holder's process identity as stored (JSON: boot id, PID namespace, start time)."""
     cancel_requested_at: float | None = None
-    """When a cancel was requested of the run's live driver and not yet honoured (epoch seconds)."""
+    """When a cancel was requested of the run's live driver and not yet honoured (epoch seconds).
+    Kept on a run whose round ended (stopped, finished) before its driver could honour it:
+    :attr:`ended_before_cancel`."""
     pending: Sequence[InputRequest] = ()
     """The run's pending requests for human input, oldest first, where the
     reader asked for them (``DurableGraphFlow.run_info()``); otherwise empty."""
@@ -304,6 +306,13 @@ class RunRecord:
     """While a node backs off after a failed attempt (a retry policy), when its next attempt may be
     dispatched (epoch seconds, the driver's wall clock), where the reader asked for it
     (``DurableGraphFlow.run_info()``); otherwise ``None``."""
+
+    @property
+    def ended_before_cancel(self) -> bool:
+        """Whether a cancel was requested and the round ended (stopped, finished) before it took
+        effect: its driver had dispatched its last turn already, so nothing was stopped. The request
+        stays on the run (``cancel_requested_at``) until the lease is taken for another round."""
+        return self.cancel_requested_at is not None and self.status in ENDED_STATUSES
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,13 @@ from typing import Any, TypeVar
 
 from graphflow_durable._agentstate.encoder import StateLog
 from graphflow_durable._model.codec import dumps
+from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._runtime.runlease import RunKey, RunLease
 from graphflow_durable._runtime.stops import RunControl
 from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
-from graphflow_durable._storage.writer import Outcome
+from graphflow_durable._storage.lease import iso
+from graphflow_durable._storage.writer import CancelRequested, Outcome
 from graphflow_durable.errors import LeaseLostError, StoreError
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunRecord, RunUpdate, Step, StepKind
 
@@ -64,6 +66,8 @@ class Commits:
         self.unrecorded = False  # a commit still handed over as the run ended failed (settle_at_end)
         # A failed attempt's step could not be written (see RunSession.detach): since the attach.
         self.failure_unrecorded = False
+        # A cancel requested of the run (Store.cancel_run), as a settled commit's head move read it.
+        self._cancel_seen: float | None = None
         self.telemetry = Telemetry()  # the session's (it sets its own): what a commit reports to
 
     @property
@@ -162,9 +166,28 @@ class Commits:
                 self.failure_unrecorded = True
             raise
         await self._observe(messages, states, time.perf_counter() - started)
+        if self._cancel_seen is not None:
+            self._cancel_requested(update)
         if update is not None and update.release_lease:
             self._lease.given_up()
         return self.head
+
+    def _cancel_requested(self, update: RunUpdate | None) -> None:
+        """A settled commit found a cancel of the run requested: stop dispatching (the run ends
+        ``cancelled``), or, when this commit ended the round (stopped, finished), say that it ended
+        before the cancel took effect (the run keeps the request: ``runs show`` says it too)."""
+        requested_at, self._cancel_seen = self._cancel_seen, None
+        assert requested_at is not None
+        if update is None or update.status not in ENDED_STATUSES:
+            self._control.cancel(requested_at)
+            return
+        logger.warning(
+            "run %s: %s before the cancel requested at %s took effect (no dispatch was left to "
+            "stop); the run keeps the request, and runs show says so",
+            self._key.run_id,
+            update.status,
+            iso(requested_at),
+        )
 
     async def _observe(
         self, messages: Sequence[MessageRecord], states: Sequence[AgentStateRecord], seconds: float
@@ -211,7 +234,9 @@ class Commits:
                 if error is not None:
                     self.head = expected
                 elif future is not creating:
-                    self.head = future.result()
+                    self.head = head = future.result()
+                    if type(head) is CancelRequested:
+                        self._cancel_seen = head.cancel_requested_at
         if failure is not None:
             self._states.clear()  # it remembered the failed commits' states: write the next ones whole
             raise failure
@@ -245,6 +270,8 @@ class Commits:
                 self._key.run_id,
                 exc,
             )
+        if self._cancel_seen is not None:
+            self._cancel_requested(None)
         if cancelled:
             raise asyncio.CancelledError
         return refused

@@ -85,9 +85,10 @@ class Cancellation:
 
     Attributes:
         run_id: the run.
-        outcome: ``"requested"`` (a live driver holds the run: it stops dispatching when it next
-            renews its lease, at the latest one lease period later, and records the run
-            ``cancelled``), ``"cancelled"`` (nobody held it: it is ``cancelled`` now), or
+        outcome: ``"requested"`` (a live driver holds the run: it stops before its next
+            dispatch, as the commit before it or a lease renewal reads the request, and records
+            the run ``cancelled``; a round whose last turn was dispatched already ends on its own,
+            and keeps the request: ``RunRecord.ended_before_cancel``), ``"cancelled"`` (nobody held it: it is ``cancelled`` now), or
             ``"already cancelled"``.
         status: the run's status after the call.
         owner: the driver asked to stop (``"requested"``), else ``None``.
@@ -175,9 +176,16 @@ def cancel(conn: sa.Connection, run_id: str, now: float) -> Cancellation:
     if row.status == "cancelled":
         return Cancellation(run_id, "already cancelled", "cancelled")
     if row.status in ENDED_STATUSES:
+        missed = row.cancel_requested_at
         raise _ended(
             row,
-            " and nothing runs, so there is nothing to cancel; delete it (graphflow-durable runs delete) "
+            (
+                ""
+                if missed is None
+                else f" before the cancel requested at {iso(missed)} took effect (its last turn was "
+                "already dispatched)"
+            )
+            + " and nothing runs, so there is nothing to cancel; delete it (graphflow-durable runs delete) "
             "if it is no longer wanted",
         )
     if held(row):

@@ -37,7 +37,14 @@ from graphflow_durable._model.records import (
 from graphflow_durable._storage import deaths, schema
 from graphflow_durable._storage.checksum import add_sums
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import Heartbeat, acquire, process_identity, release, renew
+from graphflow_durable._storage.lease import (
+    Heartbeat,
+    acquire,
+    check_lease_seconds,
+    process_identity,
+    release,
+    renew,
+)
 from graphflow_durable._storage.reading import head_scheduler
 from graphflow_durable._storage.writer import CommitParams, CommitWriter, CreateParams
 from graphflow_durable.errors import UsageError
@@ -99,6 +106,7 @@ def encode_creation(request: CreateRequest, now: float) -> CreateParams:
     """Encode a new run before any SQL: running, leased to its owner (this process by default), at
     head 0, or at head 1 with its first step and agent states. Its fencing token is drawn from the
     store's counter when its row is written (``writer.GroupItems``)."""
+    check_lease_seconds(request.lease_seconds)
     pid = os.getpid() if request.pid is None else request.pid
     run_id = request.run_id
     run = {
@@ -365,6 +373,7 @@ class Driver:
             RunNotFoundError: no such run.
             RunLockedError: another live worker holds an unexpired lease.
         """
+        check_lease_seconds(lease_seconds)
         host = socket.gethostname() if host is None else host
         pid = os.getpid() if pid is None else pid
         with self._guard(f"acquiring the lease of run {run_id}", run_id), self._e.write.begin() as conn:
@@ -391,6 +400,7 @@ class Driver:
 
         Raises what :meth:`renew_lease` raises.
         """
+        check_lease_seconds(lease_seconds)
         with self._guard(f"renewing the lease of run {run_id}", run_id), self._e.write.begin() as conn:
             return renew(conn, run_id, owner, fencing_token, lease_seconds)
 

@@ -8,6 +8,12 @@ every follower of the run, so twenty followers in a web server cost one reader. 
 the run parked ``waiting`` for a person, or it ended interrupted, failed or cancelled) ends it and
 every follower: the run is not being driven, nothing more comes without a new attach.
 
+A follower follows one *incarnation* of the run: the one its first read found, known by the row's
+``created_at`` (a new run, an import, a fork each write their own time, a reset or a resume keeps
+it). A run deleted meanwhile, or deleted and made again under its id, ends every follower of the
+incarnation with :class:`RunNotFoundError`: the messages of the run made again are another run's,
+never spliced into the stream (a feed is shared by the followers of one incarnation only).
+
 Waiting: on PostgreSQL every commit that moves a run's head notifies channel :data:`CHANNEL` (the
 run id as payload) right after its transaction (``writer.CommitWriter._notify``, which says why
 not inside it: a refused or rolled back commit notifies nobody); a feed listens on a connection of
@@ -34,8 +40,9 @@ from graphflow_durable._model.records import RunRecord, StoredMessage
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.checksum import MESSAGES, Damage, corrupt, message_sum
 from graphflow_durable._storage.engine import Engines, guarded
+from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.schema import messages, runs
-from graphflow_durable.errors import UsageError
+from graphflow_durable.errors import RunNotFoundError, UsageError
 
 __all__ = ["CHANNEL", "Feeds", "Follow", "check_after"]
 
@@ -54,7 +61,7 @@ LONGEST_WAIT = 0.5
 LISTEN_POLL = 2.0
 
 #: What a poll reads of the run's row: cheap (no JSON), enough to know whether to read messages.
-_SELECT_POSITION = sa.select(runs.c.status, runs.c.message_count, runs.c.head_seq).where(
+_SELECT_POSITION = sa.select(runs.c.status, runs.c.message_count, runs.c.head_seq, runs.c.created_at).where(
     runs.c.run_id == sa.bindparam("p_run_id")
 )
 _SELECT_AFTER = (
@@ -105,16 +112,16 @@ class Follow:
         # commit once for every follower of the run in this process (subscribed before any read
         # that could miss what the feed delivers: see Feeds.subscribe).
         read = self._feeds.reader(self._run_id)
-        run, batch = await asyncio.to_thread(read, self._after, not self._wait)
+        run, batch, born = await asyncio.to_thread(read, self._after, not self._wait, None)
         for message in self._seen(batch):
             yield message
         if run is not None:
             self.run = run
             return
-        feed, queue = self._feeds.subscribe(self._run_id, self._after)
+        feed, queue = self._feeds.subscribe(self._run_id, self._after, born)
         try:
             if feed.cursor > self._after:  # the feed was ahead of this follower's read
-                run, batch = await asyncio.to_thread(read, self._after, False)
+                run, batch, _ = await asyncio.to_thread(read, self._after, False, born)
                 for message in self._seen(batch):
                     yield message
                 if run is not None:
@@ -151,23 +158,25 @@ class Feeds:
 
     def __init__(self, engines: Engines) -> None:
         self._e = engines
-        self._feeds: dict[tuple[asyncio.AbstractEventLoop, str], _Feed] = {}
+        self._feeds: dict[tuple[asyncio.AbstractEventLoop, str, float], _Feed] = {}
         self._lock = threading.Lock()  # a store may serve several threads' event loops
 
-    def reader(self, run_id: str) -> Callable[[int, bool], tuple[RunRecord | None, list[StoredMessage]]]:
-        """A blocking read of ``run_id``'s messages after an offset: ``(run row if the run is not
-        driven or ``final``, else None; the messages)``."""
+    def reader(self, run_id: str) -> Callable[[int, bool, float | None], _Read]:
+        """A blocking read of ``run_id``'s messages after an offset, of the incarnation created at
+        the time given (``None``: whichever is there): ``(run row if the run is not driven or
+        ``final``, else None; the messages; the incarnation's creation time)``."""
         return functools.partial(_read, self._e, run_id)
 
-    def subscribe(self, run_id: str, after: int) -> tuple[_Feed, asyncio.Queue[_Item]]:
-        """The run's feed on this loop (a new one reads the messages after ``after``: what the
-        caller read last), and a queue of its batches and, at the end, the run's row. The feed's
-        ``cursor`` is the last seq it read: a follower behind it reads up to it itself."""
+    def subscribe(self, run_id: str, after: int, born: float) -> tuple[_Feed, asyncio.Queue[_Item]]:
+        """The feed on this loop of the run's incarnation created at ``born`` (a new one reads the
+        messages after ``after``: what the caller read last), and a queue of its batches and, at the
+        end, the run's row. The feed's ``cursor`` is the last seq it read: a follower behind it
+        reads up to it itself."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            feed = self._feeds.get((loop, run_id))
+            feed = self._feeds.get((loop, run_id, born))
             if feed is None:
-                feed = self._feeds[(loop, run_id)] = _Feed(self, run_id, after)
+                feed = self._feeds[(loop, run_id, born)] = _Feed(self, run_id, after, born)
             queue: asyncio.Queue[_Item] = asyncio.Queue()
             feed.subscribers.append(queue)
         feed.start()
@@ -183,9 +192,10 @@ class Feeds:
 class _Feed:
     """One run's new commits, read once for all its followers in this process and loop."""
 
-    def __init__(self, feeds: Feeds, run_id: str, cursor: int) -> None:
+    def __init__(self, feeds: Feeds, run_id: str, cursor: int, born: float) -> None:
         self._feeds = feeds
         self._run_id = run_id
+        self._born = born  # the incarnation followed (the run row's created_at)
         self.cursor = cursor
         self.subscribers: list[asyncio.Queue[_Item]] = []
         self._task: asyncio.Future[None] | None = None
@@ -219,7 +229,7 @@ class _Feed:
                 # Listening from before this read (or polling): no commit falls between the two.
                 read_at = loop.time()
                 try:
-                    run, batch = await asyncio.to_thread(read, self.cursor, False)
+                    run, batch, _ = await asyncio.to_thread(read, self.cursor, False, self._born)
                 except Exception as exc:  # noqa: BLE001 -- a StoreError, the run deleted...: every follower raises it
                     self._feeds.remove(self)
                     self._send(exc)
@@ -244,21 +254,45 @@ class _Feed:
                 listener.close()
 
 
-def _read(
-    engines: Engines, run_id: str, after: int, final: bool
-) -> tuple[RunRecord | None, list[StoredMessage]]:
+#: What a read gives: the run's row if it is not driven (or the read is final), the messages, and
+#: the incarnation's creation time.
+_Read = tuple[RunRecord | None, list[StoredMessage], float]
+
+
+def _read(engines: Engines, run_id: str, after: int, final: bool, born: float | None) -> _Read:
     """The messages of ``run_id`` after seq ``after``, read in one transaction with the run's status
     (read first: in PostgreSQL's snapshot and SQLite's alike, a status that says the round ended is
-    read with every message committed with it), every row checked; and the run's whole row when the
-    run is not ``running`` (or ``final``), else ``None``."""
+    read with every message committed with it), every row checked; the run's whole row when the run
+    is not ``running`` (or ``final``), else ``None``; and its creation time. With ``born``, the run
+    must be the incarnation created then: one deleted (and maybe made again) raises
+    :class:`RunNotFoundError`."""
     with guarded(engines, f"following run {run_id}", run_id=run_id), engines.read.begin() as conn:
         position = conn.execute(_SELECT_POSITION, {"p_run_id": run_id}).first()
         if position is None:
+            if born is not None:
+                raise gone(run_id, born, None)
             raise S.not_found(run_id)
+        if born is not None and position.created_at != born:
+            raise gone(run_id, born, float(position.created_at))
         run = S.run_row(conn, run_id) if final or position.status != "running" else None
         if position.message_count - 1 <= after:
-            return run, []
-        return run, _after_offset(conn, engines.url, run_id, after, position)
+            return run, [], float(position.created_at)
+        return run, _after_offset(conn, engines.url, run_id, after, position), float(position.created_at)
+
+
+def gone(run_id: str, born: float, now_born: float | None) -> RunNotFoundError:
+    """The end of a follower whose run (created at ``born``) was deleted; ``now_born``: the creation
+    time of the run made again under its id since, if one was."""
+    if now_born is None:
+        said = f"run {run_id} does not exist any more: it (created {iso(born)}) was deleted while it was followed"
+    else:
+        said = (
+            f"run {run_id} (created {iso(born)}) was deleted while it was followed, and another run was "
+            f"made under its id (created {iso(now_born)})"
+        )
+    return RunNotFoundError(
+        f"{said}; follow the run again to read what is stored under its id now", run_id=run_id
+    )
 
 
 def _after_offset(conn: sa.Connection, url: str, run_id: str, after: int, run: Any) -> list[StoredMessage]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import math
 import os
 import socket
 import sys
@@ -27,7 +28,7 @@ import sqlalchemy as sa
 
 from graphflow_durable._storage import deaths
 from graphflow_durable._storage import statements as S
-from graphflow_durable.errors import LeaseLostError, RunLockedError
+from graphflow_durable.errors import LeaseLostError, RunLockedError, UsageError
 
 __all__ = [
     "NOBODY",
@@ -36,6 +37,7 @@ __all__ = [
     "LeaseRowNow",
     "Takeover",
     "acquire",
+    "check_lease_seconds",
     "fenced",
     "holder_gone",
     "iso",
@@ -54,6 +56,20 @@ __all__ = [
 #: Never an owner's name: asks :func:`takeover_reason` whether anyone but the holder may take the
 #: lease (whether the holder keeps it), judging the holder's own lease as anyone else's.
 NOBODY = "\x00graphflow-durable nobody"
+
+
+def check_lease_seconds(value: object, option: str = "lease_seconds") -> float:
+    """``value`` as a lease period, or :class:`UsageError` naming ``option``: a finite number
+    greater than 0 (a lease of 0 s or less is expired as it is taken, so any other process could
+    take a live run over while its agents run)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise UsageError(f"{option} must be a number greater than 0, not {value!r}", option=option)
+    return float(value)
 
 
 class LeaseRow(Protocol):

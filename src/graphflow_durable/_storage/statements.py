@@ -25,7 +25,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, FunctionElement
 
 from graphflow_durable._model.codec import loads
-from graphflow_durable._model.records import RunRecord
+from graphflow_durable._model.records import ENDED_STATUSES, RunRecord
 from graphflow_durable._storage.schema import (
     FENCING_SEQUENCE,
     agent_states,
@@ -158,20 +158,17 @@ _move_values = {
     "head_seq": sa.bindparam("p_new_head", type_=sa.Integer),
     "updated_at": sa.bindparam("p_now", type_=sa.Double),
 }
-#: Statuses at which a pending cancel request is settled (see ``_lifecycle_values``).
-_RESTING = ("cancelled", "stopped", "finished")
+#: The status at which a pending cancel request is settled (see ``_lifecycle_values``). A round
+#: that ends (stopped, finished) before its driver saw the request keeps it: the run shows that it
+#: ended before the cancel took effect, until the lease is taken for another round (UPDATE_LEASE).
+_HONOURED = "cancelled"
 #: What a commit that changes the run's lifecycle sets too. Kept out of the plain moves: setting
 #: ``status`` at all (even to itself) costs SQLite an index update on every commit.
 _lifecycle_values: dict[str, Any] = {
     "status": _keep_unless_given("p_status", _R.status),
-    # a pending cancel request is answered once the run rests (cancelled, or ended on its own)
+    # a pending cancel request is answered once the run is cancelled
     "cancel_requested_at": sa.case(
-        (
-            sa.bindparam("p_status", type_=_R.status.type).in_(
-                [sa.literal_column(f"'{s}'") for s in _RESTING]
-            ),
-            sa.null(),
-        ),
+        (sa.bindparam("p_status", type_=_R.status.type) == sa.literal_column(f"'{_HONOURED}'"), sa.null()),
         else_=_R.cancel_requested_at,
     ),
     "task": _keep_unless_given("p_task", _R.task),
@@ -200,7 +197,9 @@ NOTIFY_COMMITS = (
 def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:
     """Move a run's head (guarded by head and token); with messages, also guard and move the
     message count (the new messages' first seq must be the count); with the lifecycle, also set
-    status, task and result where given."""
+    status, task and result where given. Returns the run's pending cancel request (``NULL``:
+    none): the driver learns of a cancel in the commit before its next dispatch, at no statement
+    of its own."""
     values: dict[str, Any] = dict(_move_values)
     guard = list(_head_guard)
     if with_lifecycle:
@@ -208,7 +207,7 @@ def _update_head(with_messages: bool, with_lifecycle: bool) -> sa.Update:
     if with_messages:
         guard.append(_R.message_count == sa.bindparam("p_first_seq", type_=sa.Integer))
         values["message_count"] = sa.bindparam("p_message_count", type_=sa.Integer)
-    return sa.update(runs).where(*guard).values(**values)
+    return sa.update(runs).where(*guard).values(**values).returning(_R.cancel_requested_at)
 
 
 INSERT_RUN = sa.insert(runs)
@@ -333,7 +332,15 @@ UPDATE_LEASE = (
             _R.lease_expires_at < DB_NOW,
         ),
     )
-    .values(**_lease_values, fencing_token=sa.bindparam("p_token", type_=sa.BigInteger))
+    .values(
+        **_lease_values,
+        fencing_token=sa.bindparam("p_token", type_=sa.BigInteger),
+        # a cancel the last round ended before (stopped, finished) is not one of the next round
+        cancel_requested_at=sa.case(
+            (_R.status.in_([sa.literal_column(f"'{s}'") for s in ENDED_STATUSES]), sa.null()),
+            else_=_R.cancel_requested_at,
+        ),
+    )
     .returning(_R.lease_expires_at)
 )
 #: Extend a lease its holder (token and owner) still has, to the lease clock's now + ``p_seconds``.

@@ -48,7 +48,7 @@ from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
-from graphflow_durable._storage.lease import NOBODY, holder_gone, pid_alive, take_over
+from graphflow_durable._storage.lease import NOBODY, check_lease_seconds, holder_gone, pid_alive, take_over
 from graphflow_durable._storage.schema import input_requests, queue, runs
 from graphflow_durable._storage.statements import DB_NOW, LEASE_COLUMNS
 from graphflow_durable.errors import ConflictError, RunExistsError, StoreError
@@ -422,6 +422,7 @@ class WorkQueue:
         PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED``: concurrent claimers never
         block each other and never get the same item. SQLite serialises them (``BEGIN IMMEDIATE``).
         """
+        check_lease_seconds(lease_seconds)
         host = socket.gethostname() if host is None else host
         pid = os.getpid() if pid is None else pid
         here = socket.gethostname()

@@ -57,6 +57,7 @@ from graphflow_durable._storage.statements import (
 from graphflow_durable.errors import ConflictError, StoreError, UsageError
 
 __all__ = [
+    "CancelRequested",
     "CommitParams",
     "CommitWriter",
     "CreateParams",
@@ -105,6 +106,18 @@ class CreateParams:
 
     run: dict[str, Any]
     first: CommitParams | None
+
+
+class CancelRequested(int):
+    """A commit's new head that found a cancel of its run pending (``Store.cancel_run``), read by
+    the head move's ``RETURNING`` (no statement of its own); otherwise a commit gives a plain int."""
+
+    cancel_requested_at: float
+
+    def __new__(cls, head: int, cancel_requested_at: float) -> CancelRequested:
+        made = super().__new__(cls, head)
+        made.cancel_requested_at = cancel_requested_at
+        return made
 
 
 def run_exists(run_id: str, url: str) -> ConflictError:
@@ -212,15 +225,17 @@ class GroupItems:
                 if savepoint:
                     cursor.execute("SAVEPOINT graphflow_commit")
                 cursor.execute(update_head.sql, update_head.bind(params.run))
-                moved = cursor.rowcount == 1
-                if moved:
+                moved = cursor.fetchone()  # the row's pending cancel request, if the head moved
+                if moved is not None:
                     self._insert_rows(cursor, params)
         except self._integrity_error as exc:  # the head moved, so the rows themselves are wrong
             self._undo(dbapi, cursor, savepoint)
             failed: BaseException = exc
             return failed
-        if moved:
-            item.result = int(params.run["p_new_head"])
+        if moved is not None:
+            cancel = moved[0]
+            head = int(params.run["p_new_head"])
+            item.result = head if cancel is None else CancelRequested(head, float(cancel))
             return None
         self._undo(dbapi, cursor, savepoint)
         select = self._hot.select_lease
@@ -273,10 +288,11 @@ class GroupItems:
 
     def _apply_pipelined(
         self, dbapi: Any, cursor: Any, update_head: Prepared, params: CommitParams, savepoint: bool
-    ) -> bool:
-        """PostgreSQL: the savepoint, the head move and the inserts in one round trip; whether the
-        head moved. If it did not, the inserts ran for nothing (or failed on a key that the winner
-        already wrote): the caller rolls them back."""
+    ) -> Any:
+        """PostgreSQL: the savepoint, the head move and the inserts in one round trip; the head
+        move's row (its pending cancel request) if the head moved, else ``None``. If it did not, the
+        inserts ran for nothing (or failed on a key that the winner already wrote): the caller rolls
+        them back."""
         connection = dbapi.dbapi_connection
         head = connection.cursor()
         try:
@@ -288,8 +304,8 @@ class GroupItems:
         except self._integrity_error:
             if head.rowcount == 1:
                 raise
-            return False
-        return bool(head.rowcount == 1)
+            return None
+        return head.fetchone() if head.rowcount == 1 else None
 
 
 def _pipeline_supported(driver: Any) -> bool:

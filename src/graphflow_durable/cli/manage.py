@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from graphflow_durable._model.records import CallSummary, NodeFailure
+from graphflow_durable._model.records import CallSummary, NodeFailure, RunRecord
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.statements import not_found
@@ -78,7 +78,7 @@ def add_commands(runs: click.Group, dispatch: Dispatch) -> None:
         runs.command(name, help=help)(store_option(json_option("print one JSON object")(command)))
 
     add("show", "a run's status, round, head, lease and last error")
-    add("cancel", "stop a run (its driver stops within one lease period); run() resumes it")
+    add("cancel", "stop a run (its driver stops before its next dispatch); run() resumes it")
     add(
         "retry",
         "make a failed, cancelled or interrupted run resumable: a worker or the next run() resumes it",
@@ -168,6 +168,7 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         "lease_expires_at": run.lease_expires_at,
         "lease_state": lease_state(run, now),
         "cancel_requested_at": run.cancel_requested_at,
+        "ended_before_cancel": run.ended_before_cancel,
         "team": None if sub is None else sub.team,
         "attempts": 0 if sub is None else sub.attempts,
         # an error a later success superseded (a deadline, a failed attempt) is not the run's now
@@ -203,10 +204,7 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         ("head", f"{run.head_seq} ({step} at {iso(at.head_at)})" if at.head_at is not None else "0"),
         ("messages", str(run.message_count)),
         ("lease", lease),
-        (
-            "cancel",
-            "-" if run.cancel_requested_at is None else f"requested at {iso(run.cancel_requested_at)}",
-        ),
+        ("cancel", _cancel_words(run)),
         ("team", shown["team"] or "-"),
         ("attempts", str(shown["attempts"])),
         ("last error", shown["last_error"] or "-"),
@@ -265,6 +263,16 @@ def _waiting_for(sub: Submission, now: float) -> str:
     )
 
 
+def _cancel_words(run: RunRecord) -> str:
+    """The run's cancel request in words: none, pending, or one the round ended before."""
+    if run.cancel_requested_at is None:
+        return "-"
+    asked = f"requested at {iso(run.cancel_requested_at)}"
+    if run.ended_before_cancel:
+        return f"{asked}; {run.status} before the cancel took effect (its last turn was already dispatched)"
+    return asked
+
+
 def _calls(calls: CallSummary) -> str:
     """A run's (or the store's) recorded model and tool calls in words."""
     return f"{calls.calls_live} made, {calls.calls_replayed} replayed ({calls.tokens_saved} tokens saved)"
@@ -293,7 +301,9 @@ def _cancel(store: Store, args: SimpleNamespace, out: Out) -> None:
     elif done.outcome == "requested":
         out(
             f"run {done.run_id}: cancel requested; its driver {done.owner} (lease until "
-            f"{iso(done.lease_expires_at)}) stops dispatching within one lease period and leaves it cancelled"
+            f"{iso(done.lease_expires_at)}) stops before its next dispatch and leaves it cancelled, unless "
+            "its last turn is already dispatched: the run then ends on its own, and 'runs show' says it "
+            "finished before the cancel took effect"
         )
     elif done.outcome == "cancelled":
         out(f"run {done.run_id}: cancelled (nobody was driving it); run() with no task resumes it")

@@ -97,8 +97,10 @@ commands:
                                      is missing; one line per damaged row or gap
 {timeline.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error,
                                      recorded calls made and replayed, tokens saved
-  runs cancel RUN [--json]           stop a run: its driver stops within one lease period and
-                                     leaves it cancelled (run() with no task resumes it)
+  runs cancel RUN [--json]           stop a run: its driver stops before its next dispatch and
+                                     leaves it cancelled (run() with no task resumes it); a run
+                                     whose last turn was dispatched ends on its own, and runs show
+                                     says it finished before the cancel took effect
   runs retry RUN [--json]            make a failed, cancelled or interrupted run resumable again (a
                                      worker or the next run() resumes it)
   runs supply RUN NODE TEXT [--json] write TEXT as the answer of NODE, the node a failed run failed

@@ -32,6 +32,8 @@ from graphflow_durable.cli._common import (
     table,
     write_atomically,
 )
+from graphflow_durable.cli._inspect import EXPIRED, GONE, lease_state
+from graphflow_durable.errors import StoreError
 from graphflow_durable.store import RunRecord, Store, StoredMessage
 
 __all__ = ["COMMANDS", "EPILOG", "EXIT_CONFLICT", "add_commands", "check", "run"]
@@ -215,18 +217,62 @@ def _message_line(m: StoredMessage, as_json: bool) -> str:
     return f"[{m.seq}] {m.body.get('source')}: {text}"
 
 
+#: ``runs follow``: how often it looks whether the run's driver is still there (seconds).
+DRIVER_CHECK = 2.0
+
+
+def _driver_gone(store: Store, run_id: str) -> str | None:
+    """Why nobody drives ``run_id``, which is ``running`` (its driver died, or its lease ran out or
+    was given up without recording an end); ``None`` while a live driver holds it, or the run is
+    not ``running`` (or not there: the follower itself says so)."""
+    run = store.get_run(run_id)
+    if run is None or run.status != "running":
+        return None
+    state = lease_state(run, store.lease_clock())
+    if run.lease_owner is None:
+        return "nobody holds its lease"
+    if state == GONE:
+        return f"its driver {run.lease_owner} (pid {run.lease_pid} on {run.lease_host}) is gone"
+    if state == EXPIRED:
+        return f"the lease of its driver {run.lease_owner} expired at {iso(run.lease_expires_at)}"
+    return None
+
+
+async def _say_when_driver_gone(store: Store, run_id: str) -> None:
+    """While following: say once on stderr when the run's driver is gone (it waits for a takeover),
+    once more only if a driver took it over and is gone in turn. A read that fails is left to the
+    follower, which reads the same store."""
+    said = False
+    while True:
+        try:
+            why = await asyncio.to_thread(_driver_gone, store, run_id)
+        except StoreError:
+            why = None
+        if why is not None and not said:
+            sys.stderr.write(
+                f"graphflow-durable: run {run_id} is running but {why}; waiting for a driver to take "
+                "it over (a worker's claim, or run() with no task)\n"
+            )
+            sys.stderr.flush()
+        said = why is not None
+        await asyncio.sleep(DRIVER_CHECK)
+
+
 def _follow(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
     """Print the messages as they are committed (each line flushed by ``out``); stop at the round's
-    end, on Ctrl+C (exit 0: the user stopped watching) and once stdout's reader is gone."""
+    end, on Ctrl+C (exit 0: the user stopped watching) and once stdout's reader is gone. Say once
+    on stderr when the run's driver is gone (nothing comes until another takes it over)."""
 
     async def watch() -> RunRecord | None:
         follow = store.follow(args.run_id, args.after)
+        driver = asyncio.ensure_future(_say_when_driver_gone(store, args.run_id))
         try:
             async for m in follow:
                 out(_message_line(m, args.json))
                 if getattr(sys.stdout, "reader_gone", False):  # | head -3 had what it wanted
                     return None
         finally:
+            driver.cancel()
             await follow.aclose()
         return follow.run
 

@@ -10,17 +10,23 @@ client and workbench itself. Outside a durable turn a wrapper calls straight thr
 
 - A call's identity within its turn (``ExecutionContext.idempotency_key``): ``("model", ordinal)``,
   the ordinal counted from 0 on each attempt; ``("tool", call_id)`` (stable once the model result
-  that named it is replayed). A tool called without a ``call_id`` is never recorded.
+  that named it is replayed), and, among the attempt's calls with the same call id, name and
+  arguments (one id given to several calls), the position in the order they are made. A tool
+  called without a ``call_id`` is never recorded.
 - A request's fingerprint: the digest of the canonical JSON of the messages, tool schemas, tool
   choice, output schema, extra create args and model name (a model call); of the tool's name and
-  arguments (a tool call). A recorded call of equal identity and fingerprint is replayed: a
-  ``CreateResult`` with ``cached=True`` and its recorded usage, a stream's recorded chunks with the
-  same boundaries and then its result, a tool's ``ToolResult`` (errors included); a ``replayed``
-  row is written for it.
-- A different fingerprint is a divergence: that record and every later one of the turn are
-  discarded (kept for audit), the call goes live, one INFO line says "diverged", and nothing more
-  is replayed in that attempt. A call that raises is not recorded (the next attempt makes it
-  again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded live).
+  arguments, and that position from the second call on (a tool call). A recorded call of equal
+  identity and fingerprint is replayed: a ``CreateResult`` with ``cached=True`` and its recorded
+  usage, a stream's recorded chunks with the same boundaries and then its result, a tool's
+  ``ToolResult`` (errors included); a ``replayed`` row is written for it.
+- A model call with a different fingerprint is a divergence: that model record and every later one
+  of the turn are discarded (kept for audit), the call goes live, one INFO line says "diverged",
+  and no model call is replayed any more in that attempt. Tool records are not discarded: a tool
+  call whose id, name and arguments match a record is replayed even after a divergence. A tool
+  call that goes live while a record says it acted already under its id (discarded, or with other
+  arguments) logs a WARNING naming the tool. A call that raises is not recorded (the next attempt
+  makes it again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded
+  live).
 - A driver that lost its lease records nothing: the write raises ``LeaseLostError`` and the run
   ends with it. Not replayed: what a tool does that is not itself a recorded call, calls made
   through a client or workbench that is not wrapped, a streaming tool's intermediate events.
@@ -58,9 +64,10 @@ from autogen_core.tools import (
 from pydantic import BaseModel
 from typing_extensions import Self
 
+from graphflow_durable import context as _context
 from graphflow_durable._model import codec
-from graphflow_durable.context import ExecutionContext, current_execution
-from graphflow_durable.errors import GraphflowDurableError, LeaseLostError, UsageError
+from graphflow_durable.context import ExecutionContext, ToolCallContext, current_execution
+from graphflow_durable.errors import GraphflowDurableError, LeaseLostError, StoreCorruptError, UsageError
 from graphflow_durable.store import CallRecord, Store
 
 __all__ = [
@@ -114,15 +121,19 @@ class CallLink(Protocol):
 
 class _TurnCalls:
     """One attempt of one turn's recorded calls, shared by every wrapper the turn calls through:
-    the records it may replay (read once), its model-call ordinal, whether it diverged."""
+    the records it may replay (read once), its model-call ordinal, its tool calls' occurrences,
+    whether its model calls diverged."""
 
     def __init__(self, link: CallLink, ctx: ExecutionContext) -> None:
         self.link = link
         self.ctx = ctx
         self.key = ctx.idempotency_key
-        self._records: dict[tuple[str, str], CallRecord] | None = None
+        self._models: dict[str, CallRecord] | None = None  # by ordinal
+        self._tools: dict[tuple[str, str], CallRecord] = {}  # by (call id, fingerprint), unreplayed
+        self._dropped: dict[tuple[str, str], CallRecord] = {}  # discarded tool records, same key
         self._loading = asyncio.Lock()
         self._ordinal = 0
+        self._seen: dict[tuple[str, str], int] = {}  # tool calls of this attempt, per request
         self.diverged = False
         self.failure: GraphflowDurableError | None = None  # a tool call's record that failed: kept()
 
@@ -147,40 +158,102 @@ class _TurnCalls:
         ordinal, self._ordinal = self._ordinal, self._ordinal + 1
         return ordinal
 
-    async def _fenced(self, write: Callable[..., _T], *args: Any) -> _T:
+    def tool_fingerprint(self, call_id: str, name: str, arguments: Mapping[str, Any] | None) -> str:
+        """A tool call's fingerprint, taken as the call begins (before it awaits, so in the order
+        the agent makes its calls): its name and arguments, and, for the n-th call (n >= 1) of this
+        attempt with the same call id, name and arguments, n. Calls that share all three (one id
+        given to several calls) thus replay their records in the order they were first made."""
+        request = {"name": name, "arguments": dict(arguments or {})}
+        base = _digest(request)
+        occurrence = self._seen.get((call_id, base), 0)
+        self._seen[call_id, base] = occurrence + 1
+        return base if occurrence == 0 else _digest({**request, "occurrence": occurrence})
+
+    async def _fenced(self, write: Callable[..., _T], *args: Any, **how: Any) -> _T:
         """``write(*args)`` in a thread, fenced as the driver's commits are: a driver that lost its
         lease writes nothing, and its run ends with the LeaseLostError (GraphFlow would pass an
         agent's error on only as text). Only the run the driver drives is fenced."""
         token = self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
         try:
-            return await asyncio.to_thread(write, *args, fencing_token=token)
+            return await asyncio.to_thread(write, *args, fencing_token=token, **how)
         except LeaseLostError as lost:
             self.link.fail(lost)
             raise
 
-    async def replayable(self, kind: str, ident: str, fingerprint: str) -> CallRecord | None:
-        """The live record this call replays, or ``None`` (it goes live). A record of the same
-        identity and another fingerprint is a divergence: it and every later record of the turn
-        are discarded, and nothing more is replayed in this attempt."""
+    async def _load(self) -> dict[str, CallRecord]:
+        """The turn's records, read once per attempt (every row checked before any is filtered: a
+        damaged one ends the run with the store's :class:`StoreCorruptError`)."""
+        if self._models is None:
+            try:
+                found = await asyncio.to_thread(self.link.store.calls.turn, self.ctx.run_id, self.key)
+            except StoreCorruptError as damaged:  # the run ends with it, as a damaged commit does
+                self.link.fail(damaged)
+                raise
+            models: dict[str, CallRecord] = {}
+            for r in found:  # seq order: of records with one identity, the first written wins
+                if r.outcome != "live":
+                    continue
+                if r.kind == "model" and not r.discarded:
+                    models.setdefault(r.ident, r)
+                elif r.kind == "tool":
+                    (self._dropped if r.discarded else self._tools).setdefault((r.ident, r.fingerprint), r)
+            self._models = models
+        return self._models
+
+    async def replayable_tool(self, call_id: str, fingerprint: str) -> CallRecord | None:
+        """The live record this tool call replays (each at most once an attempt), or ``None``.
+        A model divergence earlier in the turn does not discard tool records: a call whose id,
+        name and arguments match a record replays it."""
         async with self._loading:
-            if self._records is None:
-                found = await asyncio.to_thread(self.link.store.calls.for_turn, self.ctx.run_id, self.key)
-                self._records = {(r.kind, r.ident): r for r in found}  # seq order: the latest wins
+            await self._load()
+            return self._tools.pop((call_id, fingerprint), None)
+
+    def acting_again(self, name: str, call_id: str, fingerprint: str) -> None:
+        """A tool call goes live: log a WARNING naming the tool when a record of this turn says it
+        acted already under this call id (a discarded record of the same request, or a record of
+        the same tool with other arguments)."""
+        if (call_id, fingerprint) in self._dropped:
+            why = "its recorded call with these arguments was discarded"
+        elif any(k[0] == call_id and r.name == name for k, r in self._tools.items()):
+            why = "the recorded call with this id has other arguments"
+        else:
+            return
+        ctx = self.ctx
+        logger.warning(
+            "run %s: %s's turn (step %d, attempt %d): tool %s (call id %r) acts again: %s",
+            ctx.run_id,
+            ctx.node,
+            ctx.step,
+            ctx.attempt,
+            name,
+            call_id,
+            why,
+        )
+
+    async def replayable(self, kind: str, ident: str, fingerprint: str) -> CallRecord | None:
+        """The live record this model call replays, or ``None`` (it goes live). A record of the
+        same ordinal and another fingerprint is a divergence: it and every later model record of
+        the turn are discarded, and no model call is replayed any more in this attempt (tool
+        records are kept: see :meth:`replayable_tool`)."""
+        async with self._loading:
+            models = await self._load()
             if self.diverged:
                 return None
-            record = self._records.get((kind, ident))
+            record = models.get(ident)
             if record is None:
                 return None
             if record.fingerprint == fingerprint:
                 return record
             self.diverged = True
-            self._records = {}
+            models.clear()
             calls = self.link.store.calls
-            discarded = await self._fenced(calls.discard_from, self.ctx.run_id, self.key, record.seq)
+            discarded = await self._fenced(
+                calls.discard_from, self.ctx.run_id, self.key, record.seq, kind=kind
+            )
         ctx = self.ctx
         logger.info(
             "run %s: %s's turn (step %d, attempt %d) diverged at %s call %s: the request differs from the "
-            "recorded one; %d recorded call(s) discarded, this and later calls go live",
+            "recorded one; %d recorded model call(s) discarded, this and later model calls go live",
             ctx.run_id,
             ctx.node,
             ctx.step,
@@ -266,10 +339,6 @@ def _digest(value: Any) -> str:
 
 def _tool_schema(tool: Tool | ToolSchema) -> Any:
     return tool if isinstance(tool, Mapping) else tool.schema
-
-
-def _tool_fingerprint(name: str, arguments: Mapping[str, Any] | None) -> str:
-    return _digest({"name": name, "arguments": dict(arguments or {})})
 
 
 def _model_name(client: ChatCompletionClient) -> str:
@@ -492,6 +561,15 @@ def _tool_result(record: CallRecord) -> ToolResult:
     return ToolResult.model_validate(codec.loads(record.result or "{}"))
 
 
+def _calling(turn: _TurnCalls | None, name: str, call_id: str | None, fingerprint: str) -> Any:
+    """Make the tool call about to run :func:`~graphflow_durable.context.current_tool_call` (a
+    token for ``_context._tool_call.reset``), or ``None`` when it is not recorded."""
+    if turn is None or call_id is None:
+        return None
+    key = f"{turn.key}/{call_id}/{fingerprint}"
+    return _context._tool_call.set(ToolCallContext(turn.ctx, name, call_id, key))
+
+
 def _not_run(name: str, failure: GraphflowDurableError) -> ToolResult:
     text = f"not run: recording this turn's calls failed ({type(failure).__name__})"
     return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=True)
@@ -528,12 +606,14 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         turn = _current_turn()
         if turn is None or call_id is None:
             return None, "", None
-        fingerprint = _tool_fingerprint(name, arguments)
+        fingerprint = turn.tool_fingerprint(call_id, name, arguments)
         if turn.failure is None and name not in self._rerun:
-            record = await turn.kept(turn.replayable("tool", call_id, fingerprint))
+            record = await turn.kept(turn.replayable_tool(call_id, fingerprint))
             if record is not None:
                 await turn.kept(turn.write("tool", name, call_id, fingerprint, result=None, usage=None))
                 return turn, fingerprint, _tool_result(record)
+            if turn.failure is None:
+                turn.acting_again(name, call_id, fingerprint)
         if turn.failure is not None:  # not run: the turn ends at its next call
             return turn, fingerprint, _not_run(name, turn.failure)
         return turn, fingerprint, None
@@ -549,7 +629,12 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         turn, fingerprint, replayed = await self._replay(name, arguments, call_id)
         if replayed is not None:
             return replayed
-        result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
+        calling = _calling(turn, name, call_id, fingerprint)
+        try:
+            result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
+        finally:
+            if calling is not None:
+                _context._tool_call.reset(calling)
         if turn is not None and call_id is not None:
             text = codec.dumps(result.model_dump(mode="json"), where="tool result")
             await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))
@@ -618,7 +703,16 @@ class RecordedStreamWorkbench(RecordedWorkbench, StaticStreamWorkbench):  # type
         if replayed is not None:
             yield replayed
             return
-        async for item in self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id):
+        stream = self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id)
+        while True:
+            calling = _calling(turn, name, call_id, fingerprint)  # set only while the tool runs
+            try:
+                item = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+            finally:
+                if calling is not None:
+                    _context._tool_call.reset(calling)
             if isinstance(item, ToolResult) and turn is not None and call_id is not None:
                 text = codec.dumps(item.model_dump(mode="json"), where="tool result")
                 await turn.kept(turn.write("tool", name, call_id, fingerprint, result=text, usage=None))

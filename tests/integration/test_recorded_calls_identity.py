@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from autogen_agentchat.agents import AssistantAgent
 from autogen_core import CancellationToken, FunctionCall
 from autogen_core.models import CreateResult, FunctionExecutionResultMessage, LLMMessage, RequestUsage
-from autogen_core.tools import FunctionTool
+from autogen_core.tools import FunctionTool, StaticWorkbench
 
 from agents import close_stores
 from graphflow_durable import StoreCorruptError, ToolCallContext, current_execution, current_tool_call
@@ -256,8 +256,9 @@ async def test_a_call_record_changed_outside_the_store_stops_the_resume(store_ur
 # -- a tool reads its own call --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream-workbench", "workbench"])
 async def test_a_tool_reads_its_run_node_attempt_and_call_id_and_a_key_stable_across_attempts(
-    store_url: str,
+    store_url: str, streaming: bool
 ) -> None:
     seen: list[tuple[int, ToolCallContext | None]] = []
 
@@ -274,9 +275,9 @@ async def test_a_tool_reads_its_run_node_attempt_and_call_id_and_a_key_stable_ac
     ]
 
     def make(calls: list[int]) -> AssistantAgent:
-        return AssistantAgent(
-            "A", model_client=Batches(calls, script), tools=[FunctionTool(pay, "Pay.")], max_tool_iterations=5
-        )
+        tools = [FunctionTool(pay, "Pay.")]
+        bench = {"tools": tools} if streaming else {"workbench": StaticWorkbench(tools)}
+        return AssistantAgent("A", model_client=Batches(calls, script), max_tool_iterations=5, **bench)  # type: ignore[arg-type]
 
     first_team = team_of(make([]), store_url)
     await crashed(first_team, "model", "1")  # ann and bob paid, then the turn died

@@ -561,7 +561,9 @@ def _tool_result(record: CallRecord) -> ToolResult:
     return ToolResult.model_validate(codec.loads(record.result or "{}"))
 
 
-def _calling(turn: _TurnCalls | None, name: str, call_id: str | None, fingerprint: str) -> Any:
+def _calling(
+    turn: _TurnCalls | None, name: str, call_id: str | None, fingerprint: str
+) -> Token[ToolCallContext | None] | None:
     """Make the tool call about to run :func:`~graphflow_durable.context.current_tool_call` (a
     token for ``_context._tool_call.reset``), or ``None`` when it is not recorded."""
     if turn is None or call_id is None:

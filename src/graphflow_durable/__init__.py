@@ -12,7 +12,7 @@ from graphflow_durable._storage.admin import use_answer_rule as _use_answer_rule
 from graphflow_durable._storage.document import ContentChecks as _ContentChecks
 from graphflow_durable._storage.document import use_content_checks as _use_content_checks
 from graphflow_durable._version import __version__
-from graphflow_durable.context import ExecutionContext, current_execution
+from graphflow_durable.context import ExecutionContext, ToolCallContext, current_execution, current_tool_call
 from graphflow_durable.errors import (
     ConflictError,
     GraphflowDurableError,
@@ -98,6 +98,7 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "TimeoutPolicy",
+    "ToolCallContext",
     "UnrepairableStateError",
     "UsageError",
     "ValidationReport",
@@ -105,6 +106,7 @@ __all__ = [
     "__version__",
     "attach_stream",
     "current_execution",
+    "current_tool_call",
     "default_store_url",
     "recorded",
     "repair_state",

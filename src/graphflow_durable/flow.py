@@ -469,8 +469,7 @@ class DurableGraphFlow(GraphFlow):
         self._session.releases_backoffs = True
 
     def _drive_alone(self) -> None:
-        """Claimed by a pool worker that drives nothing else meanwhile (the run's driver asked for
-        it: see docs/retries.md, "Crash loops in a pool"): its turns' next crash is their own."""
+        """Driven by a pool worker that drives nothing else (docs/retries.md, "Crash loops in a pool")."""
         self._session.driven_alone = True
 
     # -- the stored run, outside a run: each method is one call into the store ----------------

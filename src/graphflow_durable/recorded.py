@@ -10,17 +10,23 @@ client and workbench itself. Outside a durable turn a wrapper calls straight thr
 
 - A call's identity within its turn (``ExecutionContext.idempotency_key``): ``("model", ordinal)``,
   the ordinal counted from 0 on each attempt; ``("tool", call_id)`` (stable once the model result
-  that named it is replayed). A tool called without a ``call_id`` is never recorded.
+  that named it is replayed), and, among the attempt's calls with the same call id, name and
+  arguments (one id given to several calls), the position in the order they are made. A tool
+  called without a ``call_id`` is never recorded.
 - A request's fingerprint: the digest of the canonical JSON of the messages, tool schemas, tool
   choice, output schema, extra create args and model name (a model call); of the tool's name and
-  arguments (a tool call). A recorded call of equal identity and fingerprint is replayed: a
-  ``CreateResult`` with ``cached=True`` and its recorded usage, a stream's recorded chunks with the
-  same boundaries and then its result, a tool's ``ToolResult`` (errors included); a ``replayed``
-  row is written for it.
-- A different fingerprint is a divergence: that record and every later one of the turn are
-  discarded (kept for audit), the call goes live, one INFO line says "diverged", and nothing more
-  is replayed in that attempt. A call that raises is not recorded (the next attempt makes it
-  again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded live).
+  arguments, and that position from the second call on (a tool call). A recorded call of equal
+  identity and fingerprint is replayed: a ``CreateResult`` with ``cached=True`` and its recorded
+  usage, a stream's recorded chunks with the same boundaries and then its result, a tool's
+  ``ToolResult`` (errors included); a ``replayed`` row is written for it.
+- A model call with a different fingerprint is a divergence: that model record and every later one
+  of the turn are discarded (kept for audit), the call goes live, one INFO line says "diverged",
+  and no model call is replayed any more in that attempt. Tool records are not discarded: a tool
+  call whose id, name and arguments match a record is replayed even after a divergence. A tool
+  call that goes live while a record says it acted already under its id (discarded, or with other
+  arguments) logs a WARNING naming the tool. A call that raises is not recorded (the next attempt
+  makes it again). ``recorded(workbench, rerun={"get_time"})``: those tools always run (recorded
+  live).
 - A driver that lost its lease records nothing: the write raises ``LeaseLostError`` and the run
   ends with it; a database fault ends the run interrupted (a call made: its record written first
   when the turn runs again in this process). Not replayed: what a tool does that is not itself a recorded call, calls made
@@ -31,14 +37,11 @@ The container of a durable team sets the link (:func:`recording`) while a node's
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping, Sequence
-from contextvars import ContextVar, Token
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
+from contextvars import Token
 from typing import Any, Literal, Protocol, TypeVar, overload
 
-import pydantic_core
 from autogen_core import CancellationToken, Component, ComponentModel
 from autogen_core.models import (
     ChatCompletionClient,
@@ -59,20 +62,24 @@ from autogen_core.tools import (
 from pydantic import BaseModel
 from typing_extensions import Self
 
+from graphflow_durable import context as _context
 from graphflow_durable._model import codec
 from graphflow_durable._toolerrors import Noting, watch
-from graphflow_durable.context import ExecutionContext, current_execution
+from graphflow_durable._turncalls import (
+    CallLink,
+    TurnCalls,
+    current_turn,
+    digest,
+    raise_kept,
+    start_recording,
+    stop_recording,
+)
+from graphflow_durable.context import ToolCallContext
 from graphflow_durable.errors import (
-    ConflictError,
-    GraphflowDurableError,
-    LeaseLostError,
     NotSerializableError,
-    SchemaVersionError,
-    StoreCorruptError,
-    StoreError,
     UsageError,
 )
-from graphflow_durable.store import CallRecord, Store
+from graphflow_durable.store import CallRecord
 
 __all__ = [
     "CallLink",
@@ -108,226 +115,8 @@ def _streaming(workbench: Workbench) -> _Streaming | None:
     return workbench if callable(stream) else None  # type: ignore[return-value]
 
 
-class CallLink(Protocol):
-    """What a wrapper needs of the durable run whose turn is running (the run session gives it)."""
-
-    run_id: str
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def fencing_token(self) -> int: ...
-
-    #: Live records a database fault kept out of the store (this process only): written before the
-    #: next attempt of their turn reads its records, so that a call made is not paid for twice.
-    unwritten: list[CallRecord]
-
-    def fail(self, exc: BaseException) -> None: ...
-
-    def replayed(self, tokens: int) -> None:
-        """A recorded call was replayed instead of made (``tokens``: its model tokens; telemetry)."""
-
-
-def _database_fault(exc: BaseException) -> bool:
-    """Whether ``exc`` is the database failing (an outage, a lock, a full disk), not the data."""
-    return isinstance(exc, StoreError) and not isinstance(
-        exc, (ConflictError, StoreCorruptError, SchemaVersionError, UsageError)
-    )
-
-
-class _TurnCalls:
-    """One attempt of one turn's recorded calls, shared by every wrapper the turn calls through:
-    the records it may replay (read once), its model-call ordinal, whether it diverged."""
-
-    def __init__(self, link: CallLink, ctx: ExecutionContext, fails_turn: _Fails) -> None:
-        self.link, self.ctx = link, ctx
-        self.fails_turn = fails_turn  # a tool exception the node's retry policy retries
-        self.key = ctx.idempotency_key
-        self._records: dict[tuple[str, str], CallRecord] | None = None
-        self._loading = asyncio.Lock()
-        self._ordinal = 0
-        self.diverged = False
-        # What ends the attempt at its next call, kept by a tool call (see kept()): its record's
-        # failure, or the tool's own exception that the node's retry policy retries.
-        self.failure: Exception | None = None
-
-    def check(self) -> None:
-        """Raise the failure a tool call of this attempt kept: the turn ends at its next call."""
-        if self.failure is not None:
-            raise self.failure
-
-    def keep(self, exc: Exception) -> None:  # the first one kept wins
-        self.failure = self.failure or exc
-
-    async def kept(self, step: Awaitable[_T]) -> _T | None:
-        """A tool call's record read or write: its error is kept, not raised (``None`` returned).
-        AssistantAgent waits forever for tool calls of which one raised (their end is never put on
-        its event queue), so a tool call ends with an error result instead, and the turn's next call
-        through a wrapper (its next model call), or the end of the attempt, raises the kept error."""
-        try:
-            return await step
-        except GraphflowDurableError as exc:  # the store's (a lost lease, an outage...), an encoding's
-            self.keep(exc)
-            return None
-
-    def next_ordinal(self) -> int:
-        """The next model call's ordinal in this attempt (0, 1, 2...), taken before it awaits."""
-        ordinal, self._ordinal = self._ordinal, self._ordinal + 1
-        return ordinal
-
-    async def _fenced(self, write: Callable[..., _T], *args: Any) -> _T:
-        """``write(*args)`` in a thread, fenced as the driver's commits are: a driver that lost its
-        lease writes nothing, and its run ends with the LeaseLostError (GraphFlow would pass an
-        agent's error on only as text). Only the run the driver drives is fenced."""
-        token = self.link.fencing_token if self.ctx.run_id == self.link.run_id else None
-        try:
-            return await asyncio.to_thread(write, *args, fencing_token=token)
-        except StoreError as exc:
-            # A lost lease, or the database failing (the run ends interrupted, not failed, as on a
-            # commit's fault): the run ends with it, whatever the agent makes of the error.
-            if isinstance(exc, LeaseLostError) or _database_fault(exc):
-                self.link.fail(exc)
-            raise
-
-    async def _write_unwritten(self) -> None:
-        """Write this turn's records a database fault kept out of the store (oldest first)."""
-        unwritten = self.link.unwritten
-        for record in [r for r in unwritten if (r.run_id, r.turn_key) == (self.ctx.run_id, self.key)]:
-            await self._fenced(self.link.store.calls.record, record)
-            unwritten.remove(record)
-
-    async def replayable(self, kind: str, ident: str, fingerprint: str) -> CallRecord | None:
-        """The live record this call replays, or ``None`` (it goes live). A record of the same
-        identity and another fingerprint is a divergence: it and every later record of the turn
-        are discarded, and nothing more is replayed in this attempt."""
-        async with self._loading:
-            if self._records is None:
-                if self.link.unwritten:
-                    await self._write_unwritten()
-                found = await asyncio.to_thread(self.link.store.calls.for_turn, self.ctx.run_id, self.key)
-                self._records = {(r.kind, r.ident): r for r in found}  # seq order: the latest wins
-            if self.diverged:
-                return None
-            record = self._records.get((kind, ident))
-            if record is None:
-                return None
-            if record.fingerprint == fingerprint:
-                return record
-            self.diverged = True
-            self._records = {}
-            calls = self.link.store.calls
-            discarded = await self._fenced(calls.discard_from, self.ctx.run_id, self.key, record.seq)
-        ctx = self.ctx
-        logger.info(
-            "run %s: %s's turn (step %d, attempt %d) diverged at %s call %s: the request differs from the "
-            "recorded one; %d recorded call(s) discarded, this and later calls go live",
-            ctx.run_id,
-            ctx.node,
-            ctx.step,
-            ctx.attempt,
-            kind,
-            ident,
-            discarded,
-        )
-        return None
-
-    async def write(
-        self,
-        kind: str,
-        name: str,
-        ident: str,
-        fingerprint: str,
-        *,
-        result: str | None,
-        usage: RequestUsage | None,
-    ) -> None:
-        """Commit one record (``result`` ``None``: a replay) before the call's result goes on."""
-        ctx = self.ctx
-        outcome = "live" if result is not None else "replayed"
-        prompt, completion = (None, None) if usage is None else (usage.prompt_tokens, usage.completion_tokens)
-        identity = (ctx.run_id, self.key, ctx.node, ctx.step, ctx.attempt, kind, name, ident)
-        record = CallRecord(*identity, fingerprint, outcome, result, prompt, completion, time.time())
-        try:
-            await self._fenced(self.link.store.calls.record, record)
-        except StoreError as exc:
-            if result is not None and _database_fault(exc):
-                self.link.unwritten.append(record)  # the call was made: the next attempt replays it
-            raise
-        if result is None:
-            self.link.replayed((prompt or 0) + (completion or 0))
-
-
-class _Scope:
-    """The link a container set while a node's agent runs, and that attempt's calls (made on the
-    first recorded call, for the execution context current then)."""
-
-    def __init__(self, link: CallLink, fails_turn: _Fails) -> None:
-        self.link, self.fails_turn = link, fails_turn
-        self._turn: _TurnCalls | None = None
-
-    def turn(self, ctx: ExecutionContext) -> _TurnCalls:
-        turn = self._turn
-        if turn is None or turn.ctx != ctx:
-            turn = self._turn = _TurnCalls(self.link, ctx, self.fails_turn)
-        return turn
-
-
-_scope: ContextVar[_Scope | None] = ContextVar("graphflow_durable_recorded_calls", default=None)
-
-
-def start_recording(link: CallLink, fails_turn: _Fails = None) -> Token[_Scope | None]:
-    """From here until :func:`stop_recording` (the container's ``running(node)``, while a node's
-    agent runs): the wrappers it calls through record in ``link``'s store. Each start is one
-    attempt (its ordinals start at 0). Two functions, not a context manager, so that the
-    container's own context manager sets it without a second generator per turn.
-    ``fails_turn``: a tool's exceptions that fail the attempt (its retry policy retries them; see
-    ``_ToolCall``)."""
-    return _scope.set(_Scope(link, fails_turn))
-
-
-def stop_recording(token: Token[_Scope | None]) -> None:
-    """End what :func:`start_recording` began (``token`` is what it returned)."""
-    _scope.reset(token)
-
-
-def raise_kept() -> None:
-    """At the end of an attempt that made no further call: raise what a tool call of it kept (a
-    record that could not be written, a tool exception its retry policy retries), if anything."""
-    scope = _scope.get()
-    if scope is not None and scope._turn is not None:
-        scope._turn.check()
-
-
-def _current_turn() -> _TurnCalls | None:
-    """The calls of the durable turn running in this task, or ``None`` (calls pass straight through)."""
-    scope, ctx = _scope.get(), current_execution()
-    if scope is None or ctx is None:
-        return None
-    return scope.turn(ctx)
-
-
-# -- fingerprints and encodings -----------------------------------------------------------------
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as plain JSON types (pydantic models and dataclasses dumped); what JSON cannot hold
-    is its type's name, so such a request never matches by accident of its ``repr``."""
-    return pydantic_core.to_jsonable_python(value, fallback=lambda v: f"<{type(v).__qualname__}>")
-
-
-def _digest(value: Any) -> str:
-    return codec.digest(codec.dumps(_plain(value), where="request"))
-
-
 def _tool_schema(tool: Tool | ToolSchema) -> Any:
     return tool if isinstance(tool, Mapping) else tool.schema
-
-
-def _tool_fingerprint(name: str, arguments: Mapping[str, Any] | None) -> str:
-    """Its arguments as the model gave them (``5`` too); NotSerializableError: a lone surrogate."""
-    given = dict(arguments or {}) if arguments is None or isinstance(arguments, Mapping) else arguments
-    return _digest({"name": name, "arguments": given})
 
 
 def _model_name(client: ChatCompletionClient) -> str:
@@ -368,7 +157,7 @@ class _ModelCall:
     replays, if any."""
 
     def __init__(
-        self, arguments: dict[str, Any], turn: _TurnCalls | None, name: str, ident: str, fingerprint: str
+        self, arguments: dict[str, Any], turn: TurnCalls | None, name: str, ident: str, fingerprint: str
     ) -> None:
         self.arguments = arguments
         self.turn, self.name, self.ident, self.fingerprint = turn, name, ident, fingerprint
@@ -425,7 +214,7 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
             "extra_create_args": extra_create_args,
             "cancellation_token": cancellation_token,
         }
-        turn = _current_turn()
+        turn = current_turn()
         if turn is None:
             return _ModelCall(arguments, None, "", "", "")
         turn.check()
@@ -443,7 +232,7 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
             "json_output": output,
             "extra_create_args": dict(extra_create_args),
         }
-        fingerprint = _digest(request)
+        fingerprint = digest(request)
         call = _ModelCall(arguments, turn, name, ident, fingerprint)
         record = await turn.replayable("model", ident, fingerprint)
         if record is not None:
@@ -550,6 +339,17 @@ def _tool_result(record: CallRecord) -> ToolResult:
     return ToolResult.model_validate(codec.loads(record.result or "{}"))
 
 
+def _calling(
+    turn: TurnCalls | None, name: str, call_id: str | None, fingerprint: str
+) -> Token[ToolCallContext | None] | None:
+    """Make the tool call about to run :func:`~graphflow_durable.context.current_tool_call` (a
+    token for ``_context._tool_call.reset``), or ``None`` when it is not recorded."""
+    if turn is None or call_id is None:
+        return None
+    key = f"{turn.key}/{call_id}/{fingerprint}"
+    return _context._tool_call.set(ToolCallContext(turn.ctx, name, call_id, key))
+
+
 def _not_run(name: str, failure: Exception) -> ToolResult:
     text = f"not run: this attempt of the turn failed ({type(failure).__name__})"
     return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=True)
@@ -558,7 +358,7 @@ def _not_run(name: str, failure: Exception) -> ToolResult:
 class _ToolCall(Noting):
     """One live tool call of a recorded workbench, its tool's exceptions noted under a retry policy."""
 
-    def __init__(self, turn: _TurnCalls | None, name: str, call_id: str | None, fingerprint: str) -> None:
+    def __init__(self, turn: TurnCalls | None, name: str, call_id: str | None, fingerprint: str) -> None:
         super().__init__(turn is None or turn.fails_turn is None)
         self.turn, self.name, self.call_id, self.fingerprint = turn, name, call_id, fingerprint
 
@@ -575,7 +375,7 @@ class _ToolCall(Noting):
             return
         await turn.kept(self._record(turn, call_id, result))
 
-    async def _record(self, turn: _TurnCalls, call_id: str, result: ToolResult) -> None:
+    async def _record(self, turn: TurnCalls, call_id: str, result: ToolResult) -> None:
         text = codec.dumps(result.model_dump(mode="json"), where="tool result")  # NotSerializableError
         await turn.write("tool", self.name, call_id, self.fingerprint, result=text, usage=None)
 
@@ -606,14 +406,14 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
 
     async def _replay(
         self, name: str, arguments: Mapping[str, Any] | None, call_id: str | None
-    ) -> tuple[_TurnCalls | None, str, ToolResult | None]:
+    ) -> tuple[TurnCalls | None, str, ToolResult | None]:
         """The turn that records this call (``None``: it is not recorded), its fingerprint, and the
         recorded result it replays (its ``replayed`` row written), if any."""
-        turn = _current_turn()
+        turn = current_turn()
         if turn is None or call_id is None:
             return None, "", None
         try:
-            fingerprint = _tool_fingerprint(name, arguments)
+            fingerprint = turn.tool_fingerprint(call_id, name, arguments)
         except NotSerializableError as exc:  # as a call without a call_id: made, never recorded
             ctx = turn.ctx
             logger.warning(
@@ -621,10 +421,12 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
             )
             return None, "", None
         if turn.failure is None and name not in self._rerun:
-            record = await turn.kept(turn.replayable("tool", call_id, fingerprint))
+            record = await turn.kept(turn.replayable_tool(call_id, fingerprint))
             if record is not None:
                 await turn.kept(turn.write("tool", name, call_id, fingerprint, result=None, usage=None))
                 return turn, fingerprint, _tool_result(record)
+            if turn.failure is None:
+                turn.acting_again(name, call_id, fingerprint)
         if turn.failure is not None:  # not run: the turn ends at its next call
             return turn, fingerprint, _not_run(name, turn.failure)
         return turn, fingerprint, None
@@ -640,8 +442,13 @@ class RecordedWorkbench(Workbench, Component[RecordedWorkbenchConfig]):
         turn, fingerprint, replayed = await self._replay(name, arguments, call_id)
         if replayed is not None:
             return replayed
-        with _ToolCall(turn, name, call_id, fingerprint) as call:
-            result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
+        calling = _calling(turn, name, call_id, fingerprint)
+        try:
+            with _ToolCall(turn, name, call_id, fingerprint) as call:
+                result = await self._inner.call_tool(name, arguments, cancellation_token, call_id)
+        finally:
+            if calling is not None:
+                _context._tool_call.reset(calling)
         await call.done(result)
         return result
 
@@ -712,11 +519,15 @@ class RecordedStreamWorkbench(RecordedWorkbench, StaticStreamWorkbench):  # type
         stream = self._stream_inner.call_tool_stream(name, arguments, cancellation_token, call_id)
         try:
             while True:
-                with call:  # the tool's exceptions are noted while the workbench runs it, not after
-                    try:
+                calling = _calling(turn, name, call_id, fingerprint)  # set only while the tool runs
+                try:
+                    with call:  # the tool's exceptions are noted while the workbench runs it, not after
                         item = await anext(stream)
-                    except StopAsyncIteration:
-                        return
+                except StopAsyncIteration:
+                    return
+                finally:
+                    if calling is not None:
+                        _context._tool_call.reset(calling)
                 if isinstance(item, ToolResult):
                     await call.done(item)
                 yield item

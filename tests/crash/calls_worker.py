@@ -13,7 +13,9 @@ Usage: ``python tests/crash/calls_worker.py STORE_URL RUN_ID [options]``
   then waits S seconds before its side effect (a test freezes the process meanwhile);
 - ``--fail-model N``: this process's N-th live model call raises ``ConnectionError`` (retryable);
   ``--retry K``: ``retry=RetryPolicy(max_attempts=K)`` on every node;
-- ``--unrecorded``: without ``record_calls=True`` (what the tests prove fails without it).
+- ``--unrecorded``: without ``record_calls=True`` (what the tests prove fails without it);
+- ``--shared-id``: the clerk asks for two refunds in one answer, both calls with the id ``""`` (as
+  some OpenAI-compatible servers send), then says so (model calls at positions 0 and 2).
 
 The graph: ``clerk`` (looks the order up, refunds it, says so: model calls at positions 0, 1, 2,
 tools ``lookup_order`` and ``issue_refund``) -> ``auditor`` (one model call). Every live model call
@@ -36,7 +38,8 @@ from typing import Any
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.messages import ModelClientStreamingChunkEvent
 from autogen_agentchat.teams import DiGraphBuilder
-from autogen_core.models import CreateResult, LLMMessage
+from autogen_core import FunctionCall
+from autogen_core.models import CreateResult, LLMMessage, RequestUsage
 
 from graphflow_durable import DurableGraphFlow, RetryPolicy
 
@@ -64,6 +67,24 @@ class Counted(ScriptedModel):
         return super()._live(messages)
 
 
+class SharedIds(Counted):
+    """The clerk of ``--shared-id``: two refunds in one answer, each call with the id ``""``."""
+
+    def answer(self, messages: Sequence[LLMMessage]) -> CreateResult:
+        results = self.tool_results(messages)
+        prompt = sum(len(str(m.content)) for m in messages) // 4 + 1
+        if results:
+            text = f"Refunds done ({'; '.join(results)})"
+            usage = RequestUsage(prompt_tokens=prompt, completion_tokens=len(text) // 4 + 1)
+            return CreateResult(finish_reason="stop", content=text, usage=usage, cached=False)
+        calls = [
+            FunctionCall(id="", name="issue_refund", arguments=json.dumps({"order_id": o, "amount": a}))
+            for o, a in (("A17", 40.0), ("B42", 15.0))
+        ]
+        usage = RequestUsage(prompt_tokens=prompt, completion_tokens=20)
+        return CreateResult(finish_reason="function_calls", content=list(calls), usage=usage, cached=False)
+
+
 def build(url: str, run_id: str, args: argparse.Namespace) -> DurableGraphFlow:
     log = os.environ.get("GFD_EXEC_LOG")
     hold_name, _, hold_seconds = (args.hold_tool or "").partition(":")
@@ -80,7 +101,7 @@ def build(url: str, run_id: str, args: argparse.Namespace) -> DurableGraphFlow:
 
     clerk = AssistantAgent(
         "clerk",
-        model_client=Counted("clerk", CLERK_SCRIPT, log=log),
+        model_client=(SharedIds if args.shared_id else Counted)("clerk", CLERK_SCRIPT, log=log),
         tools=ledger_tools(log, before=before, during=during),
         max_tool_iterations=3,
         model_client_stream=args.stream,
@@ -125,6 +146,7 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--fail-model", type=int)
     parser.add_argument("--retry", type=int)
     parser.add_argument("--unrecorded", action="store_true")
+    parser.add_argument("--shared-id", action="store_true")
     args = parser.parse_args(argv)
     if args.kill and args.kill.startswith("model:"):
         Counted.kill_at = int(args.kill.partition(":")[2])

@@ -175,6 +175,40 @@ def test_a_driver_frozen_past_its_lease_writes_no_call_record_when_it_wakes(
     assert executions(log)["issue_refund"] == 2  # the call in flight, and the successor's
 
 
+@pytest.mark.crash
+def test_two_calls_sharing_the_empty_id_each_act_once_across_a_sigkill_mid_turn(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The clerk asks for two refunds in one answer, both calls with the id ``""``; the process is
+    SIGKILLed before the clerk's next model call (both refunds made and recorded); a new process
+    resumes the turn: each refund is replayed from its own record, none acts again."""
+    ref_log = tmp_path / "ref.log"
+    ref = output(run(f"sqlite:///{tmp_path / 'ref.db'}", ref_log, "--shared-id"))
+    refunds = sorted(
+        line.split(maxsplit=1)[1] for line in ref_log.read_text().splitlines() if "issue_refund" in line
+    )
+    assert refunds == ["issue_refund A17 40.0", "issue_refund B42 15.0"]
+
+    log = tmp_path / "exec.log"
+    killed = run(store_url, log, "--shared-id", "--kill", "model:2")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    out = output(run(store_url, log, "--shared-id"))
+    assert out["transcript"] == ref["transcript"], "each call got back its own result"
+    assert out["states"] == ref["states"]
+    done = sorted(
+        line.split(maxsplit=1)[1] for line in log.read_text().splitlines() if "issue_refund" in line
+    )
+    assert done == refunds, "each distinct refund acted exactly once"
+    assert executions(log) == executions(ref_log)
+    second = [(r.kind, r.ident, r.outcome) for r in clerk_records(store_url) if r.attempt == 2]
+    assert second == [
+        ("model", "0", "replayed"),
+        ("tool", "", "replayed"),
+        ("tool", "", "replayed"),
+        ("model", "1", "live"),
+    ]
+
+
 def test_a_retried_attempt_replays_the_calls_before_the_failed_one_and_makes_only_that_one_again(
     store_url: str, tmp_path: Path, reference: dict[bool, dict[str, Any]]
 ) -> None:

@@ -188,8 +188,31 @@ def test_a_record_changed_outside_the_store_is_refused_when_read(store: Store, s
     finally:
         raw.dispose()
     with pytest.raises(
-        StoreCorruptError, match=r"call record 2 \(node 'A', step 1\) in graphflow_call_records"
+        StoreCorruptError, match=r"call record 1 \(node 'A', step 1\) in graphflow_call_records"
     ):
         store.calls.for_turn("run-1", KEY)
     with pytest.raises(StoreCorruptError, match="call record 1"):
         store.calls.list("run-1")
+
+
+@pytest.mark.parametrize("damage", ["discarded = true", "outcome = 'replayed', result = NULL"])
+def test_a_turns_records_are_checked_before_any_is_filtered_out(
+    store: Store, store_url: str, damage: str
+) -> None:
+    """A live record flipped to discarded or replayed outside the store is refused when the turn is
+    read (or discarded from), not skipped as if it had never been made."""
+    token = start(store)
+    store.calls.record(call("0"), fencing_token=token)
+    store.calls.record(call("call-0", kind="tool"), fencing_token=token)
+    raw = sa.create_engine(store_url)
+    try:
+        with raw.begin() as conn:
+            conn.execute(sa.text(f"UPDATE graphflow_call_records SET {damage} WHERE seq = 2"))
+    finally:
+        raw.dispose()
+    with pytest.raises(StoreCorruptError, match="call record 2"):
+        store.calls.for_turn("run-1", KEY)
+    with pytest.raises(StoreCorruptError, match="call record 2"):
+        store.calls.turn("run-1", KEY)
+    with pytest.raises(StoreCorruptError, match="call record 2"):
+        store.calls.discard_from("run-1", KEY, 1, fencing_token=token)

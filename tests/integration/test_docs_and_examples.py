@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,58 @@ def test_readme_and_docs_python_examples_run_and_resume_from_the_same_store(tmp_
                     check=False,
                 )
                 assert done.returncode == 0, f"{document} block {index}, run {attempt}:\n{done.stderr}"
+
+
+#: Runs a script (argv[1]) that is SIGKILLed just after its first live tool call is recorded.
+_KILLED_AFTER_A_TOOL_RECORD = """
+import os, runpy, signal, sys
+import importlib
+turncalls = importlib.import_module("graphflow_durable._turncalls")
+
+write = turncalls.TurnCalls.write
+
+async def write_then_die(self, kind, *args, result, usage):
+    await write(self, kind, *args, result=result, usage=usage)
+    if kind == "tool" and result is not None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+turncalls.TurnCalls.write = write_then_die
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+def test_the_recorded_calls_page_example_resumed_in_a_new_process_gives_the_uninterrupted_transcript(
+    tmp_path: Path,
+) -> None:
+    """The page's first example, killed after its refund is recorded and run again in a new
+    process, ends with the transcript of an uninterrupted run (its model answers by the request)."""
+    script = tmp_path / "example.py"
+    script.write_text(python_blocks(ROOT / "docs" / "recorded-calls.md")[0])
+    killer = tmp_path / "killed.py"
+    killer.write_text(_KILLED_AFTER_A_TOOL_RECORD)
+
+    def run(*argv: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+        cwd.mkdir(exist_ok=True)
+        return subprocess.run(
+            [sys.executable, *map(str, argv)],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def transcript(cwd: Path) -> list[tuple[str, Any]]:
+        with graphflow_durable.Store(f"sqlite:///{cwd / 'calls.db'}") as store:
+            return [(m.body["source"], m.body["content"]) for m in store.load("refund-a17").messages]
+
+    assert run(script, cwd=tmp_path / "ref").returncode == 0
+    killed = run(killer, script, cwd=tmp_path / "crash")
+    assert killed.returncode == -9, killed.stderr
+    resumed = run(script, cwd=tmp_path / "crash")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.split() == ["3", "2", "25"], "the model call and the refund were replayed"
+    assert transcript(tmp_path / "crash") == transcript(tmp_path / "ref")
 
 
 def test_crash_demo_resumes_at_summarize_in_a_fresh_process_without_rerunning_completed_nodes(

@@ -26,6 +26,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Agent states written as splices of their JSON text, with whole snapshots often enough t...",
     ),
     "_agentstate/jsondelta.py": (100, "Deltas between JSON values, for agent states that grow every turn."),
+    "_turncalls.py": (  # new: one attempt's records and identities, out of recorded.py (the wrappers)
+        360,
+        "One attempt of a durable turn's recorded calls: records read and checked, identities, failures.",
+    ),
     "_toolerrors.py": (  # new: kept out of recorded.py, which holds the replay
         80,
         "The exceptions a workbench's tools raise, seen before the workbench makes error results of them.",
@@ -223,8 +227,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         525,
         "``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker...",
     ),
-    "cli/timeline.py": (  # 250 -> 300: runs follow
-        300,
+    "cli/timeline.py": (  # 250 -> 300: runs follow; -> 340: it says once when the driver is gone
+        340,
         "``graphflow-durable runs history | transcript | follow | export | import | fork``, for ...",
     ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),

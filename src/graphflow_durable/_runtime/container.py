@@ -48,9 +48,9 @@ from pydantic import BaseModel
 from graphflow_durable import context as _context
 from graphflow_durable._runtime.gate import GroupChatInputPending, InputPending
 from graphflow_durable._runtime.telemetry import agent_span, record_output
+from graphflow_durable._turncalls import CallLink, raise_kept, start_recording, stop_recording
 from graphflow_durable.context import ExecutionContext
 from graphflow_durable.errors import NodeTimeoutError
-from graphflow_durable.recorded import CallLink, raise_kept, start_recording, stop_recording
 from graphflow_durable.retry import RetryPolicy, TimeoutPolicy, is_retryable, within_limits
 from graphflow_durable.store import Store
 

@@ -33,9 +33,9 @@ from autogen_core import CancellationToken
 from pydantic import BaseModel
 
 from graphflow_durable._model.human import HumanInput, InputRequest, parked_on, request_id
+from graphflow_durable._turncalls import CallLink
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import InputDeadlineError, NotWaitingError, UsageError
-from graphflow_durable.recorded import CallLink
 from graphflow_durable.store import RunRecord, Store
 
 __all__ = ["GateLink", "GroupChatInputPending", "HumanGate", "InputPending", "answer_text", "on_waiting_run"]

@@ -153,11 +153,9 @@ def _next_seq(conn: Connection, run_id: str) -> int:
     return 1 if top is None else int(top) + 1
 
 
-def _live(run_id: str, turn_key: str) -> sa.ColumnElement[bool]:
-    """The turn's records an attempt may replay: made (``live``) and not discarded."""
-    return sa.and_(
-        _C.run_id == run_id, _C.turn_key == turn_key, _C.outcome == "live", _C.discarded == sa.false()
-    )
+def _replayable(record: CallRecord) -> bool:
+    """Whether an attempt may replay ``record``: made (``live``) and not discarded."""
+    return record.outcome == "live" and not record.discarded
 
 
 def summarise(conn: Connection, run_ids: builtins.list[str] | None) -> CallSummary:
@@ -214,22 +212,39 @@ class CallRecords:
             conn.execute(sa.insert(call_records).values(**call_row(stored)))
         return stored
 
-    def for_turn(self, run_id: str, turn_key: str) -> builtins.list[CallRecord]:
-        """The turn's live, not discarded records, in ``seq`` order (what an attempt may replay)."""
-        query = sa.select(call_records).where(_live(run_id, turn_key)).order_by(_C.seq)
+    def turn(self, run_id: str, turn_key: str) -> builtins.list[CallRecord]:
+        """Every record of the turn (live, replayed, discarded), in ``seq`` order, each row checked
+        against its checksum before anything is filtered (a row whose outcome or discarded flag was
+        changed outside the store is refused, never skipped)."""
+        query = sa.select(call_records).where(_C.run_id == run_id, _C.turn_key == turn_key).order_by(_C.seq)
         with self._guard("reading the call records", run_id), self._e.read.begin() as conn:
             return [checked(row, self._e.url) for row in conn.execute(query).mappings()]
 
-    def discard_from(self, run_id: str, turn_key: str, seq: int, *, fencing_token: int | None) -> int:
-        """Mark every live, not yet discarded record of the turn with ``seq`` >= ``seq`` discarded
-        (a divergence voided them; they are kept for audit); return how many. Fenced as
-        :meth:`record`; each row is checked against its checksum before it is rewritten with a new
-        one (a damaged row is refused, never certified)."""
-        query = sa.select(call_records).where(_live(run_id, turn_key), _C.seq >= seq).order_by(_C.seq)
+    def for_turn(self, run_id: str, turn_key: str) -> builtins.list[CallRecord]:
+        """The turn's live, not discarded records, in ``seq`` order (what an attempt may replay);
+        every row of the turn is checked first, as :meth:`turn` does."""
+        return [r for r in self.turn(run_id, turn_key) if _replayable(r)]
+
+    def discard_from(
+        self, run_id: str, turn_key: str, seq: int, *, fencing_token: int | None, kind: str | None = None
+    ) -> int:
+        """Mark every live, not yet discarded record of the turn with ``seq`` >= ``seq`` (of
+        ``kind`` only, if given) discarded (a divergence voided them; they are kept for audit);
+        return how many. Fenced as :meth:`record`; every row of the turn from ``seq`` on is checked
+        against its checksum before any is filtered or rewritten with a new one (a damaged row is
+        refused, never certified)."""
+        query = (
+            sa.select(call_records)
+            .where(_C.run_id == run_id, _C.turn_key == turn_key, _C.seq >= seq)
+            .order_by(_C.seq)
+        )
         with self._guard("discarding call records", run_id), self._e.write.begin() as conn:
             fenced(conn, run_id, fencing_token, lock=True)
+            rows = [checked(row, self._e.url) for row in conn.execute(query).mappings()]
             voided = [
-                replace(checked(row, self._e.url), discarded=True) for row in conn.execute(query).mappings()
+                replace(r, discarded=True)
+                for r in rows
+                if _replayable(r) and (kind is None or r.kind == kind)
             ]
             if voided:
                 conn.execute(

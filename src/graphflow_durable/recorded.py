@@ -38,9 +38,9 @@ The container of a durable team sets the link (:func:`recording`) while a node's
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from contextvars import Token
-from typing import Any, Literal, Protocol, TypeVar, overload
+from typing import Any, Literal, Protocol, overload
 
 from autogen_core import CancellationToken, Component, ComponentModel
 from autogen_core.models import (
@@ -90,12 +90,9 @@ __all__ = [
     "recorded",
     "start_recording",
     "stop_recording",
-]
+]  # CallLink and the three functions: the container's, from _turncalls, kept here for callers
 
 logger = logging.getLogger("graphflow_durable.flow")
-
-_T = TypeVar("_T")
-_Fails = Callable[[Exception], bool] | None
 
 
 class _Streaming(Protocol):

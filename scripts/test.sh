@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install everything the tests need (a virtualenv with the package and its dev extras, a PostgreSQL
-# server and Valgrind from the system package manager), then run lint, type-check, every test and
-# the counted instruction budget.
+# Install everything the tests need (a virtualenv with the package and its dev extras; a PostgreSQL
+# server, Valgrind, and Chromium with its chromedriver from the system package manager), then run
+# lint, type-check, every test and the counted instruction budget.
 # The PostgreSQL cluster itself is a throwaway one started on 127.0.0.1 by tests/pgcluster.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,14 @@ fi
 # Valgrind counts the instructions of a transition for the budget check below.
 if [ "${GRAPHFLOW_SKIP_BUDGET:-}" != "1" ] && ! command -v valgrind >/dev/null 2>&1; then
   apt_install valgrind
+fi
+
+# The console's tests drive the distribution's headless Chromium through its chromedriver.
+if ! command -v chromium >/dev/null 2>&1; then
+  apt_install chromium
+fi
+if ! command -v chromedriver >/dev/null 2>&1; then
+  apt_install chromium-driver
 fi
 
 PYTHON="${PYTHON:-python3}"

@@ -1,0 +1,1 @@
+"""The run console in the browser: ``graphflow-durable ui`` and :func:`create_app` (extra ``ui``)."""

@@ -26,6 +26,7 @@ from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
 from agents import Scripted, chain, close_stores, durable, failing, hanging, statements
 from graphflow_durable import DurableGraphFlow, RetryPolicy, Store, TimeoutPolicy, Worker
+from graphflow_durable._runtime.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "pool"))
 from poolteam import team as pool_team
@@ -196,6 +197,37 @@ async def test_an_attach_reads_no_trace_context_nor_end_status_when_nothing_woul
         quiet,
     )  # per attach: its trace context, its row at its end, its round
     assert trace_reads == round_reads == 0 and row_reads > 0, quiet
+
+
+async def test_commits_call_no_telemetry_when_nothing_records_and_do_when_a_meter_does(
+    sqlite_url: str, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[int] = []
+    committed = Telemetry.committed
+
+    def counting(self: Telemetry, seq: int, *args: Any) -> None:
+        told.append(seq)
+        committed(self, seq, *args)
+
+    monkeypatch.setattr(Telemetry, "committed", counting)
+
+    async def commits_told(run_id: str, meter_provider: Any) -> int:
+        told.clear()
+        a, b = Scripted("a"), Scripted("b")
+        with Store(sqlite_url) as store:
+            team = durable(
+                [a, b],
+                chain(a, b),
+                store,
+                run_id,
+                tracer_provider=NoOpTracerProvider(),
+                meter_provider=meter_provider,
+            )
+            await team.run(task="go")
+        return len(told)
+
+    assert await commits_told("quiet", NoOpMeterProvider()) == 0
+    assert await commits_told("metered", MeterProvider(metric_readers=[InMemoryMetricReader()])) >= 2
 
 
 async def test_a_failed_run_ends_its_workflow_span_in_error_with_the_errors_type_only(

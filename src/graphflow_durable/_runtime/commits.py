@@ -165,7 +165,8 @@ class Commits:
             if step.kind is StepKind.ATTEMPT_FAILED:
                 self.failure_unrecorded = True
             raise
-        await self._observe(messages, states, time.perf_counter() - started)
+        if self.telemetry.watching:  # else no span records and nothing meters: nothing to tell
+            await self._observe(messages, states, time.perf_counter() - started)
         if self._cancel_seen is not None:
             self._cancel_requested(update)
         if update is not None and update.release_lease:

@@ -18,9 +18,8 @@ ending the run; with no policy, it ends the run as in GraphFlow. A nested team's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar, Token
 from functools import partial
 from typing import Any
 
@@ -57,6 +56,8 @@ from graphflow_durable.store import Store
 __all__ = ["DurableChatAgentContainer", "GroupChatAttemptFailed", "Turns", "answer_delta", "outer_run_store"]
 
 _outer_store: ContextVar[Store | None] = ContextVar("graphflow_durable_outer_store", default=None)
+# What Turns.enter set, for Turns.leave to undo: the execution context, the outer store, the calls.
+_Entered = tuple[Token[ExecutionContext | None], Token[Store | None], Token[Any]]
 
 
 class GroupChatAttemptFailed(BaseModel):
@@ -109,10 +110,11 @@ class Turns:
         log = await asyncio.to_thread(self._link.store.load, run_id)
         return log.agent_states.get(node)
 
-    async def may_start(self, node: str) -> bool:
+    def may_start(self, node: str) -> Awaitable[bool]:
         """Whether ``node``'s dispatched turn may start now: the lease is still held (by the
-        monotonic clock, else by one renewal); when it is not, the run was halted."""
-        return await self._may_start(node)
+        monotonic clock, else by one renewal); when it is not, the run was halted. (The lease's
+        own coroutine, not one wrapping it: one coroutine fewer per turn.)"""
+        return self._may_start(node)
 
     def dispatched(self, context: ExecutionContext) -> None:
         """The manager dispatched ``context.node``'s turn."""
@@ -126,20 +128,25 @@ class Turns:
         """No turn is in flight any more (reset, load_state)."""
         self._contexts.clear()
 
-    @contextmanager
-    def running(self, node: str) -> Iterator[None]:
-        """While ``node``'s agent runs: its execution context, the run's store for nested teams, and
-        the run's link for recorded model and tool calls (each entry is one attempt of the turn)."""
-        context = _context._current.set(self._contexts.get(node))
-        store = _outer_store.set(self._link.store)
+    def enter(self, node: str) -> _Entered:
+        """As ``node``'s agent starts running: its execution context, the run's store for nested
+        teams, and the run's link for recorded model and tool calls (each entry is one attempt of
+        the turn), until :meth:`leave` is given what this returned. Two calls, not a generator
+        context manager: that is three more calls and two objects on every turn."""
         policy = self.retry.get(node)
-        calls = start_recording(self._link, None if policy is None else partial(is_retryable, policy=policy))
-        try:
-            yield
-        finally:
-            stop_recording(calls)
-            _outer_store.reset(store)
-            _context._current.reset(context)
+        return (
+            _context._current.set(self._contexts.get(node)),
+            _outer_store.set(self._link.store),
+            start_recording(self._link, None if policy is None else partial(is_retryable, policy=policy)),
+        )
+
+    @staticmethod
+    def leave(entered: _Entered) -> None:
+        """As the agent's attempt ends (however it ends): undo what :meth:`enter` set."""
+        context, store, calls = entered
+        stop_recording(calls)
+        _outer_store.reset(store)
+        _context._current.reset(context)
 
 
 def outer_run_store() -> Store | None:
@@ -186,9 +193,11 @@ class DurableChatAgentContainer(ChatAgentContainer):
         Unless the lease is no longer surely held when the turn is about to start (the process was
         frozen since the manager's check): then the run is halted and the agent is not called.
         """
-        if not await self._turns.may_start(self._agent.name):
+        turns = self._turns
+        if not await turns.may_start(self._agent.name):
             return  # the node stays in flight: the run's next driver runs this turn
-        with self._turns.running(self._agent.name):
+        entered = turns.enter(self._agent.name)
+        try:
             try:
                 if isinstance(self._agent, Team):
                     await ChatAgentContainer.handle_request(self, message, ctx)
@@ -204,6 +213,8 @@ class DurableChatAgentContainer(ChatAgentContainer):
                     cancellation_token=ctx.cancellation_token,
                 )
                 return
+        finally:
+            turns.leave(entered)
         self._message_buffer[:0] = self._deferred
         self._deferred = []
 
@@ -224,7 +235,7 @@ class DurableChatAgentContainer(ChatAgentContainer):
         started = loop.time()
         try:
             # The span GraphFlow's container opens (AutoGen's attributes), with the turn's ids.
-            with agent_span(self._turns.tracer, name, agent.description, str(self.id), execution):
+            with agent_span(self._turns.tracer, name, agent.description, str(self.id), execution) as span:
                 response: Response | None = None
                 stream: AsyncIterator[BaseAgentEvent | BaseChatMessage | Response] = agent.on_messages_stream(
                     self._message_buffer, token
@@ -246,7 +257,8 @@ class DurableChatAgentContainer(ChatAgentContainer):
                         "The agent did not produce a final response. Check the agent's on_messages_stream method."
                     )
                 raise_kept()  # a tool call's failure that no later call of the turn raised
-                record_output(response.chat_message)  # its text only when the user opted in
+                if span is not None:  # the span records: its text only when the user opted in
+                    record_output(span, response.chat_message)
         except InputPending:
             raise
         except Exception as exc:

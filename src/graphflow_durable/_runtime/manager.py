@@ -623,7 +623,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             )
             return
         delta, published = answer_delta(message)
-        first = self._thread_len()
+        first = len(self._message_thread)
         self._message_thread.extend(delta)
         self._batch_delta.extend(delta)
         records = [
@@ -664,7 +664,7 @@ class DurableGraphFlowManager(GraphFlowManager):
             await self._signal_termination(stop)
             return
         sched, speakers = select(self._spec, sched)
-        at = self._thread_len()
+        at = len(self._message_thread)
         # No .answered(name, sched) first: .dispatched sets every per-turn map of the new batch.
         self._cursor = self._cursor.dispatched(sched, speakers, at, self._link.commits.head + 1)
         self._batch_delta = []

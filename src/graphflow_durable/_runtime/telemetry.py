@@ -163,6 +163,9 @@ class Telemetry:
         self._meter_of: MeterProvider | None = None  # the provider ``_made``'s instruments are on
         self._made: dict[str, Any] = {}
         self._pending: str | None = None  # the trace context to store on the run (JSON), once
+        # Whether the current attach's commits are told (:meth:`committed`): its span records or it
+        # meters. Decided once per attach, so that a commit with neither does not call in here.
+        self.watching = False
 
     @property
     def enabled(self) -> bool:
@@ -253,6 +256,7 @@ class Telemetry:
             self._instruments = self._meter()  # once per attach: the commits' path looks up nothing
             if took_over and self._instruments is not None:
                 self._instruments["takeovers"].add(1)
+        self.watching = self._instruments is not None or self.enabled
 
     def _start(
         self,
@@ -294,15 +298,15 @@ class Telemetry:
             first = saved.get("root") if root is not None else (_carrier(caller) or own)
             self._pending = json.dumps({"root": first, "last": own})
 
-    def agent_tracer(self) -> Tracer | None:
+    def agent_tracer(self) -> Tracer:
         """The tracer of AutoGen's ``invoke_agent`` spans of the team's turns: AutoGen's scope on the
-        team's provider, so that they reach the exporter the workflow span reaches (``None``: the
-        global provider, or tracing off -- AutoGen's own default then)."""
-        if self.tracer_provider is None or tracing_disabled():
-            return None
-        with _AGENT_SPAN:
-            return self.tracer_provider.get_tracer("autogen-core")
-        return None  # getting it raised: AutoGen's default
+        team's provider, so that they reach the exporter the workflow span reaches (the global
+        provider's, or with tracing off, AutoGen's own default). Taken once per attach: the
+        global one is a proxy that follows a provider set later, as AutoGen's per-turn look-up does."""
+        if self.tracer_provider is not None and not tracing_disabled():
+            with _AGENT_SPAN:
+                return self.tracer_provider.get_tracer("autogen-core")
+        return trace.get_tracer("autogen-core")  # also when getting the team's raised
 
     def task(self, messages: Sequence[Any]) -> None:
         """The attach's task messages: ``gen_ai.input.messages`` on its span, only when message
@@ -393,6 +397,7 @@ class Telemetry:
         the attach by status."""
         span, self.span = self.span, None
         instruments, self._instruments = self._instruments, None
+        self.watching = False
         if instruments is not None:
             with _METRICS:
                 instruments["runs"].add(1, {"status": status})
@@ -421,13 +426,14 @@ def _end(span: Span) -> None:
 @contextmanager
 def agent_span(
     tracer: Tracer | None, name: str, description: str, agent_id: str, execution: ExecutionContext | None
-) -> Iterator[None]:
+) -> Iterator[Span | None]:
     """AutoGen's ``invoke_agent {name}`` span around an attempt of a turn (the attributes of
     AutoGen's ``trace_invoke_agent_span``, on ``tracer``, else AutoGen's scope on the global
     provider), given the turn's node, step, attempt and run. An attempt that raises ends it with
     status ERROR and ``error.type`` (the exception's type); its message and traceback (an
     ``exception`` event) only when message content is opted in. A tracing call that raises is
-    logged, never the attempt's outcome."""
+    logged, never the attempt's outcome. Yields the span when it records, else ``None`` (the
+    usual case with no SDK: the turn then tags and records nothing on it)."""
     tracer = tracer or trace.get_tracer("autogen-core")
     span: Span = trace.INVALID_SPAN  # if starting it raises: the turn runs under no span
     with _AGENT_SPAN:
@@ -444,8 +450,11 @@ def agent_span(
         )
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
-        _tag(span, execution)
-        yield
+        if span.is_recording():
+            _tag(span, execution)
+            yield span
+        else:
+            yield None
     except Exception as error:
         with _SPAN_CALL:
             if span.is_recording():
@@ -459,10 +468,8 @@ def agent_span(
 
 
 def _tag(span: Span, execution: ExecutionContext | None) -> None:
-    """Give the ``invoke_agent`` span of a turn the turn's node, step, attempt and run."""
-    # The span first: with no SDK (the usual case) it does not record, and reading it costs less
-    # than reading the environment, which this runs on every turn.
-    if execution is None or not span.is_recording() or tracing_disabled():
+    """Give the recording ``invoke_agent`` span of a turn the turn's node, step, attempt and run."""
+    if execution is None or tracing_disabled():
         return
     with _SPAN_CALL:
         span.set_attributes(
@@ -475,11 +482,10 @@ def _tag(span: Span, execution: ExecutionContext | None) -> None:
         )
 
 
-def record_output(message: Any) -> None:
-    """A turn's answer (an AutoGen chat message): ``gen_ai.output.messages`` on the current span
-    (AutoGen's ``invoke_agent`` span of the turn), only when message content is opted in."""
-    span = trace.get_current_span()  # first: see _tag
-    if span.is_recording() and not tracing_disabled() and _capture_content():
+def record_output(span: Span, message: Any) -> None:
+    """A turn's answer (an AutoGen chat message): ``gen_ai.output.messages`` on the turn's recording
+    ``invoke_agent`` span (what :func:`agent_span` yielded), only when message content is opted in."""
+    if not tracing_disabled() and _capture_content():
         with _SPAN_CALL:
             span.set_attribute("gen_ai.output.messages", _messages("assistant", [message]))
 

@@ -45,9 +45,15 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from sqlalchemy.engine import RowMapping
 
 from graphflow_durable._model.codec import dumps, loads
-from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.claimable import (
+    claimable_runs,
+    claimable_submissions,
+    local_lease_pids,
+    runs_claimable,
+    submissions_claimable,
+)
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.flowcontrol import (
     DEFAULT_QUEUE,
@@ -58,14 +64,12 @@ from graphflow_durable._storage.flowcontrol import (
     check_settings,
     configure,
     lock_queue,
-    queue_of,
     queue_stats,
     read_settings,
     why_not_started,
 )
 from graphflow_durable._storage.lease import NOBODY, check_lease_seconds, holder_gone, pid_alive, take_over
-from graphflow_durable._storage.schema import input_requests, queue, runs
-from graphflow_durable._storage.statements import DB_NOW, LEASE_COLUMNS
+from graphflow_durable._storage.schema import queue, runs
 from graphflow_durable.errors import ConflictError, RunExistsError, StoreError, UsageError
 
 __all__ = [
@@ -162,200 +166,6 @@ def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
         **{name: row[name] for name in _PLAIN_SUBMISSION_FIELDS},
         task=None if task is None else loads(task),
         partition=row["partition_key"],
-    )
-
-
-#: Runs the pool never claims: ended rounds, runs cancelled on request and failed runs (until
-#: retried: ``Store.retry_run`` makes them ``interrupted``).
-_NOT_CLAIMED = (*ENDED_STATUSES, "cancelled", "failed")
-
-
-def local_lease_pids(host: str) -> sa.Select[Any]:
-    """Pids of this host's processes holding unexpired leases or claims (to test for liveness), each
-    with its holder's identity: a run lease's ``lease_process`` (``""`` when unknown), ``NULL`` for
-    a submission claim."""
-    held_runs = sa.select(
-        _R.lease_pid.label("pid"), sa.func.coalesce(_R.lease_process, "").label("process")
-    ).where(
-        _R.lease_host == host,
-        _R.lease_pid.is_not(None),
-        _R.lease_expires_at >= DB_NOW,
-        _R.status.not_in(ENDED_STATUSES),
-    )
-    held_claims = sa.select(_Q.claim_pid.label("pid"), sa.null().label("process")).where(
-        _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= DB_NOW
-    )
-    union = sa.union(held_runs, held_claims).subquery()
-    return sa.select(union.c.pid, union.c.process).distinct()
-
-
-def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
-    return sa.true() if teams is None else _Q.team.in_(list(teams))
-
-
-def _queue_filter(queues: Sequence[str] | None, column: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
-    return sa.true() if queues is None else column.in_(list(queues))
-
-
-def _late(now: float) -> sa.Exists:
-    """The run has a pending request past its deadline."""
-    return sa.exists().where(
-        input_requests.c.run_id == _R.run_id,
-        input_requests.c.status == "pending",
-        input_requests.c.deadline < now,
-    )
-
-
-def _unfinished(now: float) -> sa.ColumnElement[bool]:
-    """A run left to drive: not ended, cancelled or failed, and not waiting for a person unless a
-    request's deadline passed (the driver then takes the configured default, or fails the run). A
-    failed run, whatever the cause (an agent's error, a budget of retries or crashes spent, a deadline
-    with no default), would most likely fail the same way again: it waits for ``runs retry``
-    (``admin.retry`` makes it ``interrupted``), never re-claimed on its own."""
-    return sa.or_(
-        _R.status.not_in((*_NOT_CLAIMED, "waiting")),
-        sa.and_(_R.status == "waiting", _late(now)),
-    )
-
-
-def _due(now: float) -> sa.ColumnElement[bool]:
-    return sa.or_(_Q.not_before.is_(None), _Q.not_before <= now)
-
-
-def _takeable(
-    holder: Sequence[sa.Column[Any]], host: str, dead_pids: Sequence[int]
-) -> sa.ColumnElement[bool]:
-    """A lease or claim (its ``holder`` columns: owner, expiry, host, pid) that is free, expired,
-    or held by a dead process of ``host``."""
-    owner, expires, holder_host, holder_pid = holder
-    return sa.or_(
-        owner.is_(None),
-        expires.is_(None),
-        expires < DB_NOW,
-        sa.and_(holder_host == host, holder_pid.in_(list(dead_pids))),
-    )
-
-
-def _runs_claimable(
-    *,
-    teams: Sequence[str] | None,
-    host: str,
-    dead_pids: Sequence[int],
-    now: float,
-    skip: Sequence[str] = (),
-    alone: bool = True,
-    queues: Sequence[str] | None = None,
-    gate: Gate | None = None,
-) -> tuple[sa.ColumnElement[bool], ...]:
-    holder = (_R.lease_owner, _R.lease_expires_at, _R.lease_host, _R.lease_pid)
-    return (
-        _unfinished(now),
-        _takeable(holder, host, dead_pids),
-        _R.run_id.not_in(list(skip)) if skip else sa.true(),
-        _due(now),
-        _team_filter(teams),
-        sa.true() if alone else sa.func.coalesce(_Q.run_alone, sa.false()) == sa.false(),
-        _queue_filter(queues, queue_of),
-        sa.true() if gate is None else gate.open_items(queue_of),
-    )
-
-
-def claimable_runs(
-    *,
-    teams: Sequence[str] | None,
-    host: str,
-    dead_pids: Sequence[int],
-    now: float,
-    skip: Sequence[str] = (),
-    alone: bool = True,
-    queues: Sequence[str] | None = None,
-    gate: Gate | None = None,
-) -> sa.Select[Any]:
-    """The first by priority, then oldest-updated, unfinished run whose lease may be taken (locked, skipping locked rows), but
-    none of ``skip``.
-
-    A lease is takeable when it is free, expired, or held by a dead process of this host, whoever
-    holds it: the claimant's own lease too (left behind when the database failed under its driver),
-    since the claim draws a new fencing token that fences that driver off. ``skip`` lists the runs
-    the claimant still drives; unless ``alone`` (it drives nothing), runs that must be driven alone
-    are not claimable.
-    """
-    return (
-        sa.select(
-            DB_NOW.label("db_now"),
-            _R.run_id,
-            _R.status,
-            _R.updated_at,
-            *LEASE_COLUMNS,
-            _Q.team,
-            _Q.task,
-            _Q.not_before,
-            sa.func.coalesce(_Q.attempts, 0).label("attempts"),
-            sa.func.coalesce(_Q.run_alone, sa.false()).label("run_alone"),
-            queue_of.label("queue"),
-            sa.func.coalesce(_Q.priority, 0).label("priority"),
-            _Q.partition_key,
-        )
-        .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
-        .where(
-            *_runs_claimable(
-                teams=teams,
-                host=host,
-                dead_pids=dead_pids,
-                now=now,
-                skip=skip,
-                alone=alone,
-                queues=queues,
-                gate=gate,
-            )
-        )
-        .order_by(sa.func.coalesce(_Q.priority, 0), _R.updated_at, _R.run_id)
-        .limit(1)
-        .with_for_update(of=runs, skip_locked=True)
-    )
-
-
-def _submissions_claimable(
-    *,
-    teams: Sequence[str] | None,
-    host: str,
-    dead_pids: Sequence[int],
-    now: float,
-    queues: Sequence[str] | None = None,
-    gate: Gate | None = None,
-) -> tuple[sa.ColumnElement[bool], ...]:
-    holder = (_Q.claimed_by, _Q.claim_expires_at, _Q.claim_host, _Q.claim_pid)
-    no_run = ~sa.exists().where(_R.run_id == _Q.run_id)
-    return (
-        no_run,
-        _takeable(holder, host, dead_pids),
-        _due(now),
-        _team_filter(teams),
-        _queue_filter(queues, _Q.queue),
-        sa.true() if gate is None else gate.open_items(_Q.queue),
-    )
-
-
-def claimable_submissions(
-    *,
-    teams: Sequence[str] | None,
-    host: str,
-    dead_pids: Sequence[int],
-    now: float,
-    queues: Sequence[str] | None = None,
-    gate: Gate | None = None,
-) -> sa.Select[Any]:
-    """The first by priority, then oldest, submission whose run does not exist yet and whose claim
-    is free, expired or dead (walking the ``priority, created_at`` index)."""
-    where = _submissions_claimable(
-        teams=teams, host=host, dead_pids=dead_pids, now=now, queues=queues, gate=gate
-    )
-    return (
-        sa.select(queue, DB_NOW.label("db_now"))
-        .where(*where)
-        .order_by(_Q.priority, _Q.created_at, _Q.run_id)
-        .limit(1)
-        .with_for_update(of=queue, skip_locked=True)
     )
 
 
@@ -758,8 +568,8 @@ class WorkQueue:
         dead process counts once it expires)."""
         now = time.time()
         here = socket.gethostname()
-        run_items = _runs_claimable(teams=teams, host=here, dead_pids=(), now=now)
-        submitted = _submissions_claimable(teams=teams, host=here, dead_pids=(), now=now)
+        run_items = runs_claimable(teams=teams, host=here, dead_pids=(), now=now)
+        submitted = submissions_claimable(teams=teams, host=here, dead_pids=(), now=now)
         count_runs = sa.select(sa.func.count()).select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
         with self._guard("counting the claimable work"), self._e.read.begin() as conn:
             found = conn.execute(count_runs.where(*run_items), {"p_now": now}).scalar_one()

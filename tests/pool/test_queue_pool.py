@@ -151,6 +151,8 @@ def test_a_killed_workers_run_is_taken_by_another_worker_at_once_and_the_cap_sti
 def test_a_stopped_workers_run_counts_until_its_lease_expires_then_its_successor_drives(
     store_url: str, tmp_path: Path
 ) -> None:
+    if store_url.startswith("sqlite"):
+        pytest.skip("a process stopped inside a write transaction holds an SQLite file's one write lock")
     lease = 3.0
     with Store(store_url) as store:
         store.queue.configure("one", concurrency=1)

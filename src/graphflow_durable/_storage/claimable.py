@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage.flowcontrol import Gate, queue_of
 from graphflow_durable._storage.schema import input_requests, queue, runs
-from graphflow_durable._storage.statements import DB_NOW, LEASE_COLUMNS
+from graphflow_durable._storage.statements import DB_NOW, LEASE_COLUMNS, STATEMENT_NOW
 
 __all__ = [
     "claimable_runs",
@@ -44,11 +44,11 @@ def local_lease_pids(host: str) -> sa.Select[Any]:
     ).where(
         _R.lease_host == host,
         _R.lease_pid.is_not(None),
-        _R.lease_expires_at >= DB_NOW,
+        _R.lease_expires_at >= STATEMENT_NOW,
         _R.status.not_in(ENDED_STATUSES),
     )
     held_claims = sa.select(_Q.claim_pid.label("pid"), sa.null().label("process")).where(
-        _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= DB_NOW
+        _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= STATEMENT_NOW
     )
     union = sa.union(held_runs, held_claims).subquery()
     return sa.select(union.c.pid, union.c.process).distinct()

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._storage.schema import queue, queue_settings, queue_starts, runs
-from graphflow_durable._storage.statements import DB_NOW
+from graphflow_durable._storage.statements import DB_NOW, STATEMENT_NOW
 from graphflow_durable.errors import UsageError
 
 __all__ = [
@@ -205,7 +205,7 @@ def held_runs(here: str, dead: Collection[int]) -> tuple[sa.ColumnElement[bool],
     """The run rows (outer-joined to their queue rows) a cap counts: driven under a live lease."""
     return (
         _R.lease_owner.is_not(None),
-        _R.lease_expires_at >= DB_NOW,
+        _R.lease_expires_at >= STATEMENT_NOW,  # stable: an index scan of the live leases
         _R.status.not_in(_NOT_DRIVEN),
         _alive(_R.lease_host, _R.lease_pid, here, dead),
     )
@@ -215,7 +215,7 @@ def held_submissions(here: str, dead: Collection[int]) -> tuple[sa.ColumnElement
     """The submissions a cap counts: claimed by a live worker that has not created the run yet."""
     return (
         _Q.claimed_by.is_not(None),
-        _Q.claim_expires_at >= DB_NOW,
+        _Q.claim_expires_at >= STATEMENT_NOW,
         ~sa.exists().where(_R.run_id == _Q.run_id),
         _alive(_Q.claim_host, _Q.claim_pid, here, dead),
     )

@@ -444,7 +444,9 @@ def test_a_meter_provider_does_not_keep_a_dropped_worker_alive(sqlite_url: str) 
     assert dropped() is None
 
 
-async def test_a_pool_reports_each_queues_queued_and_active_runs_and_its_throttled_claims(store: Store) -> None:
+async def test_a_pool_reports_each_queues_queued_and_active_runs_and_its_throttled_claims(
+    store: Store,
+) -> None:
     store.queue.configure("support", concurrency=1)
     for i in range(3):
         store.queue.submit(f"case-{i}", task=f"case {i}", team="t", queue="support")

@@ -116,8 +116,10 @@ _TIME = _Time()
 
 EPILOG = f"""\
 commands:
-  worker   claim runs and drive them until SIGTERM/SIGINT (a second signal halts in-flight runs)
-  runs list [--status S] [--json]    list runs (and submissions not started yet: status 'submitted');
+  worker   claim runs and drive them until SIGTERM/SIGINT (a second signal halts in-flight runs);
+           --queue Q (repeatable): only from these named queues (default: all)
+  runs list [--status S] [--queue Q] [--json]
+                                     list runs (and submissions not started yet: status 'submitted');
                                      a run whose driver died shows 'running (owner gone)' or
                                      'running (lease expired)'
   runs verify [RUN ...] [--json]     check every step, message, agent-state and call-record row

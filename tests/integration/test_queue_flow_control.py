@@ -270,3 +270,19 @@ def test_the_queues_commands_set_list_and_clear_and_refuse_bad_values_with_exit_
     code, out = cli(capsys, store_url, "queues", "clear", "support", "rate", "--json")
     assert code == EXIT_OK and json.loads(out[0])["rate"] is None
     assert cli(capsys, store_url, "queues", "clear", "support", "speed")[0] == EXIT_USAGE
+
+
+def test_a_claim_reports_a_throttled_queue_only_when_runs_wait_behind_its_cap(store: Store) -> None:
+    store.queue.configure("q", concurrency=1)
+    store.queue.submit("a", task="t", team=None, queue="q")
+    assert start(store, "w1") == "a"
+    seen: list[tuple[str, str]] = []
+    assert (
+        store.queue.claim("w2", lease_seconds=LEASE, throttled=lambda q, why: seen.append((q, why))) is None
+    )
+    assert seen == []  # at its cap, but nothing waits behind it
+    store.queue.submit("b", task="t", team=None, queue="q")
+    assert (
+        store.queue.claim("w2", lease_seconds=LEASE, throttled=lambda q, why: seen.append((q, why))) is None
+    )
+    assert seen == [("q", "queue q is at its concurrency cap (1 of 1 driven)")]

@@ -420,9 +420,8 @@ class WorkQueue:
             with self._e.write.begin() as conn:
                 want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip), alone, queues)
                 found, gate = self._claim(conn, want)
-        if found is None and throttled is not None:
-            for name, why in (*gate.closed.items(), *((name, why) for (name, _), why in gate.busy.items())):
-                throttled(name, why)
+        if found is None and throttled is not None and (gate.closed or gate.busy):
+            self._report_throttled(gate, want, throttled)
         if found is not None and found.reason not in ("free", "submitted"):
             _log.info(
                 "run %s: %s claimed it (%s); token %d", found.run_id, owner, found.reason, found.fencing_token
@@ -561,6 +560,22 @@ class WorkQueue:
                 now=float(row["db_now"]),
             ),
         )
+
+    def _report_throttled(self, gate: Gate, want: _Wanted, throttled: Callable[[str, str], None]) -> None:
+        """Call ``throttled`` for each queue or partition the claim left out that holds an item the
+        claimant could otherwise have taken (a cap with nothing behind it throttles nothing)."""
+        here, params = socket.gethostname(), {"p_now": want.now}
+        shut: list[tuple[str, str | None, str]] = [(name, None, why) for name, why in gate.closed.items()]
+        shut += [(name, part, why) for (name, part), why in gate.busy.items() if name not in gate.closed]
+        base: dict[str, Any] = {"teams": want.teams, "host": here, "dead_pids": want.dead, "now": want.now}
+        with self._e.read.begin() as conn:
+            for name, part, why in shut:
+                inside = sa.true() if part is None else _Q.partition_key == part
+                behind = sa.select(_R.run_id).select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
+                behind = behind.where(*runs_claimable(**base, skip=want.skip, queues=[name]), inside).limit(1)
+                waiting = sa.select(_Q.run_id).where(*submissions_claimable(**base, queues=[name]), inside)
+                if conn.execute(behind, params).first() or conn.execute(waiting.limit(1), params).first():
+                    throttled(name, why)
 
     def depth(self, teams: Sequence[str] | None = None) -> int:
         """How many items a worker of ``teams`` (``None``: any) could claim now: unfinished runs whose

@@ -67,9 +67,9 @@ def test_configure_checks_every_setting_before_writing_and_a_bad_one_changes_not
     with pytest.raises(UsageError, match="queue must be a non-empty name"):
         store.queue.configure(" support", concurrency=5)
     assert store.queue.settings()["support"] == done
-    assert store.queue.configure("q", rate="5/1m").rate == "5/60s"
-    assert store.queue.configure("q", rate="1000/h").rate == "1000/3600s"
-    assert store.queue.configure("q", worker_concurrency=2).rate == "1000/3600s"  # the others are kept
+    assert store.queue.configure("q", rate="5/1m").rate_limit() == (5, 60.0)
+    assert store.queue.configure("q", rate="1000 / h").rate == "1000/h"
+    assert store.queue.configure("q", worker_concurrency=2).rate_limit() == (1000, 3600.0)  # kept
 
 
 def test_clear_removes_one_setting_and_an_unknown_setting_is_a_usage_error(store: Store) -> None:
@@ -237,7 +237,7 @@ def test_the_queues_commands_set_list_and_clear_and_refuse_bad_values_with_exit_
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out = cli(capsys, store_url, "queues", "set", "support", "--concurrency", "20", "--rate", "500/1m")
-    assert code == EXIT_OK and out == ["queue support: concurrency 20, rate 500/60s"]
+    assert code == EXIT_OK and out == ["queue support: concurrency 20, rate 500/1m"]
     assert cli(capsys, store_url, "queues", "set", "support", "--concurrency", "0")[0] == EXIT_USAGE
     assert cli(capsys, store_url, "queues", "set", "support", "--rate", "5/fortnight")[0] == EXIT_USAGE
     code, out = cli(capsys, store_url, "submit", "c1", "help me", "--queue", "support", "--partition", "acme")
@@ -256,7 +256,7 @@ def test_the_queues_commands_set_list_and_clear_and_refuse_bad_values_with_exit_
         "partition_concurrency": None,
     }
     assert (row["rate"], row["queued"], row["active"], row["waiting"], row["claimable"]) == (
-        "500/60s",
+        "500/1m",
         2,
         0,
         0,

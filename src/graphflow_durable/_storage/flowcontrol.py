@@ -153,11 +153,16 @@ def check_settings(values: Mapping[str, object]) -> dict[str, Any]:
             checked[option] = number
     if values.get("rate") is not None:
         checked["rate_count"], checked["rate_seconds"] = parse_rate(values["rate"])
+        checked["rate"] = "".join(str(values["rate"]).split())  # as given, white space left out
     return checked
 
 
 def _settings(row: Any) -> QueueSettings:
-    rate = None if row.rate_count is None else format_rate(int(row.rate_count), float(row.rate_seconds))
+    rate = (
+        None
+        if row.rate_count is None
+        else row.rate or format_rate(int(row.rate_count), float(row.rate_seconds))
+    )
     return QueueSettings(
         queue=row.queue,
         concurrency=row.concurrency,
@@ -180,7 +185,7 @@ def configure(
     columns = dict(values)
     for setting in clear:
         if setting == "rate":
-            columns.update(rate_count=None, rate_seconds=None)
+            columns.update(rate_count=None, rate_seconds=None, rate=None)
         else:
             columns[setting] = None
     now = time.time()

@@ -406,6 +406,7 @@ def _m0015_flow_control(conn: Connection) -> None:
         sa.Column("partition_concurrency", sa.Integer, nullable=True),
         sa.Column("rate_count", sa.Integer, nullable=True),
         sa.Column("rate_seconds", sa.Double, nullable=True),
+        sa.Column("rate", sa.String, nullable=True),
         sa.Column("updated_at", sa.Double, nullable=False),
     )
     sa.Table(

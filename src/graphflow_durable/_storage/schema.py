@@ -184,6 +184,7 @@ queue_settings = sa.Table(
     sa.Column("partition_concurrency", sa.Integer, nullable=True),
     sa.Column("rate_count", sa.Integer, nullable=True),
     sa.Column("rate_seconds", sa.Double, nullable=True),
+    sa.Column("rate", sa.String, nullable=True),  # as given ("100/60s"), for reading back
     sa.Column("updated_at", sa.Double, nullable=False),
 )
 

@@ -17,7 +17,10 @@ item at a time, atomically:
 - a submission whose run does not exist yet and that nobody holds an unexpired claim on (the
   submission's claim is taken; the worker's team then creates the run and its lease).
 
-Runs with a queue row carry the team key and the retry back-off (``not_before``) there. On
+Runs with a queue row carry the team key, the retry back-off or delayed start (``not_before``),
+and their named queue, priority and partition there (schema version 15): the claim takes the first
+by priority, then oldest, of the queues and partitions that are under their caps
+(:mod:`~._storage.flowcontrol`; its statements in :mod:`~._storage.claimable`). On
 PostgreSQL the candidate row is locked with ``FOR UPDATE SKIP LOCKED`` so many workers poll at once
 without blocking or double-claiming; on SQLite ``BEGIN IMMEDIATE`` serialises the claimers.
 

@@ -7,14 +7,17 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 
+from graphflow_durable._storage import flowcontrol
 from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, main
 from graphflow_durable.errors import RunExistsError, UsageError
-from graphflow_durable.store import Store
+from graphflow_durable.store import Claim, Store
 
 from .test_store_queue import interrupt
 
@@ -286,3 +289,34 @@ def test_a_claim_reports_a_throttled_queue_only_when_runs_wait_behind_its_cap(st
         store.queue.claim("w2", lease_seconds=LEASE, throttled=lambda q, why: seen.append((q, why))) is None
     )
     assert seen == [("q", "queue q is at its concurrency cap (1 of 1 driven)")]
+
+
+def test_a_claim_that_waited_for_the_queues_lock_still_holds_its_slot_for_a_whole_lease(
+    store_url: str,
+) -> None:
+    """A claimer that waits (for another claimer's queue lock on PostgreSQL, for the write lock on
+    SQLite) longer than the lease gets a claim that expires a lease after it was made, not after it
+    began: an already expired claim would count against no cap (two runs of one partition)."""
+    with Store(store_url) as store:
+        store.queue.submit("a", task="t", team=None, partition="acme")
+        store.queue.submit("b", task="t", team=None, partition="acme")
+        blocker = sa.create_engine(store_url, poolclass=sa.NullPool)
+        with blocker.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(
+                    sa.text("SELECT pg_advisory_xact_lock(CAST(:space AS integer), hashtext(:name))"),
+                    {"space": flowcontrol._LOCK_SPACE, "name": "default"},
+                )
+            else:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            got: list[object] = []
+            claimer = threading.Thread(target=lambda: got.append(store.queue.claim("w", lease_seconds=1.0)))
+            claimer.start()
+            time.sleep(1.5)  # longer than the lease
+            conn.rollback()
+        claimer.join(30)
+        blocker.dispose()
+        (claim,) = got
+        assert isinstance(claim, Claim) and claim.run_id == "a"
+        assert claim.expires_at > time.time() + 0.5
+        assert store.queue.claim("w", lease_seconds=1.0) is None  # acme is busy: "a" holds it

@@ -490,7 +490,7 @@ class WorkQueue:
                 else self._claim_submission(conn, want, picked)
             )
             if found is not None:
-                at = float(picked.db_now if take_run else picked["db_now"])
+                at = S.lease_clock(conn, time.time())
                 gate.record_start(conn, name, found.run_id, at)
             return found, gate
         return None, gate
@@ -534,7 +534,10 @@ class WorkQueue:
     def _claim_submission(self, conn: sa.Connection, want: _Wanted, row: Any) -> Claim | None:
         owner, lease_seconds = want.owner, want.lease_seconds
         token = S.next_token(conn)  # claim tokens from the same counter: never repeated for a run id
-        expires = float(row["db_now"]) + lease_seconds  # by the lease clock, as run leases
+        # By the lease clock now, as run leases: not the candidate's time, which a wait for the
+        # queue's lock (or SQLite's) may have left seconds behind: a claim that expired before it
+        # was made would count against no cap.
+        expires = S.lease_clock(conn, time.time()) + lease_seconds
         changed = conn.execute(
             sa.update(queue)
             .where(queue.c.run_id == row["run_id"], queue.c.claim_token == row["claim_token"])

@@ -11,8 +11,10 @@ Nothing here is a counter: a claim derives the load from the rows, inside its ow
 (:class:`Gate`): the runs of each queue whose lease is unexpired and not held by a dead process of
 this host, and the submissions whose claim is, plus the recent claims of ``graphflow_queue_starts``
 for a rate. SQLite's write lock serialises the claimers; on PostgreSQL a claim that takes a run of a
-capped queue (or of a partition) first takes that queue's transaction-scoped advisory lock and
-counts again under it (:meth:`Gate.recheck`).
+capped queue (or of a partition) first takes that queue's transaction-scoped advisory lock
+(:func:`lock_queue`: trying for a while, never blocking, so a claimer stopped inside its claim holds
+up no one; a claim that does not get it leaves the queue to its next claim) and counts again under
+it.
 """
 
 from __future__ import annotations
@@ -373,17 +375,21 @@ class Gate:
         conn.execute(sa.insert(queue_starts).values(queue=name, started_at=at, run_id=run_id))
 
 
-def lock_queue(conn: sa.Connection, name: str, *, wait: bool) -> bool:
-    """PostgreSQL: take queue ``name``'s transaction-scoped advisory lock (``wait``: blocking, else
-    only if free); whether it is held. Other databases serialise claims already: ``True``."""
+def lock_queue(conn: sa.Connection, name: str, *, wait: float) -> bool:
+    """PostgreSQL: take queue ``name``'s transaction-scoped advisory lock, trying for up to
+    ``wait`` seconds (never blocking on it: a claimer stopped inside its claim, SIGSTOP or a VM
+    pause, must not hold up every other claimer of the queue until it continues); whether it is
+    held. Other databases serialise claims already: ``True``."""
     if conn.dialect.name != "postgresql":
         return True
-    function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
-    got = conn.execute(
-        sa.text(f"SELECT {function}(CAST(:space AS integer), hashtext(:name))"),
-        {"space": _LOCK_SPACE, "name": name},
-    )
-    return True if wait else bool(got.scalar_one())
+    statement = sa.text("SELECT pg_try_advisory_xact_lock(CAST(:space AS integer), hashtext(:name))")
+    deadline = time.monotonic() + wait
+    while True:
+        if conn.execute(statement, {"space": _LOCK_SPACE, "name": name}).scalar_one():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
 
 
 # -- what the queues hold: queues list, runs show, the per-queue gauges ----------------------

@@ -93,6 +93,8 @@ _Q = queue.c
 _R = runs.c
 #: At most this many candidates per claim (each a queue or partition found at its cap under its lock).
 _CANDIDATES = 8
+#: How long a claim tries for the first queue lock it needs (PostgreSQL), in seconds.
+_LOCK_WAIT = 0.5
 
 ClaimKind = Literal["run", "submission"]
 
@@ -467,7 +469,7 @@ class WorkQueue:
                 else (picked["queue"], picked["partition_key"])
             )
             if gate.locks(name, part) and conn.dialect.name == "postgresql":
-                if not lock_queue(conn, name, wait=not locked):
+                if not lock_queue(conn, name, wait=0.0 if locked else _LOCK_WAIT):
                     gate.shut(name, None, f"queue {name} is being claimed by another worker")
                     continue
                 locked = True

@@ -93,8 +93,10 @@ _Q = queue.c
 _R = runs.c
 #: At most this many candidates per claim (each a queue or partition found at its cap under its lock).
 _CANDIDATES = 8
-#: How long a claim tries for the first queue lock it needs (PostgreSQL), in seconds.
-_LOCK_WAIT = 0.5
+#: How long a claim tries for the first queue lock it needs (PostgreSQL), in seconds: not at all
+#: (one try), since the worker claims on its event loop, where any wait holds up its runs' turns
+#: and lease renewals; a queue whose lock is taken is left to the next poll.
+_LOCK_WAIT = 0.0
 
 ClaimKind = Literal["run", "submission"]
 

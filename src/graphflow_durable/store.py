@@ -54,6 +54,7 @@ from graphflow_durable._storage.checksum import Damage
 from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
+from graphflow_durable._storage.flowcontrol import DEFAULT_QUEUE, QueueSettings, check_queue_name
 from graphflow_durable._storage.follow import Feeds, Follow, check_after
 from graphflow_durable._storage.lease import Heartbeat
 from graphflow_durable._storage.migrations import (
@@ -104,6 +105,9 @@ __all__ = [
     "StoredMessage",
     "Submission",
     "Supply",
+    "QueueSettings",
+    "DEFAULT_QUEUE",
+    "check_queue_name",
     "Verification",
     "WorkQueue",
 ]

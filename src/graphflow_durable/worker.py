@@ -43,14 +43,15 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from opentelemetry.metrics import MeterProvider
 
 from graphflow_durable._runtime.telemetry import PoolMetrics
+from graphflow_durable._storage.flowcontrol import check_queue_name
 from graphflow_durable._storage.urls import safe_url
 from graphflow_durable.errors import (
     ConflictError,
@@ -418,9 +419,13 @@ class Worker:
             the next successful claim).
         owner: this worker's id (default ``host:pid:random``).
         meter_provider: the meter provider of the pool's metrics, ``graphflow_durable.queue.depth``
-            (the items claimable now, observed when a reader collects) and
-            ``graphflow_durable.queue.claim.latency`` (default: the global one; nothing under
+            (the items claimable now, observed when a reader collects),
+            ``graphflow_durable.queue.claim.latency``, and per named queue (attribute ``queue``)
+            ``graphflow_durable.queue.queued``, ``graphflow_durable.queue.active`` and the counter
+            ``graphflow_durable.queue.throttled`` (claims that found nothing while a queue or
+            partition was at a cap; attribute ``reason``) (default: the global one; nothing under
             ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``). A run's own metrics come from its team's.
+        queues: the named queues this worker claims from (``None``: all).
 
     Raises:
         UsageError: (a ``ValueError``) neither or both of ``factories`` and ``team`` were given, or
@@ -445,6 +450,7 @@ class Worker:
         max_backoff_seconds: float = 300.0,
         owner: str | None = None,
         meter_provider: MeterProvider | None = None,
+        queues: Sequence[str] | None = None,
     ) -> None:
         if (factories is None) == (team is None):
             raise UsageError(
@@ -480,7 +486,8 @@ class Worker:
         self._alone = False  # driving a run that must be driven alone: claiming nothing else
         self._database = _DatabaseBackoff(self.owner, backoff_seconds, max_backoff_seconds)
         self._driver = _RunDriver(self.owner, backoff_seconds, max_backoff_seconds, self._database)
-        self._metrics = PoolMetrics(meter_provider, self.owner, self._depth)
+        self._queues = None if queues is None else [check_queue_name(q, "queues") for q in queues] or None
+        self._metrics = PoolMetrics(meter_provider, self.owner, self._depth, self._queue_stats)
         if isinstance(store, str):
             try:
                 self._store = Store(store)
@@ -596,6 +603,15 @@ class Worker:
             self._database.back()
         return self._store
 
+    def _queue_stats(self) -> list[dict[str, Any]] | None:
+        """Each named queue's counts (the metrics reader's thread), ``None`` unknown."""
+        store = self._store
+        try:
+            return None if store is None else store.queue.stats()
+        except StoreError as exc:
+            _log.debug("worker %s: counting the queues failed: %s", self.owner, exc)
+            return None
+
     def _depth(self) -> int | None:
         """The items this worker could claim now (the metrics reader's thread), ``None`` unknown."""
         store = self._store
@@ -626,6 +642,8 @@ class Worker:
                             teams=self.teams,
                             skip=self._driving,
                             alone=not self._driving,
+                            queues=self._queues,
+                            throttled=self._metrics.throttled,
                         )
                     except StoreError as exc:
                         self._database.problem("claiming work", exc)

@@ -118,6 +118,11 @@ def test_show_of_a_submission_not_started_yet_says_it_waits_for_a_worker_serving
         "team": "report",
         "attempts": 0,
         "last_error": None,
+        "queue": "default",
+        "priority": 0,
+        "partition": None,
+        "not_before": None,
+        "not_starting": None,
         "waiting_for": waits,
     }
     with Store(store_url) as store:

@@ -474,3 +474,26 @@ def test_a_meter_provider_does_not_keep_a_dropped_worker_alive(sqlite_url: str) 
     del worker
     gc.collect()
     assert dropped() is None
+
+
+async def test_a_pool_reports_each_queues_queued_and_active_runs_and_its_throttled_claims(
+    store: Store,
+) -> None:
+    store.queue.configure("support", concurrency=1)
+    for i in range(3):
+        store.queue.submit(f"case-{i}", task=f"case {i}", team="t", queue="support")
+    taken = store.queue.claim("another-worker", lease_seconds=60)  # holds the queue's one slot
+    assert taken is not None
+    reader = InMemoryMetricReader()
+    worker = Worker(
+        store, {"t": pool_team}, poll_interval=0.01, meter_provider=MeterProvider(metric_readers=[reader])
+    )
+    await worker.run_until_idle()  # nothing to take: the queue is at its cap
+    metrics = _metrics(reader)
+    assert [(p.value, dict(p.attributes)) for p in metrics["graphflow_durable.queue.queued"]] == [
+        (2, {"queue": "support"})
+    ]
+    assert [p.value for p in metrics["graphflow_durable.queue.active"]] == [1]
+    (throttled,) = metrics["graphflow_durable.queue.throttled"]
+    assert throttled.value >= 1
+    assert dict(throttled.attributes) == {"worker": worker.owner, "queue": "support", "reason": "concurrency"}

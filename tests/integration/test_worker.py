@@ -127,7 +127,15 @@ def test_the_cli_submits_lists_and_refuses_a_conflicting_submission(
         == "run r1: submitted; a worker started with --team t=module:factory claims it\n"
     )
     assert main(["submit", "--store", store_url, "r1", "hello", "--team", "t", "--json"]) == EXIT_OK
-    assert json.loads(capsys.readouterr().out) == {"run_id": "r1", "team": "t", "status": "pending"}
+    assert json.loads(capsys.readouterr().out) == {
+        "run_id": "r1",
+        "team": "t",
+        "status": "pending",
+        "queue": "default",
+        "priority": 0,
+        "partition": None,
+        "not_before": None,
+    }
     assert main(["submit", "--store", store_url, "r1", "other", "--team", "t"]) == EXIT_CONFLICT
     assert "already submitted" in capsys.readouterr().err
     assert main(["runs", "list", "--store", store_url, "--json"]) == EXIT_OK

@@ -152,6 +152,14 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "A run's export document (``Store.export_run`` / ``Store.import_run``; ``runs export`` /...",
     ),
     "_storage/deaths.py": (100, "Which process each run died with, and which other runs died with it."),
+    "_storage/claimable.py": (  # new: the claim's statements, out of workqueue.py (flow control grew it)
+        250,
+        "The statements of the worker-pool claim: which runs and submissions are claimable, in what order.",
+    ),
+    "_storage/flowcontrol.py": (  # new: named queues, their settings and the caps a claim enforces
+        475,
+        "Flow control for the worker pool: named queues, their settings, and what a claim may take under them.",
+    ),
     "_storage/driver.py": (
         450,
         "The runtime's way into the store: one private driver object (commits, new runs, leases).",
@@ -168,8 +176,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         350,
         "Follow a run's thread as it grows, from any process: what :meth:`Store.follow` iterates.",
     ),
-    "_storage/migrations.py": (
-        550,
+    "_storage/migrations.py": (  # 550 -> 600: flow control's migration (frozen copies of two tables)
+        600,
         "Versioned schema migrations: an append-only tuple of ``(version, description, function)``.",
     ),
     "_storage/reading.py": (
@@ -181,7 +189,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Requests for human input (schema version 8): :class:`InputRequests`, held by a store as...",
     ),
     "_storage/schema.py": (
-        250,  # 200 -> 250: the call records' table
+        300,  # 200 -> 250: the call records' table; 300: the queue settings and recent starts
         "SQLAlchemy Core tables: the single source of the schema the store reads and writes.",
     ),
     "_storage/statements.py": (
@@ -222,9 +230,15 @@ BUDGETS: dict[str, tuple[int, str]] = {
         375,
         "``graphflow-durable runs show|cancel|retry|supply|delete|prune|stats``: looking at and managin...",
     ),
+    "cli/queues.py": (
+        150,
+        "``graphflow-durable queues set|list|clear``: the named queues and their settings.",
+    ),
     "cli/repair.py": (350, "``graphflow-repair``: check a saved GraphFlow team state, and repair it."),
-    "cli/runs.py": (  # 450 -> 525: the check command (the pre-deploy check), its team keys
-        525,
+    # 450 -> 525: the check command (the pre-deploy check), its team keys; 600: submit's and the
+    # worker's queue options (--queue, --priority, --partition, --at)
+    "cli/runs.py": (
+        600,
         "``graphflow-durable``: list and verify runs, submit runs, and run a worker of a worker...",
     ),
     "cli/timeline.py": (  # 250 -> 300: runs follow; -> 340: it says once when the driver is gone

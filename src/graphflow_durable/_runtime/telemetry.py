@@ -10,6 +10,7 @@ WARNING and the run goes on (:class:`_Contained`).
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -496,13 +497,28 @@ class PoolMetrics:
     the items claimable now, counted by ``depth`` only when a reader collects, until the worker
     closes its store; attribute ``worker``). Nothing under ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``."""
 
-    def __init__(self, provider: MeterProvider | None, worker: str, depth: Callable[[], int | None]) -> None:
+    def __init__(
+        self,
+        provider: MeterProvider | None,
+        worker: str,
+        depth: Callable[[], int | None],
+        queues: Callable[[], list[dict[str, Any]] | None] | None = None,
+    ) -> None:
         self._worker = {"worker": worker}
         # Weakly: the meter provider keeps the gauge's callback (so this object) for good, and a
         # worker (its store) must not live as long as a global provider does.
         self._depth = weakref.WeakMethod(depth) if inspect.ismethod(depth) else lambda: depth
+        self._queues = (
+            None
+            if queues is None
+            else weakref.WeakMethod(queues)
+            if inspect.ismethod(queues)
+            else lambda: queues
+        )
+        self._stats: tuple[float, list[dict[str, Any]]] | None = None  # one count per collection
         self.running = True  # False once the worker closed its store: the gauge reports nothing
         self._latency = None
+        self._throttled = None
         if tracing_disabled():
             return
         with _METRICS:
@@ -513,6 +529,37 @@ class PoolMetrics:
             meter.create_observable_gauge(
                 f"{_NS}.queue.depth", callbacks=[self._observe], description="Items claimable now"
             )
+            self._throttled = meter.create_counter(
+                f"{_NS}.queue.throttled",
+                description="Claims that found nothing while a queue or partition was at a cap",
+            )
+            for name, key in (("queued", "queued"), ("active", "active")):
+                meter.create_observable_gauge(
+                    f"{_NS}.queue.{name}",
+                    callbacks=[functools.partial(self._observe_queues, key)],
+                    description=f"Runs per named queue: {name}",
+                )
+
+    def throttled(self, queue: str, why: str) -> None:
+        """A claim found nothing while ``queue`` was held back (``why``: at a cap, partition busy, rate)."""
+        if self._throttled is not None and not tracing_disabled():
+            reason = (
+                "partition" if why.startswith("partition") else "rate" if "rate" in why else "concurrency"
+            )
+            with _METRICS:
+                self._throttled.add(1, {**self._worker, "queue": queue, "reason": reason})
+
+    def _observe_queues(self, key: str, options: CallbackOptions) -> Iterable[Observation]:
+        if not self.running or tracing_disabled() or self._queues is None:
+            return []
+        now = time.monotonic()
+        if self._stats is None or now - self._stats[0] > 1.0:
+            count = self._queues()
+            found = None if count is None else count()
+            if found is None:
+                return []
+            self._stats = (now, found)
+        return [Observation(int(row[key]), {"queue": row["queue"]}) for row in self._stats[1]]
 
     def claimed(self, claimable_since: float | None) -> None:
         """A worker claimed an item claimable since ``claimable_since`` (epoch seconds)."""

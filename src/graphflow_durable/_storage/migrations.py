@@ -384,6 +384,41 @@ def _m0014_deaths(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN run_alone BOOLEAN"))
 
 
+def _m0015_flow_control(conn: Connection) -> None:
+    """Version 15: flow control for the worker pool. ``graphflow_queue`` gains the run's named
+    ``queue`` (``'default'``), ``priority`` (0) and ``partition_key``, and the indexes a claim walks
+    (priority order, live claims; ``graphflow_runs``: live leases); ``graphflow_queue_settings``
+    holds each queue's caps and rate, ``graphflow_queue_starts`` the recent claims a rate counts;
+    frozen copy."""
+    conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN queue VARCHAR DEFAULT 'default' NOT NULL"))
+    conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN priority INTEGER DEFAULT 0 NOT NULL"))
+    conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN partition_key VARCHAR"))
+    conn.execute(sa.text("CREATE INDEX graphflow_queue_order ON graphflow_queue (priority, created_at)"))
+    conn.execute(sa.text("CREATE INDEX graphflow_queue_claims ON graphflow_queue (claim_expires_at)"))
+    conn.execute(sa.text("CREATE INDEX graphflow_runs_lease ON graphflow_runs (lease_expires_at)"))
+    md = sa.MetaData()
+    sa.Table(
+        "graphflow_queue_settings",
+        md,
+        sa.Column("queue", sa.String, primary_key=True),
+        sa.Column("concurrency", sa.Integer, nullable=True),
+        sa.Column("worker_concurrency", sa.Integer, nullable=True),
+        sa.Column("partition_concurrency", sa.Integer, nullable=True),
+        sa.Column("rate_count", sa.Integer, nullable=True),
+        sa.Column("rate_seconds", sa.Double, nullable=True),
+        sa.Column("rate", sa.String, nullable=True),
+        sa.Column("updated_at", sa.Double, nullable=False),
+    )
+    sa.Table(
+        "graphflow_queue_starts",
+        md,
+        sa.Column("queue", sa.String, primary_key=True),
+        sa.Column("started_at", sa.Double, primary_key=True),
+        sa.Column("run_id", sa.String, primary_key=True),
+    )
+    md.create_all(conn)
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -405,6 +440,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (12, "create the records of model and tool calls made inside turns", _m0012_call_records),
     (13, "a run's and a submission's trace context for OpenTelemetry", _m0013_trace_context),
     (14, "which process each run died with; runs a worker must drive alone", _m0014_deaths),
+    (15, "named queues: settings, priorities, partitions and the claims a rate counts", _m0015_flow_control),
 )
 
 #: The schema version this package writes.

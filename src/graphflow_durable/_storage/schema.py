@@ -23,6 +23,8 @@ __all__ = [
     "messages",
     "metadata",
     "queue",
+    "queue_settings",
+    "queue_starts",
     "runs",
     "schema_version",
     "steps",
@@ -70,6 +72,8 @@ runs = sa.Table(
     sa.Column("trace_context", sa.Text, nullable=True),
     sa.Index("graphflow_runs_status", "status"),
     sa.Index("graphflow_runs_parent", "parent_run_id"),
+    # version 15: the leases held now, which a capped queue's claim counts
+    sa.Index("graphflow_runs_lease", "lease_expires_at"),
 )
 
 #: One row per committed transition; ``seq`` 1 is the first commit, the run's head is the last.
@@ -158,8 +162,40 @@ queue = sa.Table(
     # version 14: a worker claims the run only while it drives nothing else, and claims nothing
     # else meanwhile (its driver could not tell its turn's crashes from another run's; NULL: no)
     sa.Column("run_alone", sa.Boolean, nullable=True),
+    # version 15: flow control. The named queue the run belongs to (its settings: queue_settings),
+    # its priority (lower first) and its partition key (NULL: none)
+    sa.Column("queue", sa.String, nullable=False, server_default="default"),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("partition_key", sa.String, nullable=True),
     sa.Index("graphflow_queue_status", "status", "created_at"),
     sa.Index("graphflow_queue_team", "team"),
+    sa.Index("graphflow_queue_order", "priority", "created_at"),
+    sa.Index("graphflow_queue_claims", "claim_expires_at"),
+)
+
+#: The settings of the named queues (schema version 15): one row per configured queue, read by
+#: every claim (``store.queue.configure``). NULL: no such limit. A queue with no row has none.
+queue_settings = sa.Table(
+    "graphflow_queue_settings",
+    metadata,
+    sa.Column("queue", sa.String, primary_key=True),
+    sa.Column("concurrency", sa.Integer, nullable=True),
+    sa.Column("worker_concurrency", sa.Integer, nullable=True),
+    sa.Column("partition_concurrency", sa.Integer, nullable=True),
+    sa.Column("rate_count", sa.Integer, nullable=True),
+    sa.Column("rate_seconds", sa.Double, nullable=True),
+    sa.Column("rate", sa.String, nullable=True),  # as given ("100/60s"), for reading back
+    sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+#: The recent claims of the queues that have a rate (schema version 15): one row per run start or
+#: resumption, by the lease clock; a claim deletes its queue's rows older than the rate's period.
+queue_starts = sa.Table(
+    "graphflow_queue_starts",
+    metadata,
+    sa.Column("queue", sa.String, primary_key=True),
+    sa.Column("started_at", sa.Double, primary_key=True),
+    sa.Column("run_id", sa.String, primary_key=True),
 )
 
 #: Requests for human input (schema version 8): one row per input-function call of a turn in a

@@ -114,6 +114,31 @@ def _lease_now_postgresql(element: _LeaseNow, compiler: SQLCompiler, **kw: Any) 
 #: The lease clock as a SQL expression (see :class:`_LeaseNow`); statements using it need ``p_now``
 #: on SQLite (PostgreSQL ignores it).
 DB_NOW: sa.ColumnElement[float] = _LeaseNow()
+
+
+class _StatementNow(FunctionElement[float]):
+    """The lease clock when the statement started: on PostgreSQL ``statement_timestamp()``, which
+    (unlike ``clock_timestamp()``) is stable within a statement, so a comparison with it can drive
+    an index scan (the live leases and claims among many rows); on SQLite ``p_now``, as
+    :data:`DB_NOW`. For reads that count live holders, where the time the statement started will do."""
+
+    type = sa.Double()
+    inherit_cache = True
+    name = "statement_now"
+
+
+@compiles(_StatementNow)
+def _statement_now_default(element: _StatementNow, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(sa.bindparam("p_now", type_=sa.Double), **kw)
+
+
+@compiles(_StatementNow, "postgresql")
+def _statement_now_postgresql(element: _StatementNow, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
+
+
+#: The lease clock at the statement's start, for index scans over live leases (see :class:`_StatementNow`).
+STATEMENT_NOW: sa.ColumnElement[float] = _StatementNow()
 _SELECT_NOW = sa.select(DB_NOW)
 
 

@@ -17,7 +17,10 @@ item at a time, atomically:
 - a submission whose run does not exist yet and that nobody holds an unexpired claim on (the
   submission's claim is taken; the worker's team then creates the run and its lease).
 
-Runs with a queue row carry the team key and the retry back-off (``not_before``) there. On
+Runs with a queue row carry the team key, the retry back-off or delayed start (``not_before``),
+and their named queue, priority and partition there (schema version 15): the claim takes the first
+by priority, then oldest, of the queues and partitions that are under their caps
+(:mod:`~._storage.flowcontrol`; its statements in :mod:`~._storage.claimable`). On
 PostgreSQL the candidate row is locked with ``FOR UPDATE SKIP LOCKED`` so many workers poll at once
 without blocking or double-claiming; on SQLite ``BEGIN IMMEDIATE`` serialises the claimers.
 
@@ -31,10 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,14 +48,32 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from sqlalchemy.engine import RowMapping
 
 from graphflow_durable._model.codec import dumps, loads
-from graphflow_durable._model.records import ENDED_STATUSES
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.claimable import (
+    claimable_runs,
+    claimable_submissions,
+    local_lease_pids,
+    runs_claimable,
+    submissions_claimable,
+)
 from graphflow_durable._storage.engine import Engines, guarded
+from graphflow_durable._storage.flowcontrol import (
+    DEFAULT_QUEUE,
+    SETTINGS,
+    Gate,
+    QueueSettings,
+    check_queue_name,
+    check_settings,
+    configure,
+    lock_queue,
+    queue_stats,
+    read_settings,
+    why_not_started,
+)
 from graphflow_durable._storage.lease import NOBODY, check_lease_seconds, holder_gone, pid_alive, take_over
-from graphflow_durable._storage.schema import input_requests, queue, runs
-from graphflow_durable._storage.statements import DB_NOW, LEASE_COLUMNS
-from graphflow_durable.errors import ConflictError, RunExistsError, StoreError
+from graphflow_durable._storage.schema import queue, runs
+from graphflow_durable.errors import ConflictError, RunExistsError, StoreError, UsageError
 
 __all__ = [
     "Claim",
@@ -66,8 +88,15 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+_TABLE = queue  # the queue table (``submit`` has a ``queue`` argument)
 _Q = queue.c
 _R = runs.c
+#: At most this many candidates per claim (each a queue or partition found at its cap under its lock).
+_CANDIDATES = 8
+#: How long a claim tries for the first queue lock it needs (PostgreSQL), in seconds: not at all
+#: (one try), since the worker claims on its event loop, where any wait holds up its runs' turns
+#: and lease renewals; a queue whose lock is taken is left to the next poll.
+_LOCK_WAIT = 0.0
 
 ClaimKind = Literal["run", "submission"]
 
@@ -107,6 +136,9 @@ class Claim:
     attempts: int
     claimable_since: float | None = None
     alone: bool = False
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    partition: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,164 +155,24 @@ class Submission:
     claimed_by: str | None
     claim_expires_at: float | None
     created_at: float
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    partition: str | None = None
 
 
 #: The fields of a :class:`Submission` that are columns of its queue row as they are (not the task).
-_PLAIN_SUBMISSION_FIELDS = tuple(f.name for f in dataclasses.fields(Submission) if f.name != "task")
+_PLAIN_SUBMISSION_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Submission) if f.name not in ("task", "partition")
+)
 
 
 def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
     """A queue row (JSON text) as a :class:`Submission`."""
     task = row["task"]
     return Submission(
-        **{name: row[name] for name in _PLAIN_SUBMISSION_FIELDS}, task=None if task is None else loads(task)
-    )
-
-
-#: Runs the pool never claims: ended rounds, runs cancelled on request and failed runs (until
-#: retried: ``Store.retry_run`` makes them ``interrupted``).
-_NOT_CLAIMED = (*ENDED_STATUSES, "cancelled", "failed")
-
-
-def local_lease_pids(host: str) -> sa.Select[Any]:
-    """Pids of this host's processes holding unexpired leases or claims (to test for liveness), each
-    with its holder's identity: a run lease's ``lease_process`` (``""`` when unknown), ``NULL`` for
-    a submission claim."""
-    held_runs = sa.select(
-        _R.lease_pid.label("pid"), sa.func.coalesce(_R.lease_process, "").label("process")
-    ).where(
-        _R.lease_host == host,
-        _R.lease_pid.is_not(None),
-        _R.lease_expires_at >= DB_NOW,
-        _R.status.not_in(ENDED_STATUSES),
-    )
-    held_claims = sa.select(_Q.claim_pid.label("pid"), sa.null().label("process")).where(
-        _Q.claim_host == host, _Q.claim_pid.is_not(None), _Q.claim_expires_at >= DB_NOW
-    )
-    union = sa.union(held_runs, held_claims).subquery()
-    return sa.select(union.c.pid, union.c.process).distinct()
-
-
-def _team_filter(teams: Sequence[str] | None) -> sa.ColumnElement[bool]:
-    return sa.true() if teams is None else _Q.team.in_(list(teams))
-
-
-def _late(now: float) -> sa.Exists:
-    """The run has a pending request past its deadline."""
-    return sa.exists().where(
-        input_requests.c.run_id == _R.run_id,
-        input_requests.c.status == "pending",
-        input_requests.c.deadline < now,
-    )
-
-
-def _unfinished(now: float) -> sa.ColumnElement[bool]:
-    """A run left to drive: not ended, cancelled or failed, and not waiting for a person unless a
-    request's deadline passed (the driver then takes the configured default, or fails the run). A
-    failed run, whatever the cause (an agent's error, a budget of retries or crashes spent, a deadline
-    with no default), would most likely fail the same way again: it waits for ``runs retry``
-    (``admin.retry`` makes it ``interrupted``), never re-claimed on its own."""
-    return sa.or_(
-        _R.status.not_in((*_NOT_CLAIMED, "waiting")),
-        sa.and_(_R.status == "waiting", _late(now)),
-    )
-
-
-def _due(now: float) -> sa.ColumnElement[bool]:
-    return sa.or_(_Q.not_before.is_(None), _Q.not_before <= now)
-
-
-def _takeable(
-    holder: Sequence[sa.Column[Any]], host: str, dead_pids: Sequence[int]
-) -> sa.ColumnElement[bool]:
-    """A lease or claim (its ``holder`` columns: owner, expiry, host, pid) that is free, expired,
-    or held by a dead process of ``host``."""
-    owner, expires, holder_host, holder_pid = holder
-    return sa.or_(
-        owner.is_(None),
-        expires.is_(None),
-        expires < DB_NOW,
-        sa.and_(holder_host == host, holder_pid.in_(list(dead_pids))),
-    )
-
-
-def _runs_claimable(
-    *,
-    teams: Sequence[str] | None,
-    host: str,
-    dead_pids: Sequence[int],
-    now: float,
-    skip: Sequence[str] = (),
-    alone: bool = True,
-) -> tuple[sa.ColumnElement[bool], ...]:
-    holder = (_R.lease_owner, _R.lease_expires_at, _R.lease_host, _R.lease_pid)
-    return (
-        _unfinished(now),
-        _takeable(holder, host, dead_pids),
-        _R.run_id.not_in(list(skip)) if skip else sa.true(),
-        _due(now),
-        _team_filter(teams),
-        sa.true() if alone else sa.func.coalesce(_Q.run_alone, sa.false()) == sa.false(),
-    )
-
-
-def claimable_runs(
-    *,
-    teams: Sequence[str] | None,
-    host: str,
-    dead_pids: Sequence[int],
-    now: float,
-    skip: Sequence[str] = (),
-    alone: bool = True,
-) -> sa.Select[Any]:
-    """The oldest-updated unfinished run whose lease may be taken (locked, skipping locked rows), but
-    none of ``skip``.
-
-    A lease is takeable when it is free, expired, or held by a dead process of this host, whoever
-    holds it: the claimant's own lease too (left behind when the database failed under its driver),
-    since the claim draws a new fencing token that fences that driver off. ``skip`` lists the runs
-    the claimant still drives; unless ``alone`` (it drives nothing), runs that must be driven alone
-    are not claimable.
-    """
-    return (
-        sa.select(
-            DB_NOW.label("db_now"),
-            _R.run_id,
-            _R.status,
-            _R.updated_at,
-            *LEASE_COLUMNS,
-            _Q.team,
-            _Q.task,
-            _Q.not_before,
-            sa.func.coalesce(_Q.attempts, 0).label("attempts"),
-            sa.func.coalesce(_Q.run_alone, sa.false()).label("run_alone"),
-        )
-        .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
-        .where(*_runs_claimable(teams=teams, host=host, dead_pids=dead_pids, now=now, skip=skip, alone=alone))
-        .order_by(_R.updated_at, _R.run_id)
-        .limit(1)
-        .with_for_update(of=runs, skip_locked=True)
-    )
-
-
-def _submissions_claimable(
-    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
-) -> tuple[sa.ColumnElement[bool], ...]:
-    holder = (_Q.claimed_by, _Q.claim_expires_at, _Q.claim_host, _Q.claim_pid)
-    no_run = ~sa.exists().where(_R.run_id == _Q.run_id)
-    return (no_run, _takeable(holder, host, dead_pids), _due(now), _team_filter(teams))
-
-
-def claimable_submissions(
-    *, teams: Sequence[str] | None, host: str, dead_pids: Sequence[int], now: float
-) -> sa.Select[Any]:
-    """The oldest submission whose run does not exist yet and whose claim is free, expired or dead."""
-    return (
-        sa.select(queue, DB_NOW.label("db_now"))
-        .where(*_submissions_claimable(teams=teams, host=host, dead_pids=dead_pids, now=now))
-        .order_by(_Q.created_at, _Q.run_id)
-        .limit(1)
-        .with_for_update(of=queue, skip_locked=True)
+        **{name: row[name] for name in _PLAIN_SUBMISSION_FIELDS},
+        task=None if task is None else loads(task),
+        partition=row["partition_key"],
     )
 
 
@@ -317,10 +209,27 @@ class WorkQueue:
     def _guard(self, action: str, run_id: str | None = None) -> AbstractContextManager[None]:
         return guarded(self._e, action, run_id=run_id)
 
-    def submit(self, run_id: str, *, task: Any, team: str | None) -> Submission:
+    def submit(
+        self,
+        run_id: str,
+        *,
+        task: Any,
+        team: str | None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        partition: str | None = None,
+        not_before: float | None = None,
+    ) -> Submission:
         """Queue a new run for a worker pool: a worker whose teams include ``team`` will create the
         run and drive it with ``task`` (JSON, usually a string). Idempotent per ``run_id``: the same
-        task and team again is a no-op that returns the existing submission.
+        task, team, queue, priority and partition again is a no-op that returns the existing
+        submission.
+
+        ``queue`` names the queue whose settings bound it (:meth:`configure`; an unconfigured
+        queue has no limits); ``priority``: lower first (then oldest); ``partition``: a key (a
+        customer) of which at most ``partition_concurrency`` runs (1 by default) are driven at once;
+        ``not_before``: no worker starts it before this time (epoch seconds, the workers' clock).
+        The run keeps its queue, priority and partition through crashes and ``runs retry``.
 
         Raises:
             RunExistsError: (a :class:`UsageError`) ``run_id`` was submitted with another task or
@@ -331,21 +240,33 @@ class WorkQueue:
                 non-printable character, too long).
         """
         check_run_id(run_id)
+        check_queue_name(queue)
+        if partition is not None:
+            check_queue_name(partition, "partition")
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) >= 2**31:
+            raise UsageError(
+                f"priority must be a whole number (lower first), not {priority!r}", option="priority"
+            )
+        if not_before is not None and (isinstance(not_before, bool) or not math.isfinite(not_before)):
+            raise UsageError(
+                f"not_before must be a time in epoch seconds, not {not_before!r}", option="not_before"
+            )
         text = dumps(task, where=f"the task of run {run_id}")
         now = time.time()
+        placed = {"queue": queue, "priority": priority, "partition_key": partition}
         for _attempt in range(2):
             try:
                 with self._guard(f"submitting run {run_id}", run_id), self._e.write.begin() as conn:
-                    row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
+                    row = conn.execute(sa.select(_TABLE).where(_Q.run_id == run_id)).mappings().first()
                     if row is not None and row["task"] is None:
                         row = None  # no submission: a run's failure bookkeeping (record_error/failure)
                     if row is not None:
-                        if row["task"] == text and row["team"] == team:
+                        if row["task"] == text and row["team"] == team and _placed(row) == placed:
                             return submission(row)
                         raise RunExistsError(
-                            f"run {run_id} was already submitted with team {row['team']!r} and task "
-                            f"{row['task'][:200]}, not team {team!r} and task {text[:200]}; submit the new "
-                            "task under a new run_id",
+                            f"run {run_id} was already submitted with team {row['team']!r}, task "
+                            f"{row['task'][:200]} and {_placed(row)}, not team {team!r}, task {text[:200]} "
+                            f"and {placed}; submit the new task under a new run_id",
                             run_id=run_id,
                             team=row["team"],
                         )
@@ -365,10 +286,11 @@ class WorkQueue:
                         "claim_token": 0,
                         "created_at": now,
                         "updated_at": now,
+                        **placed,
                     }
                     traced = {"trace_context": _caller_traceparent()}
-                    conn.execute(sa.insert(queue).values({**values, **traced}))
-                    return submission({**values, **dict.fromkeys(_QUEUE_NULLS)})
+                    conn.execute(sa.insert(_TABLE).values({**values, **traced, "not_before": not_before}))
+                    return submission({**values, **dict.fromkeys(_QUEUE_NULLS), "not_before": not_before})
             except StoreError as exc:
                 if not isinstance(exc.__cause__, sa.exc.IntegrityError):
                     raise
@@ -378,6 +300,68 @@ class WorkQueue:
             run_id=run_id,
             url=self._e.url,
         )
+
+    def configure(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        worker_concurrency: int | None = None,
+        partition_concurrency: int | None = None,
+        rate: str | None = None,
+    ) -> QueueSettings:
+        """Set the given settings of queue ``name`` for every worker (``None``: left as it is; see
+        :meth:`clear`); return its settings. ``concurrency``: runs of the queue driven at once across
+        the pool; ``worker_concurrency``: in one worker; ``partition_concurrency``: per partition key
+        (1 when unset); ``rate``: run starts and resumptions per period, ``"N/PERIOD"`` (``"100/60s"``,
+        PERIOD like ``1s``, ``60s``, ``1m``, ``1h``).
+
+        Raises:
+            UsageError: a bad name or value (all are checked before anything is written).
+        """
+        check_queue_name(name)
+        values = check_settings(
+            {
+                "concurrency": concurrency,
+                "worker_concurrency": worker_concurrency,
+                "partition_concurrency": partition_concurrency,
+                "rate": rate,
+            }
+        )
+        return self._set(name, values, ())
+
+    def clear(self, name: str, setting: str) -> QueueSettings:
+        """Remove ``setting`` (one of ``concurrency``, ``worker_concurrency``,
+        ``partition_concurrency``, ``rate``) of queue ``name``: no such limit. :class:`UsageError`
+        for another setting or a bad name."""
+        check_queue_name(name)
+        if setting not in SETTINGS:
+            raise UsageError(
+                f"no queue setting {setting!r}; clear one of {', '.join(SETTINGS)}", option="setting"
+            )
+        return self._set(name, {}, (setting,))
+
+    def _set(self, name: str, values: dict[str, Any], clear: Sequence[str]) -> QueueSettings:
+        with self._guard(f"configuring queue {name}"), self._e.write.begin() as conn:
+            configure(conn, name, values, clear=clear)
+            return read_settings(conn)[name]
+
+    def settings(self) -> dict[str, QueueSettings]:
+        """Every configured queue's settings, by name."""
+        with self._guard("reading the queue settings"), self._e.read.begin() as conn:
+            return read_settings(conn)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """One dict per queue (configured or holding unfinished items): its settings and ``queued``,
+        ``claimable``, ``active``, ``waiting``, ``backing_off``, ``scheduled``, ``oldest_queued_age``."""
+        with self._guard("counting the queues"), self._e.read.begin() as conn:
+            return queue_stats(conn, socket.gethostname(), time.time())
+
+    def why_not_started(self, run_id: str) -> str | None:
+        """Why queued run ``run_id`` is not being started now (not due, its queue at a cap, its
+        partition busy, its rate), or ``None``."""
+        with self._guard(f"reading the queue of run {run_id}", run_id), self._e.read.begin() as conn:
+            return why_not_started(conn, run_id, socket.gethostname(), time.time())
 
     def get_submission(self, run_id: str) -> Submission | None:
         """The run's queue row (its submission, attempts and back-off), or ``None``."""
@@ -404,6 +388,8 @@ class WorkQueue:
         pid: int | None = None,
         skip: Collection[str] = (),
         alone: bool = False,
+        queues: Sequence[str] | None = None,
+        throttled: Callable[[str, str], None] | None = None,
     ) -> Claim | None:
         """Atomically take ONE claimable item for ``owner``, or return ``None`` when there is none.
 
@@ -419,6 +405,13 @@ class WorkQueue:
         (:meth:`isolate`) is claimed only by a claimant that drives nothing else (``alone``), which
         then claims nothing else until it is done with that run (the claim's ``alone``).
 
+        Flow control: only items of ``queues`` (``None``: any) are taken, lower priority first,
+        then oldest (a run before a submission of the same priority); a queue at its concurrency,
+        worker-concurrency or rate cap, or a partition at its cap, is skipped, never blocking the
+        items behind it. The caps are counted from the rows in this transaction (on PostgreSQL
+        under the queue's advisory lock). A claim that finds nothing while a queue or partition was
+        held back calls ``throttled(queue, why)`` for each.
+
         PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED``: concurrent claimers never
         block each other and never get the same item. SQLite serialises them (``BEGIN IMMEDIATE``).
         """
@@ -432,23 +425,82 @@ class WorkQueue:
                 local = conn.execute(local_lease_pids(here), {"p_now": now}).all()
             dead = _dead_pids(here, local)
             with self._e.write.begin() as conn:
-                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip), alone)
-                found = self._claim_run(conn, want) or self._claim_submission(conn, want)
+                want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip), alone, queues)
+                found, gate = self._claim(conn, want)
+        if found is None and throttled is not None and (gate.closed or gate.busy):
+            self._report_throttled(gate, want, throttled)
         if found is not None and found.reason not in ("free", "submitted"):
             _log.info(
                 "run %s: %s claimed it (%s); token %d", found.run_id, owner, found.reason, found.fencing_token
             )
         return found
 
-    def _claim_run(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
+    def _claim(self, conn: sa.Connection, want: _Wanted) -> tuple[Claim | None, Gate]:
+        """The claim's candidates under flow control: the best run and the best submission of the
+        open queues and partitions; a candidate whose queue must be serialised is checked again
+        under the queue's lock (PostgreSQL), its queue or partition shut if it reached a cap."""
+        here, now = socket.gethostname(), want.now
+        gate = Gate.read(conn, owner=want.owner, here=here, dead=want.dead, now=now)
+        params = {"p_now": now}
+        locked = False
+        for _ in range(_CANDIDATES):
+            run = conn.execute(
+                claimable_runs(
+                    teams=want.teams,
+                    host=here,
+                    dead_pids=want.dead,
+                    now=now,
+                    skip=want.skip,
+                    alone=want.alone,
+                    queues=want.queues,
+                    gate=gate,
+                ),
+                params,
+            ).first()
+            query = claimable_submissions(
+                teams=want.teams, host=here, dead_pids=want.dead, now=now, queues=want.queues, gate=gate
+            )
+            sub = conn.execute(query, params).mappings().first()
+            if run is None and sub is None:
+                return None, gate
+            take_run = sub is None or (run is not None and int(run.priority) <= int(sub["priority"]))
+            picked: Any = run if take_run else sub
+            name, part = (
+                (picked.queue, picked.partition_key)
+                if take_run
+                else (picked["queue"], picked["partition_key"])
+            )
+            if gate.locks(name, part) and conn.dialect.name == "postgresql":
+                if not lock_queue(conn, name, wait=0.0 if locked else _LOCK_WAIT):
+                    gate.shut(name, None, f"queue {name} is being claimed by another worker")
+                    continue
+                locked = True
+                fresh = Gate.read(
+                    conn,
+                    owner=want.owner,
+                    here=here,
+                    dead=want.dead,
+                    now=now,
+                    settings=gate.settings,
+                    only=name,
+                )
+                gate.closed.update(fresh.closed)
+                gate.busy.update(fresh.busy)
+                if gate.why(name, part) is not None:
+                    continue
+            found = (
+                self._claim_run(conn, want, picked)
+                if take_run
+                else self._claim_submission(conn, want, picked)
+            )
+            if found is not None:
+                at = S.lease_clock(conn, time.time())
+                gate.record_start(conn, name, found.run_id, at)
+            return found, gate
+        return None, gate
+
+    def _claim_run(self, conn: sa.Connection, want: _Wanted, row: Any) -> Claim | None:
         owner, lease_seconds, host, pid, now = want.owner, want.lease_seconds, want.host, want.pid, want.now
-        here = socket.gethostname()
-        query = claimable_runs(
-            teams=want.teams, host=here, dead_pids=want.dead, now=now, skip=want.skip, alone=want.alone
-        )
-        row = conn.execute(query, {"p_now": now}).first()
-        if row is None:
-            return None
         # As anyone's: the claimant's own lease too is taken only once expired, or its process gone.
         taken = take_over(
             conn, row, asking=NOBODY, owner=owner, host=host, pid=pid, lease_seconds=lease_seconds, now=now
@@ -473,6 +525,9 @@ class WorkQueue:
             reason="free" if row.lease_owner is None else reason,
             attempts=int(row.attempts),
             alone=bool(row.run_alone),
+            queue=row.queue,
+            priority=int(row.priority),
+            partition=row.partition_key,
             claimable_since=_claimable_since(
                 row.not_before,
                 row.updated_at if row.lease_owner is None else row.lease_expires_at,
@@ -480,15 +535,13 @@ class WorkQueue:
             ),
         )
 
-    def _claim_submission(self, conn: sa.Connection, want: _Wanted) -> Claim | None:
-        owner, lease_seconds, now = want.owner, want.lease_seconds, want.now
-        here = socket.gethostname()
-        query = claimable_submissions(teams=want.teams, host=here, dead_pids=want.dead, now=now)
-        row = conn.execute(query, {"p_now": now}).mappings().first()
-        if row is None:
-            return None
+    def _claim_submission(self, conn: sa.Connection, want: _Wanted, row: Any) -> Claim | None:
+        owner, lease_seconds = want.owner, want.lease_seconds
         token = S.next_token(conn)  # claim tokens from the same counter: never repeated for a run id
-        expires = float(row["db_now"]) + lease_seconds  # by the lease clock, as run leases
+        # By the lease clock now, as run leases: not the candidate's time, which a wait for the
+        # queue's lock (or SQLite's) may have left seconds behind: a claim that expired before it
+        # was made would count against no cap.
+        expires = S.lease_clock(conn, time.time()) + lease_seconds
         changed = conn.execute(
             sa.update(queue)
             .where(queue.c.run_id == row["run_id"], queue.c.claim_token == row["claim_token"])
@@ -506,6 +559,9 @@ class WorkQueue:
             task=None if row["task"] is None else loads(row["task"]),
             status=None,
             reason="submitted" if row["claimed_by"] is None else "the previous claim expired or died",
+            queue=row["queue"],
+            priority=int(row["priority"]),
+            partition=row["partition_key"],
             attempts=int(row["attempts"]),
             claimable_since=_claimable_since(
                 row["created_at"],
@@ -515,14 +571,30 @@ class WorkQueue:
             ),
         )
 
+    def _report_throttled(self, gate: Gate, want: _Wanted, throttled: Callable[[str, str], None]) -> None:
+        """Call ``throttled`` for each queue or partition the claim left out that holds an item the
+        claimant could otherwise have taken (a cap with nothing behind it throttles nothing)."""
+        here, params = socket.gethostname(), {"p_now": want.now}
+        shut: list[tuple[str, str | None, str]] = [(name, None, why) for name, why in gate.closed.items()]
+        shut += [(name, part, why) for (name, part), why in gate.busy.items() if name not in gate.closed]
+        base: dict[str, Any] = {"teams": want.teams, "host": here, "dead_pids": want.dead, "now": want.now}
+        with self._e.read.begin() as conn:
+            for name, part, why in shut:
+                inside = sa.true() if part is None else _Q.partition_key == part
+                behind = sa.select(_R.run_id).select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
+                behind = behind.where(*runs_claimable(**base, skip=want.skip, queues=[name]), inside).limit(1)
+                waiting = sa.select(_Q.run_id).where(*submissions_claimable(**base, queues=[name]), inside)
+                if conn.execute(behind, params).first() or conn.execute(waiting.limit(1), params).first():
+                    throttled(name, why)
+
     def depth(self, teams: Sequence[str] | None = None) -> int:
         """How many items a worker of ``teams`` (``None``: any) could claim now: unfinished runs whose
         lease is free or expired and submissions not claimed, past their back-off (a lease held by a
         dead process counts once it expires)."""
         now = time.time()
         here = socket.gethostname()
-        run_items = _runs_claimable(teams=teams, host=here, dead_pids=(), now=now)
-        submitted = _submissions_claimable(teams=teams, host=here, dead_pids=(), now=now)
+        run_items = runs_claimable(teams=teams, host=here, dead_pids=(), now=now)
+        submitted = submissions_claimable(teams=teams, host=here, dead_pids=(), now=now)
         count_runs = sa.select(sa.func.count()).select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
         with self._guard("counting the claimable work"), self._e.read.begin() as conn:
             found = conn.execute(count_runs.where(*run_items), {"p_now": now}).scalar_one()
@@ -587,6 +659,11 @@ class WorkQueue:
         submitted, too."""
         with self._guard(f"recording the error of run {run_id}", run_id), self._e.write.begin() as conn:
             _note(conn, run_id, {"last_error": error[:4000]}, count=False)
+
+
+def _placed(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:
+    """A queue row's queue, priority and partition (what a submission's idempotency compares)."""
+    return {"queue": row["queue"], "priority": row["priority"], "partition_key": row["partition_key"]}
 
 
 def _held(run_id: str, fencing_token: int) -> sa.Select[Any]:
@@ -655,6 +732,7 @@ class _Wanted:
     now: float
     skip: Sequence[str] = ()
     alone: bool = False
+    queues: Sequence[str] | None = None
 
     def claimed(self, expires: float) -> dict[str, Any]:
         """The queue row's columns once this call holds its claim."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from graphflow_durable._storage.lease import iso, owner_gone
 from graphflow_durable.cli._common import table
-from graphflow_durable.store import ENDED_STATUSES, RunRecord, Store
+from graphflow_durable.store import DEFAULT_QUEUE, ENDED_STATUSES, RunRecord, Store
 
 __all__ = ["EXIT_DAMAGED", "HELD", "EXPIRED", "GONE", "SUBMITTED", "lease_state", "list_rows", "verify"]
 
@@ -39,14 +39,19 @@ def lease_state(run: RunRecord, now: float) -> str | None:
     return GONE if owner_gone(run) else HELD
 
 
-def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
-    """The rows ``runs list`` shows (``--json``: one object each), runs then waiting submissions."""
+def list_rows(
+    store: Store, wanted: Collection[str], queues: Collection[str] | None = None
+) -> list[dict[str, Any]]:
+    """The rows ``runs list`` shows (``--json``: one object each), runs then waiting submissions;
+    ``queues``: only those of these named queues (a run never submitted is in ``default``)."""
     now = store.lease_clock()
     teams = {s.run_id: s for s in store.queue.list_submissions()}
     rows: list[dict[str, Any]] = []
     real = [s for s in wanted if s != SUBMITTED]
     for run in store.list_runs(real) if real else []:
         sub = teams.get(run.run_id)
+        if queues is not None and (DEFAULT_QUEUE if sub is None else sub.queue) not in queues:
+            continue
         rows.append(
             {
                 "run_id": run.run_id,
@@ -60,6 +65,9 @@ def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
                 "lease_host": run.lease_host,
                 "lease_pid": run.lease_pid,
                 "attempts": 0 if sub is None else sub.attempts,
+                "queue": DEFAULT_QUEUE if sub is None else sub.queue,
+                "priority": 0 if sub is None else sub.priority,
+                "partition": None if sub is None else sub.partition,
                 # an error a later success superseded is not the run's now
                 "last_error": None if sub is None or run.status in ENDED_STATUSES else sub.last_error,
                 "pending": [r.to_json() for r in store.pending_requests(run.run_id)]
@@ -69,6 +77,8 @@ def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
         )
     if SUBMITTED in wanted:
         for sub in store.queue.list_submissions(waiting=True):
+            if queues is not None and sub.queue not in queues:
+                continue
             expires = sub.claim_expires_at
             state = None if sub.claimed_by is None else EXPIRED if expires is None or expires < now else HELD
             rows.append(
@@ -84,6 +94,9 @@ def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
                     "lease_host": None,
                     "lease_pid": None,
                     "attempts": sub.attempts,
+                    "queue": sub.queue,
+                    "priority": sub.priority,
+                    "partition": sub.partition,
                     "last_error": sub.last_error,
                     "pending": [],
                 }

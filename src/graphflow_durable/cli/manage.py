@@ -23,7 +23,7 @@ from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.statements import not_found
 from graphflow_durable.cli._common import Choice, json_option, store_option, table
 from graphflow_durable.cli._inspect import lease_state
-from graphflow_durable.store import ENDED_STATUSES, RUN_STATUSES, Removal, Store, Submission
+from graphflow_durable.store import DEFAULT_QUEUE, ENDED_STATUSES, RUN_STATUSES, Removal, Store, Submission
 
 __all__ = ["COMMANDS", "EXIT_REFUSED", "add_commands", "check", "older_than", "run"]
 
@@ -136,11 +136,19 @@ def run(store: Store, args: SimpleNamespace, out: Out) -> int:
     return 0
 
 
+def _placed(shown: dict[str, Any]) -> str:
+    part = "" if shown["partition"] is None else f", partition {shown['partition']}"
+    return f"{shown['queue']} (priority {shown['priority']}{part})"
+
+
 def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     run = store.get_run(args.run_id)
     if run is None and (waiting := store.queue.get_submission(args.run_id)) is not None:
         pending: dict[str, Any] = {"run_id": waiting.run_id, "status": "submitted", "team": waiting.team}
         pending |= {"attempts": waiting.attempts, "last_error": waiting.last_error}
+        pending |= {"queue": waiting.queue, "priority": waiting.priority, "partition": waiting.partition}
+        pending["not_before"] = waiting.not_before
+        pending["not_starting"] = store.queue.why_not_started(waiting.run_id)
         pending["waiting_for"] = _waiting_for(waiting, store.lease_clock())
         if args.json:
             out(json.dumps(pending, sort_keys=True))
@@ -171,6 +179,10 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         "ended_before_cancel": run.ended_before_cancel,
         "team": None if sub is None else sub.team,
         "attempts": 0 if sub is None else sub.attempts,
+        "queue": DEFAULT_QUEUE if sub is None else sub.queue,
+        "priority": 0 if sub is None else sub.priority,
+        "partition": None if sub is None else sub.partition,
+        "not_starting": store.queue.why_not_started(run.run_id),
         # an error a later success superseded (a deadline, a failed attempt) is not the run's now
         "last_error": None if sub is None or run.status in ENDED_STATUSES else sub.last_error,
         "parent_run_id": run.parent_run_id,
@@ -206,6 +218,8 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         ("lease", lease),
         ("cancel", _cancel_words(run)),
         ("team", shown["team"] or "-"),
+        ("queue", _placed(shown)),
+        *([] if shown["not_starting"] is None else [("not starting", shown["not_starting"])]),
         ("attempts", str(shown["attempts"])),
         ("last error", shown["last_error"] or "-"),
         *(

@@ -9,6 +9,7 @@ Data goes to stdout, diagnostics (logging) to stderr. Run ``graphflow-durable --
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from typing import Any
 import click
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli import _inspect, manage, timeline
+from graphflow_durable.cli import _inspect, manage, queues, timeline
 from graphflow_durable.cli._common import (
     FLOAT,
     INT,
@@ -50,7 +51,7 @@ from graphflow_durable.errors import (
 )
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.preflight import check_runs, runs_to_check
-from graphflow_durable.store import RUN_STATUSES, RunRecord, Store
+from graphflow_durable.store import DEFAULT_QUEUE, RUN_STATUSES, RunRecord, Store, check_queue_name
 from graphflow_durable.worker import TeamFactory, Worker, check_options
 
 __all__ = [
@@ -86,16 +87,45 @@ EXIT_REFUSED = manage.EXIT_REFUSED
 
 _STATUSES = (*RUN_STATUSES, SUBMITTED)
 
+
+class _Time(click.ParamType):  # type: ignore[type-arg]
+    """``--at``: ISO 8601 (UTC when it has no offset) or unix seconds, as epoch seconds."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            return value
+        text = str(value).strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        try:
+            at = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            self.fail(
+                f"{value!r} is not a time: give ISO 8601 (2026-03-01T09:00:00Z) or unix seconds", param, ctx
+            )
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=datetime.timezone.utc)
+        return at.timestamp()
+
+
+_TIME = _Time()
+
 EPILOG = f"""\
 commands:
-  worker   claim runs and drive them until SIGTERM/SIGINT (a second signal halts in-flight runs)
-  runs list [--status S] [--json]    list runs (and submissions not started yet: status 'submitted');
+  worker   claim runs and drive them until SIGTERM/SIGINT (a second signal halts in-flight runs);
+           --queue Q (repeatable): only from these named queues (default: all)
+  runs list [--status S] [--queue Q] [--json]
+                                     list runs (and submissions not started yet: status 'submitted');
                                      a run whose driver died shows 'running (owner gone)' or
                                      'running (lease expired)'
   runs verify [RUN ...] [--json]     check every step, message, agent-state and call-record row
                                      of the runs (default: all) against its checksum, and that none
                                      is missing; one line per damaged row or gap
-{timeline.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error,
+{timeline.EPILOG}{queues.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error,
                                      recorded calls made and replayed, tokens saved
   runs cancel RUN [--json]           stop a run: its driver stops before its next dispatch and
                                      leaves it cancelled (run() with no task resumes it); a run
@@ -117,8 +147,11 @@ commands:
   runs respond RUN ANSWER [--node N | --request ID] [--json]
                                      answer a waiting run's request for human input; the run
                                      becomes resumable (a worker or the next run() resumes it)
-  submit RUN_ID TASK [--team KEY] [--json]
-                                     queue a run for the pool (idempotent per RUN_ID)
+  submit RUN_ID TASK [--team KEY] [--queue Q] [--priority N] [--partition KEY] [--at TIME] [--json]
+                                     queue a run for the pool (idempotent per RUN_ID): in queue Q
+                                     (default 'default'), lower priority first, at most one run of a
+                                     partition KEY at a time, not before TIME (ISO 8601, UTC
+                                     without an offset, or unix seconds)
   check --team [KEY=]module:factory [RUN ...] [--json]
                                      the pre-deploy check: load the stored runs (default: every
                                      run not finished or cancelled) into fresh teams of the current
@@ -205,6 +238,9 @@ def cli(ctx: click.Context, verbose: int) -> None:
 @click.option("--poll-interval", type=FLOAT, default=0.5, help="idle poll period (default 0.5)")
 @click.option("--grace-seconds", type=FLOAT, default=30.0, help="on SIGTERM, let runs finish this long (30)")
 @click.option("--until-idle", is_flag=True, help="exit when nothing is left to claim")
+@click.option(
+    "--queue", "queues", multiple=True, metavar="Q", help="claim only from queue Q (repeatable; default all)"
+)
 def _worker_command(**params: Any) -> int:
     return _main("worker", None, params)
 
@@ -217,6 +253,7 @@ def _runs() -> None:
 @_runs.command("list", help="list runs")
 @store_option
 @click.option("--status", multiple=True, type=Choice(_STATUSES), help="only these (repeatable)")
+@click.option("--queue", "queues", multiple=True, metavar="Q", help="only runs of queue Q (repeatable)")
 @json_option("one JSON object per line")
 def _list_command(**params: Any) -> int:
     return _main("runs", "list", params)
@@ -258,6 +295,7 @@ def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
 
 timeline.add_commands(_runs, _dispatch)  # history, transcript, export, import, fork
 manage.add_commands(_runs, _dispatch)
+queues.add_commands(cli, lambda name, params: _main("queues", name, params))
 
 
 @_runs.command("respond", help="answer a waiting run's request for human input")
@@ -278,7 +316,22 @@ def _respond_command(ctx: click.Context, /, **params: Any) -> int:
 @click.argument("run_id", metavar="RUN_ID")
 @click.argument("task", metavar="TASK")
 @click.option("--team", default=None, help="the team key workers claim it by")
-@json_option("the submission as one JSON object: run_id, team, status")
+@click.option("--queue", default=DEFAULT_QUEUE, help="the named queue whose caps bound it (default: default)")
+@click.option("--priority", type=INT, default=0, help="lower first (default 0)")
+@click.option(
+    "--partition", default=None, metavar="KEY", help="its partition (e.g. a customer): 1 driven at a time"
+)
+@click.option(
+    "--at",
+    "not_before",
+    type=_TIME,
+    default=None,
+    metavar="TIME",
+    help="start no earlier than TIME: ISO 8601 (2026-03-01T09:00:00+01:00; UTC without an offset) or unix seconds",
+)
+@json_option(
+    "the submission as one JSON object: run_id, team, status, queue, priority, partition, not_before"
+)
 def _submit_command(**params: Any) -> int:
     return _main("submit", None, params)
 
@@ -305,6 +358,7 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
     given = require_value("--store", meta.get(STORE), "a database URL")
     # Only the commands that write a new run may create the store; the others need one to exist.
     creating = args.command in ("worker", "submit") or args.runs_command == "import"
+    creating = creating or (args.command == "queues" and args.runs_command == "set")
     url = given if given is not None else default_store_url(make_directory=creating)
     if args.command == "submit":
         check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
@@ -326,9 +380,13 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
     if args.command == "runs" and args.runs_command == "respond":
         check_run_id(args.run_id, option="RUN")
     # check changes nothing: not even the schema, which the old workers still use before the deploy.
+    if args.command == "queues" and args.runs_command != "list":
+        check_queue_name(args.name, "NAME")  # before the store is opened
     with _open_store(url, create=creating, given=given is not None, migrate=factory is None) as store:
         if args.command == "submit":
             return _submit(store, args)
+        if args.command == "queues":
+            return queues.run(store, args, _out)
         if factory is not None:
             return _check(store, args, factory)
         if args.runs_command in timeline.COMMANDS:
@@ -373,9 +431,27 @@ def _out(line: str) -> None:
 def _submit(store: Store, args: SimpleNamespace) -> int:
     for what, value in (("RUN_ID", args.run_id), ("TASK", args.task), ("--team", args.team)):
         _not_utf8(what, value)
-    sub = store.queue.submit(args.run_id, task=args.task, team=args.team)  # RunExistsError: exit 3
+    for what, value in (("--queue", args.queue), ("--partition", args.partition)):
+        _not_utf8(what, value)
+    sub = store.queue.submit(  # RunExistsError: exit 3
+        args.run_id,
+        task=args.task,
+        team=args.team,
+        queue=args.queue,
+        priority=args.priority,
+        partition=args.partition,
+        not_before=args.not_before,
+    )
     if args.json:
-        _out(json.dumps({"run_id": sub.run_id, "team": sub.team, "status": sub.status}))
+        placed = {"queue": sub.queue, "priority": sub.priority, "partition": sub.partition}
+        row = {
+            "run_id": sub.run_id,
+            "team": sub.team,
+            "status": sub.status,
+            **placed,
+            "not_before": sub.not_before,
+        }
+        _out(json.dumps(row))
         return EXIT_OK
     who = "--team module:factory" if sub.team is None else f"--team {sub.team}=module:factory"
     again = "" if sub.status == "pending" else f" (already submitted: {sub.status})"
@@ -418,7 +494,7 @@ def _respond(store: Store, args: SimpleNamespace) -> int:
 
 
 def _list(store: Store, args: SimpleNamespace) -> int:
-    print_rows(list_rows(store, set(args.status or _STATUSES)), args.json, _out)
+    print_rows(list_rows(store, set(args.status or _STATUSES), queues=args.queues or None), args.json, _out)
     return EXIT_OK
 
 
@@ -488,9 +564,9 @@ def _worker(args: SimpleNamespace, url: str) -> int:
     check_options(**_worker_options(args))  # UsageError, exit 2: before any team module is imported
     factories = _team_factories(args.team)
     if callable(factories):
-        worker = Worker(url, team=factories, **_worker_options(args))
+        worker = Worker(url, team=factories, queues=_worker_queues(args), **_worker_options(args))
     else:
-        worker = Worker(url, factories, **_worker_options(args))
+        worker = Worker(url, factories, queues=_worker_queues(args), **_worker_options(args))
 
     async def go() -> None:
         worker.install_signal_handlers()
@@ -519,6 +595,10 @@ def _worker_options(args: SimpleNamespace) -> dict[str, Any]:
         "poll_interval": args.poll_interval,
         "grace_seconds": args.grace_seconds,
     }
+
+
+def _worker_queues(args: SimpleNamespace) -> list[str] | None:
+    return list(args.queues) or None
 
 
 if __name__ == "__main__":

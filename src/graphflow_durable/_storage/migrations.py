@@ -384,6 +384,10 @@ def _m0014_deaths(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE graphflow_queue ADD COLUMN run_alone BOOLEAN"))
 
 
+def _m0015_placeholder(conn: Connection) -> None:
+    """Version 15: nothing (a placeholder for another branch's migration 15; dropped at merge)."""
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -405,6 +409,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (12, "create the records of model and tool calls made inside turns", _m0012_call_records),
     (13, "a run's and a submission's trace context for OpenTelemetry", _m0013_trace_context),
     (14, "which process each run died with; runs a worker must drive alone", _m0014_deaths),
+    (15, "placeholder (dropped at merge)", _m0015_placeholder),
 )
 
 #: The schema version this package writes.

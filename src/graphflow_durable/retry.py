@@ -41,6 +41,7 @@ __all__ = [
     "is_retryable",
     "policies_config",
     "register_events",
+    "provider_pause",
     "retry_after",
     "retry_policies",
     "timeout_policies",
@@ -507,6 +508,14 @@ def retry_after(exc: BaseException, *, now: float | None = None) -> float | None
         if found is not None:
             return found
     return None
+
+
+def provider_pause(exc: BaseException, *, now: float | None = None) -> float | None:
+    """A provider's rate-limit answer (HTTP status 429 in the exception's chain) that says how long
+    to wait (:func:`retry_after`): those seconds; ``None`` for any other exception."""
+    if not any(_status(item) == 429 for item in _chain(exc)):
+        return None
+    return retry_after(exc, now=now)
 
 
 def delay(

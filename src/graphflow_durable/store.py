@@ -65,6 +65,7 @@ from graphflow_durable._storage.migrations import (
     survey,
 )
 from graphflow_durable._storage.migrations import migrate as migrate_schema  # Store(migrate=)
+from graphflow_durable._storage.ratelimits import LimitState, RateBudgets
 from graphflow_durable._storage.reading import Verification, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
@@ -87,8 +88,10 @@ __all__ = [
     "Heartbeat",
     "InputRequest",
     "InputRequests",
+    "LimitState",
     "MessageRecord",
     "Progress",
+    "RateBudgets",
     "Removal",
     "Retry",
     "RunLog",
@@ -184,6 +187,7 @@ class Store:
         self._queue = WorkQueue(self._e)
         self._requests = InputRequests(self._e)
         self._calls = CallRecords(self._e)
+        self._limits = RateBudgets(self._e)
         self._feeds = Feeds(self._e)  # the live feeds of the runs followed (Store.follow)
         shared = self._e.target.shared
         try:
@@ -241,6 +245,11 @@ class Store:
     def calls(self) -> CallRecords:
         """The recorded model and tool calls of this store's runs (record, replay, discard, list)."""
         return self._calls
+
+    @property
+    def limits(self) -> RateBudgets:
+        """The model-provider rate limits every process shares (``graphflow_durable.rate_limited``)."""
+        return self._limits
 
     @property
     def url(self) -> str:

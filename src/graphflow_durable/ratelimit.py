@@ -18,8 +18,8 @@ it). ``DurableGraphFlow(..., rate_limits=[...])`` wraps the team's agents' model
   limit.
 - A provider's 429 that says how long to wait (``Retry-After``, ``retry-after-ms``) pauses the key
   in the store until then: no call of that key starts in any process before. The call that got it
-  waits and is made again, up to 3 times; a 429 without a wait, or the fourth, is raised (the
-  node's retry policy then decides). A stream is made again only if it yielded nothing yet.
+  waits and is made again, up to 3 times; a 429 without a wait, or the fourth in a row (which
+  still pauses the key), is raised (the node's retry policy then decides). A stream is made again only if it yielded nothing yet.
 - With :func:`~graphflow_durable.recorded`: wrap ``recorded(rate_limited(client, ...))`` (what
   ``DurableGraphFlow`` does when ``record_calls`` is on too), so that a replayed call never
   reaches the limiter and spends nothing. ``rate_limited(recorded(client), ...)`` spends a turn
@@ -286,18 +286,20 @@ class RateLimitedChatCompletionClient(ChatCompletionClient, Component[RateLimite
     async def _paused(self, store: Store, exc: Exception, attempt: int) -> bool:
         """Whether the call that raised ``exc`` is made again: a 429 with a wait pauses every key."""
         seconds = provider_pause(exc)
-        if seconds is None or attempt >= _RETRIES_AFTER_429:
+        if seconds is None:
             return False
         until = time.time() + seconds
-        for limit in self._limits:
+        for limit in self._limits:  # every process waits, whether or not this call goes again
             await asyncio.to_thread(store.limits.pause, limit.key, until)
+        again = attempt < _RETRIES_AFTER_429
         logger.info(
-            "rate limits %s paused for %.3f s by the provider (%s); the call is made again after",
+            "rate limits %s paused for %.3f s by the provider (%s); the call %s",
             ", ".join(x.key for x in self._limits),
             seconds,
             type(exc).__name__,
+            "is made again after" if again else f"got {attempt + 1} in a row and is raised",
         )
-        return True
+        return again
 
     def _guess(self, messages: Sequence[LLMMessage]) -> int:
         return _estimate(messages) + self._last_completion if self._tokens else 0

@@ -214,6 +214,22 @@ async def test_a_429_with_retry_after_pauses_the_key_and_the_call_is_made_after_
     assert limits_store.limits.paused_until("p") >= model.times[0] + 0.95
 
 
+async def test_a_fourth_429_in_a_row_pauses_the_key_and_is_raised_for_the_retry_policy(
+    limits_store: Store,
+) -> None:
+    class AlwaysBusy(Counting):
+        async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
+            self.times.append(time.time())
+            raise too_many(after="0.1")
+
+    model = AlwaysBusy(["never"])
+    client = rate_limited(model, RateLimit("busy", requests_per_minute=60000), store=limits_store)
+    with pytest.raises(httpx.HTTPStatusError):
+        await client.create([UserMessage(content="hi", source="u")])
+    assert len(model.times) == 4, "made once and again 3 times"
+    assert limits_store.limits.paused_until("busy") >= model.times[-1]
+
+
 async def test_a_429_without_retry_after_is_raised_for_the_retry_policy(limits_store: Store) -> None:
     request = httpx.Request("POST", "https://api.example.com/")
     bare = httpx.HTTPStatusError("429", request=request, response=httpx.Response(429, request=request))

@@ -19,7 +19,11 @@ it). ``DurableGraphFlow(..., rate_limits=[...])`` wraps the team's agents' model
 - A provider's 429 that says how long to wait (``Retry-After``, ``retry-after-ms``) pauses the key
   in the store until then: no call of that key starts in any process before. The call that got it
   waits and is made again, up to 3 times; a 429 without a wait, or the fourth in a row (which
-  still pauses the key), is raised (the node's retry policy then decides). A stream is made again only if it yielded nothing yet.
+  still pauses the key), is raised (the node's retry policy then decides). A stream is made again
+  only if it yielded nothing yet.
+- The store failing: taking a turn raises its :class:`StoreError` (inside a durable turn, a
+  database fault ends the run interrupted, to resume, as a commit's does); a token correction or a
+  pause that cannot be written is logged at WARNING (the call's result, or its 429, goes on).
 - With :func:`~graphflow_durable.recorded`: wrap ``recorded(rate_limited(client, ...))`` (what
   ``DurableGraphFlow`` does when ``record_calls`` is on too), so that a replayed call never
   reaches the limiter and spends nothing. ``rate_limited(recorded(client), ...)`` spends a turn
@@ -56,8 +60,8 @@ from opentelemetry import metrics, trace
 from pydantic import BaseModel
 from typing_extensions import Self
 
-from graphflow_durable._turncalls import current_turn
-from graphflow_durable.errors import UsageError
+from graphflow_durable._turncalls import current_turn, database_fault
+from graphflow_durable.errors import StoreError, UsageError
 from graphflow_durable.retry import provider_pause
 from graphflow_durable.store import Store
 
@@ -251,15 +255,23 @@ class RateLimitedChatCompletionClient(ChatCompletionClient, Component[RateLimite
         for limit in self._limits:
             waited = 0.0
             while True:
-                start = await asyncio.to_thread(
-                    store.limits.reserve,
-                    limit.key,
-                    spacing=limit.spacing,
-                    tokens=tokens if limit.tokens_per_minute is not None else 0,
-                    token_seconds=limit.token_seconds(tokens),
-                    requests_per_minute=limit.requests_per_minute,
-                    tokens_per_minute=limit.tokens_per_minute,
-                )
+                try:
+                    start = await asyncio.to_thread(
+                        store.limits.reserve,
+                        limit.key,
+                        spacing=limit.spacing,
+                        tokens=tokens if limit.tokens_per_minute is not None else 0,
+                        token_seconds=limit.token_seconds(tokens),
+                        requests_per_minute=limit.requests_per_minute,
+                        tokens_per_minute=limit.tokens_per_minute,
+                    )
+                except StoreError as exc:
+                    # The database failing ends a durable run interrupted (resumed later), as a
+                    # commit's fault does, not failed by whatever the agent makes of the error.
+                    turn = current_turn()
+                    if turn is not None and database_fault(exc):
+                        turn.link.fail(exc)
+                    raise
                 wait = start - time.time()
                 if wait <= 0:
                     break
@@ -278,10 +290,14 @@ class RateLimitedChatCompletionClient(ChatCompletionClient, Component[RateLimite
         if not self._tokens or delta == 0:
             return
         for limit in self._limits:
-            if limit.tokens_per_minute is not None:
+            if limit.tokens_per_minute is None:
+                continue
+            try:
                 await asyncio.to_thread(
                     store.limits.correct, limit.key, tokens=delta, token_seconds=limit.token_seconds(delta)
                 )
+            except StoreError as exc:  # the call was made: its result goes on, the budget is off
+                logger.warning("rate limit %s: tokens not corrected by %d: %s", limit.key, delta, exc)
 
     async def _paused(self, store: Store, exc: Exception, attempt: int) -> bool:
         """Whether the call that raised ``exc`` is made again: a 429 with a wait pauses every key."""
@@ -289,8 +305,12 @@ class RateLimitedChatCompletionClient(ChatCompletionClient, Component[RateLimite
         if seconds is None:
             return False
         until = time.time() + seconds
-        for limit in self._limits:  # every process waits, whether or not this call goes again
-            await asyncio.to_thread(store.limits.pause, limit.key, until)
+        try:
+            for limit in self._limits:  # every process waits, whether or not this call goes again
+                await asyncio.to_thread(store.limits.pause, limit.key, until)
+        except StoreError as pausing:  # the 429 is raised: the node's retry policy decides
+            logger.warning("rate limits not paused after a 429: %s", pausing)
+            return False
         again = attempt < _RETRIES_AFTER_429
         logger.info(
             "rate limits %s paused for %.3f s by the provider (%s); the call %s",

@@ -127,7 +127,8 @@ class Store:
     it through the store's private driver object (``_storage/driver.py``).
 
     The worker-pool queue is :attr:`queue`, the requests for human input :attr:`requests`, the
-    recorded model and tool calls :attr:`calls`: held by the store on the same engines.
+    recorded model and tool calls :attr:`calls`, the shared rate limits :attr:`limits`: held by the
+    store on the same engines.
 
     Args:
         url: a SQLAlchemy URL: ``sqlite:///path.db`` (embedded, the default backend),

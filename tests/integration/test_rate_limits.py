@@ -34,6 +34,7 @@ from graphflow_durable import (
     RecordedChatCompletionClient,
     RetryPolicy,
     Store,
+    StoreError,
     UsageError,
     rate_limited,
     recorded,
@@ -396,3 +397,41 @@ async def test_a_team_with_rate_limits_dumps_and_loads_them_without_wrapping_twi
     assert isinstance(client, RecordedChatCompletionClient)
     assert isinstance(client.inner, RateLimitedChatCompletionClient)
     assert not isinstance(client.inner.inner, (RateLimitedChatCompletionClient, RecordedChatCompletionClient))
+
+
+async def test_a_token_correction_the_store_cannot_write_is_logged_and_the_result_goes_on(
+    limits_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = rate_limited(
+        Counting(["kept"], tokens=500), RateLimit("t", tokens_per_minute=1e6), store=limits_store
+    )
+
+    def down(*_: Any, **__: Any) -> None:
+        raise StoreError("database unreachable (test)")
+
+    limits_store.limits.correct = down  # type: ignore[method-assign]
+    result = await client.create([UserMessage(content="hi", source="u")])
+    assert result.content == "kept"
+    assert "tokens not corrected" in caplog.text
+
+
+async def test_a_turn_the_store_cannot_give_leaves_the_durable_run_interrupted_not_failed(
+    store_url: str,
+) -> None:
+    agent = assistant([], Ran())
+    team = team_of(agent, store_url, rate_limits=RateLimit("k", requests_per_minute=60000))
+    error = StoreError("database unreachable (test)")
+
+    def down(*_: Any, **__: Any) -> float:
+        raise error
+
+    team.store.limits.reserve = down  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StoreError) as raised:
+            await asyncio.wait_for(team.run(task="go"), 30)
+    finally:
+        del team.store.limits.reserve
+    assert raised.value is error
+    assert team.run_info().status == "interrupted"
+    await team.run()  # resumed: the store answers again
+    assert team.run_info().status == "finished"

@@ -489,8 +489,9 @@ def _after(value: Any, now: float) -> float | None:
 
 def retry_after(exc: BaseException, *, now: float | None = None) -> float | None:
     """The wait a provider asked for, in seconds, from an exception of the chain: a ``retry_after``
-    attribute, or its ``response.headers``' ``retry-after-ms`` / ``retry-after`` (seconds or an
-    HTTP date, against ``now``, epoch seconds, default the clock); ``None`` when none says."""
+    attribute, or its ``response.headers``' (else its own ``headers``') ``retry-after-ms`` /
+    ``retry-after`` (seconds or an HTTP date, against ``now``, epoch seconds, default the clock);
+    ``None`` when none says."""
     clock = time.time() if now is None else now
     for item in _chain(exc):
         if isinstance(item, _Described):
@@ -499,6 +500,8 @@ def retry_after(exc: BaseException, *, now: float | None = None) -> float | None
         if found is not None:
             return found
         headers = getattr(getattr(item, "response", None), "headers", None)
+        if headers is None:
+            headers = getattr(item, "headers", None)  # aiohttp's ClientResponseError holds them itself
         if headers is None:
             continue
         millis = _after(_header(headers, "retry-after-ms"), clock)

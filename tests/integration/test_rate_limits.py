@@ -40,6 +40,7 @@ from graphflow_durable import (
     recorded,
 )
 from graphflow_durable.cli.runs import main as cli_main
+from graphflow_durable.retry import provider_pause
 
 from .test_recorded_calls import Ran, assistant, rows, team_of
 
@@ -231,6 +232,20 @@ async def test_a_fourth_429_in_a_row_pauses_the_key_and_is_raised_for_the_retry_
     assert limits_store.limits.paused_until("busy") >= model.times[-1]
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        too_many(after="2"),
+        type("ClientResponseError", (Exception,), {"status": 429, "headers": {"Retry-After": "2"}})(),
+        type("RateLimitError", (Exception,), {"status_code": 429, "retry_after": 2.0})(),
+    ],
+    ids=["httpx", "own-headers", "retry_after-attribute"],
+)
+def test_a_429_is_read_as_a_pause_from_the_response_the_exception_or_an_attribute(error: Exception) -> None:
+    assert provider_pause(error, now=0.0) == 2.0
+    assert provider_pause(ValueError("Error code: 400"), now=0.0) is None
+
+
 async def test_a_429_without_retry_after_is_raised_for_the_retry_policy(limits_store: Store) -> None:
     request = httpx.Request("POST", "https://api.example.com/")
     bare = httpx.HTTPStatusError("429", request=request, response=httpx.Response(429, request=request))
@@ -363,6 +378,8 @@ def test_limits_list_prints_each_keys_budget_use_and_pause(
     assert (openai["requests_per_minute"], openai["tokens_per_minute"]) == (600, 9000)
     assert (openai["requests_in_window"], openai["tokens_in_window"]) == (3, 150)
     assert openai["paused_until"] is None
+    assert (openai["requests_left"], openai["tokens_left"]) == (597, 8850)
+    assert anthropic["requests_left"] is None
     assert cli_main(["limits", "list", "--store", store_url]) == 0
     text = capsys.readouterr().out
     assert "openai" in text and "anthropic" in text and "paused" in text

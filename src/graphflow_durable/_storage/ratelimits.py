@@ -64,9 +64,16 @@ class LimitState:
             "window_start": self.window_start if current else None,
             "requests_in_window": self.window_requests if current else 0,
             "tokens_in_window": self.window_tokens if current else 0,
+            "requests_left": _left(self.requests_per_minute, self.window_requests if current else 0),
+            "tokens_left": _left(self.tokens_per_minute, self.window_tokens if current else 0),
             "next_free_in_s": round(max(self.request_at, self.token_at, self.paused_until, now) - now, 3),
             "paused_until": self.paused_until if self.paused_until > now else None,
         }
+
+
+def _left(limit: float | None, used: int) -> float | None:
+    """What the current window has left of ``limit`` (``None``: no such limit)."""
+    return None if limit is None else max(limit - used, 0)
 
 
 def _greatest(dialect: str, *values: Any) -> Any:

@@ -452,3 +452,24 @@ async def test_a_turn_the_store_cannot_give_leaves_the_durable_run_interrupted_n
     assert team.run_info().status == "interrupted"
     await team.run()  # resumed: the store answers again
     assert team.run_info().status == "finished"
+
+
+async def test_a_stream_waits_its_turn_and_yields_the_wrapped_clients_chunks_and_result(
+    limits_store: Store,
+) -> None:
+    model = ReplayChatCompletionClient(["first answer", "second answer"])
+    client = rate_limited(model, RateLimit("s", requests_per_minute=MINUTE / 0.5), store=limits_store)
+    began: list[float] = []
+    streamed: list[list[str | CreateResult]] = []
+    for _ in range(2):
+        items = []
+        async for item in client.create_stream([UserMessage(content="hi", source="u")]):
+            if not items:
+                began.append(time.time())
+            items.append(item)
+        streamed.append(items)
+    assert [x[-1].content for x in streamed] == ["first answer", "second answer"]  # type: ignore[union-attr]
+    assert "".join(str(c) for c in streamed[0][:-1]).replace(" ", "") == "firstanswer"
+    assert began[1] - began[0] >= 0.5 - 0.15
+    (state,) = limits_store.limits.list()
+    assert state.window_requests == 2

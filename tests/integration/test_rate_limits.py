@@ -473,3 +473,10 @@ async def test_a_stream_waits_its_turn_and_yields_the_wrapped_clients_chunks_and
     assert began[1] - began[0] >= 0.5 - 0.15
     (state,) = limits_store.limits.list()
     assert state.window_requests == 2
+
+
+def test_record_calls_leaves_a_rate_limited_client_that_records_inside_as_it_is(store_url: str) -> None:
+    limited = rate_limited(recorded(ReplayChatCompletionClient(["x"])), RateLimit("k", 60))
+    agent = AssistantAgent("A", model_client=limited)
+    team_of(agent, store_url)  # record_calls=True
+    assert agent._model_client is limited, "recording twice would give each call two ordinals"

@@ -249,14 +249,25 @@ def _agents(participants: Sequence[ChatAgent | Team]) -> Iterator[Any]:
                 pending.extend(p for p in inner if isinstance(p, (ChatAgent, Team)))
 
 
+def _recording(client: ChatCompletionClient) -> bool:
+    """Whether ``client`` records already: it, or a client it wraps (``rate_limited(recorded(c))``)."""
+    found: Any = client
+    while isinstance(found, ChatCompletionClient):
+        if isinstance(found, RecordedChatCompletionClient):
+            return True
+        found = getattr(found, "inner", None)
+    return False
+
+
 def record_calls(participants: Sequence[ChatAgent | Team]) -> None:
     """Wrap the model client (``_model_client``: AssistantAgent and its subclasses,
     SocietyOfMindAgent, CodeExecutorAgent) and the workbenches (``_workbench``) of every
     participant, and of the agents inside nested teams and SocietyOfMindAgents, with
-    :func:`~graphflow_durable.recorded`; a wrapper is never wrapped again."""
+    :func:`~graphflow_durable.recorded`; a client that records already (itself or a client it wraps)
+    is never wrapped again."""
     for agent in _agents(participants):
         client = getattr(agent, "_model_client", None)
-        if isinstance(client, ChatCompletionClient):
+        if isinstance(client, ChatCompletionClient) and not _recording(client):
             agent._model_client = recorded(client)
         benches = getattr(agent, "_workbench", None)
         if isinstance(benches, Sequence) and benches and all(isinstance(w, Workbench) for w in benches):

@@ -44,6 +44,7 @@ from graphflow_durable.flow import (
     default_store_url,
 )
 from graphflow_durable.integrity import Finding, RepairResult, ValidationReport, repair_state, validate_state
+from graphflow_durable.ratelimit import RateLimit, RateLimitedChatCompletionClient, rate_limited
 from graphflow_durable.recorded import (
     RecordedChatCompletionClient,
     RecordedStreamWorkbench,
@@ -79,6 +80,8 @@ __all__ = [
     "NodeTimeoutError",
     "NotSerializableError",
     "NotWaitingError",
+    "RateLimit",
+    "RateLimitedChatCompletionClient",
     "RecordedChatCompletionClient",
     "RecordedStreamWorkbench",
     "RecordedWorkbench",
@@ -108,6 +111,7 @@ __all__ = [
     "current_execution",
     "current_tool_call",
     "default_store_url",
+    "rate_limited",
     "recorded",
     "repair_state",
     "validate_state",

@@ -36,6 +36,7 @@ __all__ = [
     "CallLink",
     "TurnCalls",
     "current_turn",
+    "database_fault",
     "digest",
     "raise_kept",
     "start_recording",
@@ -69,7 +70,7 @@ class CallLink(Protocol):
         """A recorded call was replayed instead of made (``tokens``: its model tokens; telemetry)."""
 
 
-def _database_fault(exc: BaseException) -> bool:
+def database_fault(exc: BaseException) -> bool:
     """Whether ``exc`` is the database failing (an outage, a lock, a full disk), not the data."""
     return isinstance(exc, StoreError) and not isinstance(
         exc, (ConflictError, StoreCorruptError, SchemaVersionError, UsageError)
@@ -143,7 +144,7 @@ class TurnCalls:
         except StoreError as exc:
             # A lost lease, or the database failing (the run ends interrupted, not failed, as on a
             # commit's fault): the run ends with it, whatever the agent makes of the error.
-            if isinstance(exc, LeaseLostError) or _database_fault(exc):
+            if isinstance(exc, LeaseLostError) or database_fault(exc):
                 self.link.fail(exc)
             raise
 
@@ -259,7 +260,7 @@ class TurnCalls:
         try:
             await self._fenced(self.link.store.calls.record, record)
         except StoreError as exc:
-            if result is not None and _database_fault(exc):
+            if result is not None and database_fault(exc):
                 self.link.unwritten.append(record)  # the call was made: the next attempt replays it
             raise
         if result is None:

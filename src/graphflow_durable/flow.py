@@ -39,6 +39,7 @@ from graphflow_durable._runtime.config import (
     DurableGraphFlowConfig,
     GraphFlowConfig,
     always_resume,
+    check_crash_attempts,
     config_store_url,
     default_store_url,
     durable_state,
@@ -50,11 +51,12 @@ from graphflow_durable._runtime.gate import HumanGate, on_waiting_run
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.session import RunSession
 from graphflow_durable._runtime.stops import ALWAYS_RESUME_STOP, forget_stale_shutdown
-from graphflow_durable._runtime.team import TeamView
+from graphflow_durable._runtime.team import TeamView, limit_calls
 from graphflow_durable._runtime.team import record_calls as record_calls_of
 from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.lease import check_lease_seconds
 from graphflow_durable.errors import NodeFailedError, UsageError
+from graphflow_durable.ratelimit import RateLimit
 from graphflow_durable.retry import (
     RetryPolicy,
     TimeoutPolicy,
@@ -153,6 +155,9 @@ class DurableGraphFlow(GraphFlow):
             agents of nested teams), so that a turn that runs again -- resumed after a crash, or
             retried -- replays the calls it already made instead of paying for them or repeating a
             tool's side effect. See README, "Recorded model and tool calls". Default ``False``.
+        rate_limits: a :class:`~graphflow_durable.RateLimit` or a list: every model call of the agents
+            takes a turn of each, shared by every process through the run's store
+            (:func:`~graphflow_durable.rate_limited`; a replayed call spends nothing). docs/rate-limits.md.
         tracer_provider: the OpenTelemetry tracer provider of the run's spans (one
             ``invoke_workflow`` span per run()/run_stream(), all of a run's in one trace, across
             processes; no message text). Default: the global one. As AutoGen's runtime, nothing is
@@ -193,18 +198,11 @@ class DurableGraphFlow(GraphFlow):
         timeout: TimeoutPolicy | float | Mapping[str, Any] | None = None,
         max_crash_attempts: int = 5,
         record_calls: bool = False,
+        rate_limits: RateLimit | Sequence[RateLimit] | None = None,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        if (
-            isinstance(max_crash_attempts, bool)
-            or not isinstance(max_crash_attempts, int)
-            or max_crash_attempts < 1
-        ):
-            raise UsageError(
-                f"max_crash_attempts must be an int 1 or more, not {max_crash_attempts!r}",
-                option="max_crash_attempts",
-            )
+        check_crash_attempts(max_crash_attempts)
         lease_seconds = check_lease_seconds(lease_seconds)
         if not isinstance(record_calls, bool):
             raise UsageError(
@@ -226,6 +224,7 @@ class DurableGraphFlow(GraphFlow):
             custom_message_types=custom_message_types,
         )
         register_events(self._message_factory)  # a stored NodeRetryEvent loads back on every team
+        self._rate_limits = limit_calls(participants, rate_limits)  # none: nothing wrapped
         self._record_calls = record_calls
         if record_calls:
             record_calls_of(participants)
@@ -657,6 +656,7 @@ class DurableGraphFlow(GraphFlow):
             timeout=policies_config(self._session.turns.timeout),
             max_crash_attempts=session.max_crash_attempts,
             record_calls=self._record_calls,
+            rate_limits=[x.to_json() for x in self._rate_limits],
         )
 
     @classmethod

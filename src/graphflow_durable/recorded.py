@@ -118,7 +118,10 @@ def _tool_schema(tool: Tool | ToolSchema) -> Any:
 
 def _model_name(client: ChatCompletionClient) -> str:
     """The model a client calls: its ``model`` create argument (OpenAI, Azure, Anthropic, Ollama
-    clients hold it there), else its model family, else its class name."""
+    clients hold it there), else its model family, else its class name; a wrapper's (one with an
+    ``inner`` client: ``rate_limited``) is its wrapped client's."""
+    while isinstance(getattr(client, "inner", None), ChatCompletionClient):
+        client = client.inner  # type: ignore[attr-defined]
     create_args = getattr(client, "_create_args", None)
     if isinstance(create_args, Mapping) and isinstance(create_args.get("model"), str):
         return str(create_args["model"])

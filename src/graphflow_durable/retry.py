@@ -41,6 +41,7 @@ __all__ = [
     "is_retryable",
     "policies_config",
     "register_events",
+    "provider_pause",
     "retry_after",
     "retry_policies",
     "timeout_policies",
@@ -488,8 +489,9 @@ def _after(value: Any, now: float) -> float | None:
 
 def retry_after(exc: BaseException, *, now: float | None = None) -> float | None:
     """The wait a provider asked for, in seconds, from an exception of the chain: a ``retry_after``
-    attribute, or its ``response.headers``' ``retry-after-ms`` / ``retry-after`` (seconds or an
-    HTTP date, against ``now``, epoch seconds, default the clock); ``None`` when none says."""
+    attribute, or its ``response.headers``' (else its own ``headers``') ``retry-after-ms`` /
+    ``retry-after`` (seconds or an HTTP date, against ``now``, epoch seconds, default the clock);
+    ``None`` when none says."""
     clock = time.time() if now is None else now
     for item in _chain(exc):
         if isinstance(item, _Described):
@@ -499,6 +501,8 @@ def retry_after(exc: BaseException, *, now: float | None = None) -> float | None
             return found
         headers = getattr(getattr(item, "response", None), "headers", None)
         if headers is None:
+            headers = getattr(item, "headers", None)  # aiohttp's ClientResponseError holds them itself
+        if headers is None:
             continue
         millis = _after(_header(headers, "retry-after-ms"), clock)
         if millis is not None:
@@ -507,6 +511,14 @@ def retry_after(exc: BaseException, *, now: float | None = None) -> float | None
         if found is not None:
             return found
     return None
+
+
+def provider_pause(exc: BaseException, *, now: float | None = None) -> float | None:
+    """A provider's rate-limit answer (HTTP status 429 in the exception's chain) that says how long
+    to wait (:func:`retry_after`): those seconds; ``None`` for any other exception."""
+    if not any(_status(item) == 429 for item in _chain(exc)):
+        return None
+    return retry_after(exc, now=now)
 
 
 def delay(

@@ -66,6 +66,7 @@ from graphflow_durable._storage.migrations import (
     survey,
 )
 from graphflow_durable._storage.migrations import migrate as migrate_schema  # Store(migrate=)
+from graphflow_durable._storage.ratelimits import LimitState, RateBudgets
 from graphflow_durable._storage.reading import Verification, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
@@ -88,8 +89,10 @@ __all__ = [
     "Heartbeat",
     "InputRequest",
     "InputRequests",
+    "LimitState",
     "MessageRecord",
     "Progress",
+    "RateBudgets",
     "Removal",
     "Retry",
     "RunLog",
@@ -128,7 +131,8 @@ class Store:
     it through the store's private driver object (``_storage/driver.py``).
 
     The worker-pool queue is :attr:`queue`, the requests for human input :attr:`requests`, the
-    recorded model and tool calls :attr:`calls`: held by the store on the same engines.
+    recorded model and tool calls :attr:`calls`, the shared rate limits :attr:`limits`: held by the
+    store on the same engines.
 
     Args:
         url: a SQLAlchemy URL: ``sqlite:///path.db`` (embedded, the default backend),
@@ -188,6 +192,7 @@ class Store:
         self._queue = WorkQueue(self._e)
         self._requests = InputRequests(self._e)
         self._calls = CallRecords(self._e)
+        self._limits = RateBudgets(self._e)
         self._feeds = Feeds(self._e)  # the live feeds of the runs followed (Store.follow)
         shared = self._e.target.shared
         try:
@@ -245,6 +250,11 @@ class Store:
     def calls(self) -> CallRecords:
         """The recorded model and tool calls of this store's runs (record, replay, discard, list)."""
         return self._calls
+
+    @property
+    def limits(self) -> RateBudgets:
+        """The model-provider rate limits every process shares (``graphflow_durable.rate_limited``)."""
+        return self._limits
 
     @property
     def url(self) -> str:

@@ -28,6 +28,7 @@ EXECUTED_DOCUMENTS = (
     "docs/operations.md",
     "docs/retries.md",
     "docs/recorded-calls.md",
+    "docs/rate-limits.md",
 )
 
 

@@ -13,13 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pydantic
 from autogen_agentchat.base import ChatAgent, TerminationCondition
 from autogen_agentchat.teams import DiGraph
 from autogen_agentchat.teams._group_chat._graph._digraph_group_chat import GraphFlowConfig
 
 from graphflow_durable._storage.urls import parse_store_url
-from graphflow_durable.errors import NotSerializableError, StateFormatError
+from graphflow_durable.errors import NotSerializableError, StateFormatError, UsageError
 from graphflow_durable.integrity import repair_state
+from graphflow_durable.ratelimit import RateLimit
 from graphflow_durable.store import Store
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "DurableGraphFlowConfig",
     "GraphFlowConfig",
     "always_resume",
+    "check_crash_attempts",
     "config_store_url",
     "default_store_url",
     "durable_state",
@@ -103,6 +106,16 @@ class DurableGraphFlowConfig(GraphFlowConfig):
     timeout: Any = None
     max_crash_attempts: int = 5
     record_calls: bool = False
+    rate_limits: list[dict[str, Any]] = pydantic.Field(default_factory=list)
+
+
+def check_crash_attempts(value: Any) -> int:
+    """``max_crash_attempts`` as given, checked: an int 1 or more (else a ``UsageError``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(
+            f"max_crash_attempts must be an int 1 or more, not {value!r}", option="max_crash_attempts"
+        )
+    return value
 
 
 def refuse_callables(graph: DiGraph) -> None:
@@ -193,5 +206,6 @@ def flow_arguments(config: GraphFlowConfig) -> tuple[list[ChatAgent], DiGraph, d
             "timeout": durable.timeout,
             "max_crash_attempts": durable.max_crash_attempts,
             "record_calls": durable.record_calls,
+            "rate_limits": [RateLimit(**x) for x in durable.rate_limits] or None,
         },
     )

@@ -432,6 +432,10 @@ class RunSession:
         """A recorded call of a turn was replayed instead of made (``tokens``: its model tokens)."""
         self.telemetry.replayed(tokens)
 
+    def rate_limit_waited(self, key: str, seconds: float) -> None:
+        """A model call of a turn waited ``seconds`` for its turn of rate limit ``key``."""
+        self.telemetry.rate_limit_waited(key, seconds)
+
     async def detach(self, clean: bool, failed: bool, error: BaseException | None = None) -> None:
         """Record how the run ended if the manager did not (interrupted or failed, with ``error`` as
         the run's last error: what ``runs show`` shows); free the lease.

@@ -5,7 +5,8 @@ its stored run, each made from the other.
 states, its message factory, and a way to put the team at a stored position -- without the
 session knowing AutoGen's private attribute names.
 
-:func:`record_calls` wraps the participants' model clients and workbenches (``record_calls=True``).
+:func:`record_calls` wraps the participants' model clients and workbenches (``record_calls=True``);
+:func:`limit_calls` their model clients in their rate limits (``rate_limits=[...]``).
 
 The functions below (they hold nothing; each takes what it needs) put the team at the store's
 head (:func:`restore`), turn a loaded state into the commit that makes it a run's new starting
@@ -16,7 +17,7 @@ calls them as it attaches, loads and restarts; the flow reads results and states
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,11 +35,26 @@ from graphflow_durable._model.restore import Plan, cursor_from_log, plan
 from graphflow_durable._runtime.container import DurableChatAgentContainer
 from graphflow_durable._runtime.manager import DurableGraphFlowManager
 from graphflow_durable._runtime.stops import flow_logger
-from graphflow_durable.recorded import recorded
+from graphflow_durable.ratelimit import (
+    RateLimit,
+    RateLimitedChatCompletionClient,
+    rate_limited,
+    rate_limits_of,
+)
+from graphflow_durable.recorded import RecordedChatCompletionClient, recorded
 from graphflow_durable.scheduler import GraphSpec
 from graphflow_durable.store import AgentStateRecord, MessageRecord, RunUpdate, Step, StepKind, Store
 
-__all__ = ["TeamView", "imported", "last_round", "record_calls", "restore", "state_of", "stored_result"]
+__all__ = [
+    "TeamView",
+    "imported",
+    "last_round",
+    "limit_calls",
+    "record_calls",
+    "restore",
+    "state_of",
+    "stored_result",
+]
 
 #: Where AutoGen's agents and teams hold the agents and teams inside them: a SocietyOfMindAgent's
 #: inner team, a group chat's participants, a MessageFilterAgent's wrapped agent.
@@ -215,11 +231,8 @@ async def state_of(
     return at.team_state(run_id, team.manager_name, states, fingerprint, result.get("stop_reason"))
 
 
-def record_calls(participants: Sequence[ChatAgent | Team]) -> None:
-    """Wrap the model client (``_model_client``: AssistantAgent and its subclasses,
-    SocietyOfMindAgent, CodeExecutorAgent) and the workbenches (``_workbench``) of every
-    participant, and of the agents inside nested teams and SocietyOfMindAgents, with
-    :func:`~graphflow_durable.recorded`; a wrapper is never wrapped again."""
+def _agents(participants: Sequence[ChatAgent | Team]) -> Iterator[Any]:
+    """Every participant, and the agents inside nested teams and SocietyOfMindAgents, once each."""
     seen: set[int] = set()
     pending: list[Any] = list(participants)
     while pending:
@@ -227,15 +240,55 @@ def record_calls(participants: Sequence[ChatAgent | Team]) -> None:
         if id(agent) in seen:
             continue
         seen.add(id(agent))
-        client = getattr(agent, "_model_client", None)
-        if isinstance(client, ChatCompletionClient):
-            agent._model_client = recorded(client)
-        benches = getattr(agent, "_workbench", None)
-        if isinstance(benches, Sequence) and benches and all(isinstance(w, Workbench) for w in benches):
-            agent._workbench = [recorded(w) for w in benches]
+        yield agent
         for attribute in _INNER:
             inner = getattr(agent, attribute, None)
             if isinstance(inner, (ChatAgent, Team)):
                 pending.append(inner)
             elif isinstance(inner, Sequence) and not isinstance(inner, str):
                 pending.extend(p for p in inner if isinstance(p, (ChatAgent, Team)))
+
+
+def _recording(client: ChatCompletionClient) -> bool:
+    """Whether ``client`` records already: it, or a client it wraps (``rate_limited(recorded(c))``)."""
+    found: Any = client
+    while isinstance(found, ChatCompletionClient):
+        if isinstance(found, RecordedChatCompletionClient):
+            return True
+        found = getattr(found, "inner", None)
+    return False
+
+
+def record_calls(participants: Sequence[ChatAgent | Team]) -> None:
+    """Wrap the model client (``_model_client``: AssistantAgent and its subclasses,
+    SocietyOfMindAgent, CodeExecutorAgent) and the workbenches (``_workbench``) of every
+    participant, and of the agents inside nested teams and SocietyOfMindAgents, with
+    :func:`~graphflow_durable.recorded`; a client that records already (itself or a client it wraps)
+    is never wrapped again."""
+    for agent in _agents(participants):
+        client = getattr(agent, "_model_client", None)
+        if isinstance(client, ChatCompletionClient) and not _recording(client):
+            agent._model_client = recorded(client)
+        benches = getattr(agent, "_workbench", None)
+        if isinstance(benches, Sequence) and benches and all(isinstance(w, Workbench) for w in benches):
+            agent._workbench = [recorded(w) for w in benches]
+
+
+def limit_calls(participants: Sequence[ChatAgent | Team], given: Any) -> tuple[RateLimit, ...]:
+    """Wrap the model client of every agent :func:`record_calls` reaches with
+    :func:`~graphflow_durable.rate_limited` (``given``: a RateLimit or a list, ``None``: none; the
+    run's store), inside a recording wrapper (a replayed call spends nothing); a client already
+    rate-limited is left as it is. Return the limits (a ``UsageError`` for a bad ``given``)."""
+    limits = () if given is None else rate_limits_of(given)
+    if not limits:
+        return limits
+    for agent in _agents(participants):
+        client = getattr(agent, "_model_client", None)
+        if isinstance(client, RecordedChatCompletionClient):
+            if not isinstance(client.inner, RateLimitedChatCompletionClient):
+                agent._model_client = RecordedChatCompletionClient(rate_limited(client.inner, limits))
+        elif isinstance(client, ChatCompletionClient) and not isinstance(
+            client, RateLimitedChatCompletionClient
+        ):
+            agent._model_client = rate_limited(client, limits)
+    return limits

@@ -214,6 +214,12 @@ class Telemetry:
                 "tokens": meter.create_counter(
                     f"{_NS}.tokens.saved", description="Model tokens not paid for again (replayed calls)"
                 ),
+                "rate_waits": meter.create_counter(
+                    f"{_NS}.rate_limit.waits", description="Model calls that waited for a rate limit"
+                ),
+                "rate_wait": meter.create_histogram(
+                    f"{_NS}.rate_limit.wait", unit="s", description="Time model calls waited for a rate limit"
+                ),
             }
         return self._made
 
@@ -360,6 +366,16 @@ class Telemetry:
                 instruments["tokens"].add(tokens)
         if self.enabled:
             self.event("call_replayed", {"tokens_saved": tokens})
+
+    def rate_limit_waited(self, key: str, seconds: float) -> None:
+        """A model call waited ``seconds`` for its turn of rate limit ``key`` (attribute ``key``)."""
+        instruments = self._instruments
+        if instruments is not None:
+            with _METRICS:
+                instruments["rate_waits"].add(1, {"key": key})
+                instruments["rate_wait"].record(seconds, {"key": key})
+        if self.enabled:
+            self.event("rate_limit_wait", {"key": key, "seconds": seconds})
 
     def attempt_failed(self, node: str, attempt: int, error_type: str, retried: bool) -> None:
         """An attempt of ``node``'s turn failed (a ``timeout`` event when it timed out); ``retried``:

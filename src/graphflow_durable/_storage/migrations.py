@@ -419,6 +419,26 @@ def _m0015_flow_control(conn: Connection) -> None:
     md.create_all(conn)
 
 
+def _m0016_rate_limits(conn: Connection) -> None:
+    """Version 16: ``graphflow_rate_limits``, the model-provider rate limits every process shares
+    (one row per key: its schedules, pause and current window); frozen copy."""
+    md = sa.MetaData()
+    sa.Table(
+        "graphflow_rate_limits",
+        md,
+        sa.Column("key", sa.String, primary_key=True),
+        sa.Column("requests_per_minute", sa.Double, nullable=True),
+        sa.Column("tokens_per_minute", sa.Double, nullable=True),
+        sa.Column("request_at", sa.Double, nullable=False),
+        sa.Column("token_at", sa.Double, nullable=False),
+        sa.Column("paused_until", sa.Double, nullable=False),
+        sa.Column("window_start", sa.Double, nullable=False),
+        sa.Column("window_requests", sa.BigInteger, nullable=False),
+        sa.Column("window_tokens", sa.BigInteger, nullable=False),
+        sa.Column("updated_at", sa.Double, nullable=False),
+    ).create(conn)
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -441,6 +461,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (13, "a run's and a submission's trace context for OpenTelemetry", _m0013_trace_context),
     (14, "which process each run died with; runs a worker must drive alone", _m0014_deaths),
     (15, "named queues: settings, priorities, partitions and the claims a rate counts", _m0015_flow_control),
+    (16, "create the model-provider rate limits shared by every process", _m0016_rate_limits),
 )
 
 #: The schema version this package writes.

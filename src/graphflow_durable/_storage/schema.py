@@ -25,6 +25,7 @@ __all__ = [
     "queue",
     "queue_settings",
     "queue_starts",
+    "rate_limits",
     "runs",
     "schema_version",
     "steps",
@@ -279,6 +280,28 @@ deaths = sa.Table(
     sa.Column("holder_process", sa.String, primary_key=True),
     sa.Column("died_at", sa.Double, nullable=False),
     sa.Index("graphflow_deaths_holder", "holder_host", "holder_pid"),
+)
+
+#: Model-provider rate limits shared by every process (schema version 16): one row per key, its
+#: budget as two schedules (GCRA): ``request_at``, the earliest time the key's next call may start
+#: (each call moves it ``60 / requests_per_minute`` s on), and ``token_at``, the same for tokens
+#: (each call moves it its tokens' share of a minute on, estimated first, corrected after). A call
+#: starts at the latest of both, now and ``paused_until`` (a provider's ``Retry-After``). The
+#: ``window_*`` columns count the calls and tokens of the minute that began at ``window_start``
+#: (``limits list``). See ``_storage/ratelimits.py``.
+rate_limits = sa.Table(
+    "graphflow_rate_limits",
+    metadata,
+    sa.Column("key", sa.String, primary_key=True),
+    sa.Column("requests_per_minute", sa.Double, nullable=True),
+    sa.Column("tokens_per_minute", sa.Double, nullable=True),
+    sa.Column("request_at", sa.Double, nullable=False),
+    sa.Column("token_at", sa.Double, nullable=False),
+    sa.Column("paused_until", sa.Double, nullable=False),
+    sa.Column("window_start", sa.Double, nullable=False),
+    sa.Column("window_requests", sa.BigInteger, nullable=False),
+    sa.Column("window_tokens", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
 )
 
 #: Where fencing tokens come from (schema version 10): one store-wide counter, so that a token never

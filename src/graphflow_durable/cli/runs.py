@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -37,6 +38,7 @@ from graphflow_durable.cli._common import (
     require_value,
     run_command,
     store_option,
+    table,
 )
 from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
 from graphflow_durable.errors import (
@@ -311,6 +313,18 @@ def _respond_command(ctx: click.Context, /, **params: Any) -> int:
     return _main("runs", "respond", params)
 
 
+@cli.group("limits", help="model-provider rate limits shared by every process")
+def _limits() -> None:
+    pass
+
+
+@_limits.command("list", help="each key's limits, use in the current minute, next free turn and pause")
+@store_option
+@json_option("one JSON object per key")
+def _limits_list_command(**params: Any) -> int:
+    return _main("limits", "list", params)
+
+
 @cli.command("submit", help="queue a run for the worker pool")
 @store_option
 @click.argument("run_id", metavar="RUN_ID")
@@ -387,6 +401,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
             return _submit(store, args)
         if args.command == "queues":
             return queues.run(store, args, _out)
+        if args.command == "limits":
+            return _limits_list(store, args)
         if factory is not None:
             return _check(store, args, factory)
         if args.runs_command in timeline.COMMANDS:
@@ -456,6 +472,47 @@ def _submit(store: Store, args: SimpleNamespace) -> int:
     who = "--team module:factory" if sub.team is None else f"--team {sub.team}=module:factory"
     again = "" if sub.status == "pending" else f" (already submitted: {sub.status})"
     _out(f"run {sub.run_id}: submitted{again}; a worker started with {who} claims it")
+    return EXIT_OK
+
+
+def _limits_list(store: Store, args: SimpleNamespace) -> int:
+    rows = [state.to_json() for state in store.limits.list()]
+    if args.json:
+        for row in rows:
+            _out(json.dumps(row))
+        return EXIT_OK
+
+    def per_minute(value: float | None) -> str:
+        return "-" if value is None else f"{value:g}"
+
+    def paused(until: float | None) -> str:
+        return "" if until is None else f"paused {until - time.time():.1f} s more"
+
+    columns = [
+        ("KEY", 0),
+        ("REQ/MIN", -7),
+        ("TOK/MIN", -7),
+        ("REQ", -3),
+        ("TOKENS", -6),
+        ("NEXT", -5),
+        ("PAUSE", 0),
+    ]
+    for line in table(
+        columns,
+        (
+            [
+                r["key"],
+                per_minute(r["requests_per_minute"]),
+                per_minute(r["tokens_per_minute"]),
+                str(r["requests_in_window"]),
+                str(r["tokens_in_window"]),
+                f"{r['next_free_in_s']:g}s",
+                paused(r["paused_until"]),
+            ]
+            for r in rows
+        ),
+    ):
+        _out(line)
     return EXIT_OK
 
 

@@ -4,9 +4,11 @@ those states and the edges' conditions, the timeline's bars per attempt; every t
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from autogen_agentchat.agents import UserProxyAgent
@@ -19,6 +21,7 @@ from graphflow_durable.errors import RunNotFoundError
 from graphflow_durable.store import Store
 from graphflow_durable.ui._layout import graph_svg, layout
 from graphflow_durable.ui.pictures import OUTCOMES, STATES, run_pictures
+from processes import last_json, run_script
 
 SVG = "{http://www.w3.org/2000/svg}"
 FAST = RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
@@ -341,3 +344,40 @@ def test_every_state_and_outcome_has_its_colour() -> None:
     from graphflow_durable.ui.pictures import _OUTCOME_COLOURS
 
     assert set(STATE_COLOURS) == set(STATES) and set(_OUTCOME_COLOURS) == set(OUTCOMES)
+
+
+CRASH_WORKER = Path(__file__).resolve().parents[1] / "crash" / "worker.py"
+
+
+def test_a_driver_killed_mid_turn_shows_its_takeover_the_turns_it_cut_short_and_who_drove_each_stretch(
+    store_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "turns.log"
+    killed = run_script(CRASH_WORKER, store_url, "crashed", "agent:3", exec_log=log)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    store = Store(store_url)
+    try:
+        dead = store.get_run("crashed")
+        assert dead is not None and dead.status == "running" and dead.lease_pid is not None
+        last_json(run_script(CRASH_WORKER, store_url, "crashed", exec_log=log))  # another process takes over
+        pictures = run_pictures(store, "crashed")
+    finally:
+        store.close()
+    assert set(pictures.states.values()) == {"done"}
+    root = parse(pictures.timeline_svg)
+    (takeover,) = [e for e in root.iter(f"{SVG}line") if e.get("data-kind") == "takeover"]
+    assert f"pid {dead.lease_pid} on {dead.lease_host} died" in "".join(takeover.itertext())
+    drivers = [r.get("data-driver") for r in root.iter(f"{SVG}rect") if r.get("data-kind") == "driver"]
+    assert drivers[0] == f"pid {dead.lease_pid} on {dead.lease_host}" and len(drivers) == 2
+    # between its last commit and the takeover nobody drove the run
+    assert [
+        r.get("data-kind") for r in root.iter(f"{SVG}rect") if r.get("data-kind") in ("driver", "no-driver")
+    ] == [
+        "driver",
+        "no-driver",
+        "driver",
+    ]
+    cut = [b for b in bars(pictures.timeline_svg) if b[2] == "interrupted"]
+    assert cut and all(attempt == 1 for _, attempt, _ in cut)  # the turns in flight when it died...
+    for node, _, _ in cut:  # ...ran again, as attempt 2, in the process that took over
+        assert (node, 2, "done") in bars(pictures.timeline_svg)

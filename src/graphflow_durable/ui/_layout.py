@@ -29,6 +29,7 @@ STATE_COLOURS: dict[str, tuple[str, str]] = {
 _NODE_H = 40
 _ROW_GAP = 36
 _COL_GAP = 120
+_BACK_GAP = 22
 _MARGIN = 24
 _CHAR_W = 7.2
 _MAX_CHARS = 28
@@ -188,15 +189,19 @@ def graph_svg(description: Mapping[str, Any], states: Mapping[str, str], where: 
     tallest = max((len(layer) for layer in plan.layers), default=0)
     height_inner = max(tallest * (_NODE_H + _ROW_GAP) - _ROW_GAP, _NODE_H)
     box: dict[str, tuple[float, float, float]] = {}  # name -> (x, y, width)
+    cols: dict[str, tuple[float, float]] = {}  # name -> its column's left and right
     x = float(_MARGIN)
     for layer, w in zip(plan.layers, widths, strict=True):
         top = _MARGIN + 20 + (height_inner - (len(layer) * (_NODE_H + _ROW_GAP) - _ROW_GAP)) / 2
         for i, n in enumerate(layer):
             nw = _width(n)
             box[n] = (x + (w - nw) / 2, top + i * (_NODE_H + _ROW_GAP), nw)
+            cols[n] = (x, x + w)
         x += w + _COL_GAP
     width = max(x - _COL_GAP + _MARGIN, 2 * _MARGIN + 90)
-    height = height_inner + 2 * _MARGIN + 40
+    lowest = max((y for _, y, _ in box.values()), default=0.0) + _NODE_H
+    loops = [e for e in plan.edges if e.back and e.source != e.target]
+    height = max(height_inner + 2 * _MARGIN + 40, lowest + _BACK_GAP * (len(loops) + 1) + _MARGIN)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" role="img" viewBox="0 0 {width:.0f} '
         f'{height:.0f}" width="{width:.0f}" height="{height:.0f}" font-family="sans-serif" font-size="12">',
@@ -205,8 +210,9 @@ def graph_svg(description: Mapping[str, Any], states: Mapping[str, str], where: 
         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#6b7280"/>'
         "</marker></defs>",
     ]
-    for k, e in enumerate(plan.edges):
-        parts.append(_edge(e, box, k))
+    for e in plan.edges:
+        i = loops.index(e) if e in loops else 0
+        parts.append(_edge(e, box, cols, lowest + _BACK_GAP * (i + 1), 7.0 * (i % 6)))
     nodes: Mapping[str, Any] = description.get("nodes") or {}
     starts = _starts(sorted(box), plan.edges, description.get("default_start_node"))
     for n in plan.order:
@@ -235,19 +241,30 @@ def _node(name: str, at: tuple[float, float, float], state: str, node: Mapping[s
     return "".join(body)
 
 
-def _edge(e: Edge, box: Mapping[str, tuple[float, float, float]], k: int) -> str:
+def _edge(
+    e: Edge,
+    box: Mapping[str, tuple[float, float, float]],
+    cols: Mapping[str, tuple[float, float]],
+    dip: float,
+    lane: float,
+) -> str:
+    """An edge's ``<g>``: forward, a curve from the source's right to the target's left; a back
+    edge, a dashed line out of the source's right, down a gap between columns (``lane``: its offset
+    there), along ``dip`` below every node and up into the target's left; a self-loop, a curl above."""
     sx, sy, sw = box[e.source]
-    tx, ty, tw = box[e.target]
+    tx, ty, _ = box[e.target]
     if e.source == e.target:  # a self-loop: a curl above the node
         x0, x1, y0 = sx + sw * 0.35, sx + sw * 0.65, sy
         d = f"M{x0:.1f},{y0:.1f} C{x0 - 10:.1f},{y0 - 34:.1f} {x1 + 10:.1f},{y0 - 34:.1f} {x1:.1f},{y0:.1f}"
         lx, ly = (x0 + x1) / 2, y0 - 30
-    elif e.back:  # against the layering: a curve below both nodes
-        x0, y0 = sx + sw / 2, sy + _NODE_H
-        x1, y1 = tx + tw / 2, ty + _NODE_H
-        dip = max(y0, y1) + 30 + 6 * (k % 4)
-        d = f"M{x0:.1f},{y0:.1f} C{x0:.1f},{dip:.1f} {x1:.1f},{dip:.1f} {x1:.1f},{y1:.1f}"
-        lx, ly = (x0 + x1) / 2, dip - 4
+    elif e.back:  # against the layering: out to the right, below every node, in from the left
+        right, left = cols[e.source][1] + 14 + lane, cols[e.target][0] - 14 - lane
+        y0, y1 = sy + _NODE_H / 2 + 6, ty + _NODE_H / 2 + 6
+        d = (
+            f"M{sx + sw:.1f},{y0:.1f} L{right:.1f},{y0:.1f} L{right:.1f},{dip:.1f} "
+            f"L{left:.1f},{dip:.1f} L{left:.1f},{y1:.1f} L{tx:.1f},{y1:.1f}"
+        )
+        lx, ly = (right + left) / 2, dip - 4
     else:
         x0, y0 = sx + sw, sy + _NODE_H / 2
         x1, y1 = tx, ty + _NODE_H / 2

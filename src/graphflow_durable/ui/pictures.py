@@ -92,7 +92,7 @@ def run_pictures(store: Store, run_id: str, *, now: float | None = None) -> RunP
     plan = layout(log.run.graph)
     attempts, marks = _attempts(log, infos, at)
     marks += _waits(requests or pending, log.run, at)
-    timeline = _timeline_svg(log.run, plan.order, attempts, marks, deaths, at)
+    timeline = _timeline_svg(log.run, plan.order, attempts, marks, infos, deaths, at)
     return RunPictures(states, graph_svg(log.run.graph, states, plan), timeline)
 
 
@@ -211,7 +211,8 @@ def _attempts(log: RunLog, infos: Sequence[StepInfo], now: float) -> tuple[list[
             o = open_.get(name)
             if info.kind == "resume" and o is not None:
                 if not o.planned:
-                    done.append(Attempt(name, o.attempt, o.start, t, "interrupted", "ran again on resume"))
+                    end = max(previous, o.start)  # the last sign of life before the resume
+                    done.append(Attempt(name, o.attempt, o.start, end, "interrupted", "ran again on resume"))
                     open_[name] = _Open(o.attempt + 1, t)
                 else:
                     open_[name] = _Open(o.attempt, max(o.start, t) if o.start > t else t)
@@ -300,6 +301,7 @@ def _timeline_svg(
     order: Sequence[str],
     attempts: Sequence[Attempt],
     marks: Sequence[_Mark],
+    steps: Sequence[StepInfo],
     deaths: Sequence[Death],
     now: float,
 ) -> str:
@@ -351,7 +353,7 @@ def _timeline_svg(
             f'<text x="{_PAD}" y="{y + _LANE_H / 2 + 4:.1f}" fill="#111827">{esc(short(name, 20))}'
             f"<title>{esc(name)}</title></text></g>"
         )
-    parts.extend(_drivers(run, deaths, lane_y["(driver)"], height - _PAD, x, t0, t1))
+    parts.extend(_drivers(run, steps, deaths, lane_y["(driver)"], height - _PAD, x))
     for m in sorted(marks, key=lambda m: (m.node, m.start, m.kind)):
         if m.node not in lane_y:
             continue
@@ -380,31 +382,40 @@ def _timeline_svg(
 
 
 def _drivers(
-    run: RunRecord, deaths: Sequence[Death], y: int, bottom: int, x: Any, t0: float, t1: float
+    run: RunRecord, steps: Sequence[StepInfo], deaths: Sequence[Death], y: int, bottom: int, x: Any
 ) -> list[str]:
-    """The driver lane: each stretch up to a takeover, named by the driver that died then; the
-    stretch since, by the lease's holder now. A line across every lane marks each takeover."""
+    """The driver lane, as far as the store knows who drove: each driver that died (a takeover
+    recorded it), from the stretch's start to its last commit (the run's head when it was taken
+    over), then nobody until the takeover; since the last takeover, the driver that took over (to
+    the last step), or the lease's holder now (from its attach: the last ``start`` or ``resume``).
+    A line across every lane marks each takeover."""
     out = []
-    start = t0
-    stretches: list[tuple[float, float, str, str]] = []
+    times = {s.seq: s.time for s in steps}
+    last = steps[-1].time if steps else run.created_at
+    start = run.created_at
+    stretches: list[tuple[float, float, str, str]] = []  # start, end, driver ("": nobody), what
     for d in sorted(deaths, key=lambda d: (d.died_at, d.head_seq)):
-        stretches.append(
-            (start, d.died_at, f"pid {d.pid} on {d.host}", f"died; taken over at step {d.head_seq}")
-        )
+        alive = min(max(times.get(d.head_seq, d.died_at), start), d.died_at)
+        who = f"pid {d.pid} on {d.host}"
+        stretches.append((start, alive, who, f"drove the run; its last commit was step {d.head_seq}"))
+        stretches.append((alive, d.died_at, "", f"nobody: {who} was dead or stalled until the takeover"))
         start = d.died_at
     if run.lease_owner is not None:
-        now_driver = f"{run.lease_owner} (pid {run.lease_pid} on {run.lease_host})"
-        stretches.append((start, t1, now_driver, "holds the lease"))
+        attach = max([start, *(s.time for s in steps if s.kind in ("start", "resume"))])
+        holder = f"{run.lease_owner} (pid {run.lease_pid} on {run.lease_host})"
+        stretches.append((attach, max(last, attach, run.updated_at), holder, "holds the lease now"))
     elif deaths:
-        stretches.append((start, t1, "the driver that took over", "released the lease"))
+        stretches.append((start, max(last, start), "the driver that took over", "it released the lease"))
     for s, e, who, what in stretches:
         x0, x1 = x(s), x(e)
+        kind, fill = ("driver", "#e0e7ff") if who else ("no-driver", "#fee2e2")
+        title = f"{who}: {what}" if who else what
         out.append(
-            f'<rect class="driver" data-kind="driver" data-driver="{esc(who)}" x="{x0:.1f}" y="{y + 5}" '
-            f'width="{max(x1 - x0, 2):.1f}" height="{_LANE_H - 10}" fill="#e0e7ff" stroke="#6366f1">'
-            f"<title>{esc(f'{who}: {what} ({_iso(s)} to {_iso(e)})')}</title></rect>"
+            f'<rect class="{kind}" data-kind="{kind}" data-driver="{esc(who)}" x="{x0:.1f}" y="{y + 5}" '
+            f'width="{max(x1 - x0, 2):.1f}" height="{_LANE_H - 10}" fill="{fill}" stroke="#6366f1">'
+            f"<title>{esc(f'{title} ({_iso(s)} to {_iso(e)})')}</title></rect>"
         )
-        if x1 - x0 > 60:
+        if who and x1 - x0 > 60:
             out.append(
                 f'<text x="{x0 + 4:.1f}" y="{y + _LANE_H / 2 + 4:.1f}" font-size="10" fill="#3730a3">'
                 f"{esc(short(who, max(int((x1 - x0) / 6), 4)))}</text>"

@@ -381,3 +381,68 @@ def test_a_driver_killed_mid_turn_shows_its_takeover_the_turns_it_cut_short_and_
     assert cut and all(attempt == 1 for _, attempt, _ in cut)  # the turns in flight when it died...
     for node, _, _ in cut:  # ...ran again, as attempt 2, in the process that took over
         assert (node, 2, "done") in bars(pictures.timeline_svg)
+
+
+async def test_a_run_failed_on_a_persons_deadline_shows_the_asking_node_failed(store_url: str) -> None:
+    from graphflow_durable import HumanInput
+
+    a, c, h = Scripted("A"), Scripted("C"), UserProxyAgent("H", input_func=person)
+    graph = DiGraphBuilder().add_node(a).add_node(h).add_node(c).add_edge(a, h).add_edge(h, c).build()
+    team = durable([a, h, c], graph, store_url, "late", human_input=HumanInput("wait", timeout=0.2))  # type: ignore[list-item]
+    await team.run(task="go")
+    await asyncio.sleep(0.3)
+    with pytest.raises(RuntimeError, match="passed its deadline"):
+        await team.run()
+    store = Store(store_url)
+    try:
+        pictures = run_pictures(store, "late", now=time.time() + 3600)
+    finally:
+        store.close()
+    assert pictures.states == {"A": "done", "C": "pending", "H": "failed"}
+    assert bars(pictures.timeline_svg) == [("A", 1, "done"), ("H", 1, "waiting"), ("H", 2, "failed")]
+    (wait,) = [r for r in parse(pictures.timeline_svg).iter(f"{SVG}rect") if r.get("data-kind") == "wait"]
+    assert float(wait.get("x", "0")) + float(wait.get("width", "0")) <= 150 + 760 + 1  # not to the hour ahead
+
+
+async def test_a_failed_attempts_error_text_is_escaped_in_the_timeline(store_url: str) -> None:
+    async def hostile(agent: Scripted, messages: Sequence[object]) -> None:
+        if agent.turn == 1 and not raised:
+            raised.append(True)
+            raise ConnectionError(PAYLOADS[0] + PAYLOADS[1])
+
+    raised: list[bool] = []
+    agents = [Scripted(n, before=hostile if n == "B" else None) for n in "AB"]
+    await durable(agents, chain(*agents), store_url, "hostile", retry=FAST).run(task="go")
+    store = Store(store_url)
+    try:
+        pictures = run_pictures(store, "hostile")
+    finally:
+        store.close()
+    assert bars(pictures.timeline_svg) == [("A", 1, "done"), ("B", 1, "retried"), ("B", 2, "done")]
+    assert_safe(pictures.timeline_svg)
+    assert "<script" not in pictures.timeline_svg and "<img" not in pictures.timeline_svg
+    (retried,) = [
+        r for r in parse(pictures.timeline_svg).iter(f"{SVG}rect") if r.get("data-outcome") == "retried"
+    ]
+    assert PAYLOADS[0] + PAYLOADS[1] in "".join(retried.itertext())  # the text itself, shown literally
+
+
+async def test_each_round_is_marked_where_it_began(store_url: str) -> None:
+    agents = [Scripted(n) for n in "AB"]
+    await durable(agents, chain(*agents), store_url, "rounds").run(task="first")
+    await durable(agents, chain(*agents), store_url, "rounds").run(task="second")
+    store = Store(store_url)
+    try:
+        pictures = run_pictures(store, "rounds")
+    finally:
+        store.close()
+    root = parse(pictures.timeline_svg)
+    titles = ["".join(e.itertext()) for e in root.iter(f"{SVG}line") if e.get("data-kind") == "start"]
+    assert [t.split(" began")[0] for t in titles] == ["round 1", "round 2"]
+    assert pictures.states == {"A": "done", "B": "done"}
+    assert bars(pictures.timeline_svg) == [
+        ("A", 1, "done"),
+        ("A", 1, "done"),
+        ("B", 1, "done"),
+        ("B", 1, "done"),
+    ]

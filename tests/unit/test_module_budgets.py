@@ -269,7 +269,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The run's graph drawn as SVG: nodes in layers coloured by state, edges with their conditions.",
     ),
     "ui/pictures.py": (
-        450,
+        500,
         "The run page's pictures: each node's state, the graph with those states, the attempts' timeline.",
     ),
     "worker.py": (  # 650 -> 700: the pool's metrics (queue depth, claim latency)

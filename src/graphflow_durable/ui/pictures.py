@@ -90,7 +90,7 @@ def run_pictures(store: Store, run_id: str, *, now: float | None = None) -> RunP
     infos = step_infos(log)
     states = node_states(log, infos, pending)
     plan = layout(log.run.graph)
-    attempts, marks = _attempts(log, infos, at)
+    attempts, marks = _attempts(log, infos, at, {n for n, state in states.items() if state == "failed"})
     marks += _waits(requests or pending, log.run, at)
     timeline = _timeline_svg(log.run, plan.order, attempts, marks, infos, deaths, at)
     return RunPictures(states, graph_svg(log.run.graph, states, plan), timeline)
@@ -134,8 +134,8 @@ def node_states(log: RunLog, infos: Sequence[StepInfo], pending: Sequence[InputR
         did = last.get(name)
         if run.status == "cancelled":
             state = "done" if did == "done" else "cancelled"
-        elif name in asking:
-            state = "waiting"
+        elif name in asking:  # a run failed on a request's deadline still takes a late answer
+            state = "failed" if run.status == "failed" else "waiting"
         elif name == failed_node or (did == "failed" and run.status == "failed"):
             state = "failed"
         elif name in flying or did == "dispatched":
@@ -160,9 +160,12 @@ class _Open:
     planned: bool = False  # a retry after a back-off, not begun yet
 
 
-def _attempts(log: RunLog, infos: Sequence[StepInfo], now: float) -> tuple[list[Attempt], list[_Mark]]:
+def _attempts(
+    log: RunLog, infos: Sequence[StepInfo], now: float, failed: set[str]
+) -> tuple[list[Attempt], list[_Mark]]:
     """The attempts of every node, from its dispatch to its completion, failure or interruption;
-    and the back-offs between a failed attempt and the next."""
+    and the back-offs between a failed attempt and the next. ``failed``: the nodes the run failed
+    on (an attempt of theirs still open at the end is a failed one)."""
     run = log.run
     done: list[Attempt] = []
     marks: list[_Mark] = []
@@ -233,7 +236,10 @@ def _attempts(log: RunLog, infos: Sequence[StepInfo], now: float) -> tuple[list[
         elif run.status == "cancelled":
             done.append(Attempt(name, o.attempt, o.start, max(run.updated_at, o.start), "cancelled"))
         else:
-            done.append(Attempt(name, o.attempt, o.start, max(previous, o.start), "interrupted", run.status))
+            outcome = "failed" if name in failed and run.status == "failed" else "interrupted"
+            done.append(
+                Attempt(name, o.attempt, o.start, max(previous, o.start), outcome, f"the run {run.status}")
+            )
     return done, marks
 
 
@@ -244,7 +250,7 @@ def _waits(requests: Sequence[InputRequest], run: RunRecord, now: float) -> list
         if r.answered_at is not None:
             end, how = r.answered_at, f"answered ({r.answered_by or 'respond'})"
         elif r.status == "pending":
-            end, how = (now if run.status != "cancelled" else run.updated_at), "pending"
+            end, how = (now if run.status in ("waiting", "running") else run.updated_at), "pending"
         else:
             end, how = run.updated_at, r.status
         detail = f"{r.request_id} asks {short(r.prompt, 80)!r}: {how}"
@@ -353,6 +359,14 @@ def _timeline_svg(
             f'<text x="{_PAD}" y="{y + _LANE_H / 2 + 4:.1f}" fill="#111827">{esc(short(name, 20))}'
             f"<title>{esc(name)}</title></text></g>"
         )
+    for info in steps:  # where each round began (a new task, or a reset's fresh start)
+        if info.kind in ("start", "reset"):
+            what = f"round {info.round}" if info.kind == "start" else "reset"
+            rx = x(info.time)
+            parts.append(
+                f'<line class="round" data-kind="{info.kind}" x1="{rx:.1f}" y1="{_AXIS_H}" x2="{rx:.1f}" '
+                f'y2="{height - _PAD}" stroke="#9ca3af" stroke-width="1"><title>{esc(f"{what} began at step {info.seq}, {_iso(info.time)}")}</title></line>'
+            )
     parts.extend(_drivers(run, steps, deaths, lane_y["(driver)"], height - _PAD, x))
     for m in sorted(marks, key=lambda m: (m.node, m.start, m.kind)):
         if m.node not in lane_y:

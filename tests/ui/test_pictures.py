@@ -359,6 +359,13 @@ def test_a_driver_killed_mid_turn_shows_its_takeover_the_turns_it_cut_short_and_
     try:
         dead = store.get_run("crashed")
         assert dead is not None and dead.status == "running" and dead.lease_pid is not None
+        orphaned = run_pictures(store, "crashed")  # its driver is gone: nobody runs its turns
+        assert "running" not in orphaned.states.values() and "pending" in orphaned.states.values()
+        assert {b[2] for b in bars(orphaned.timeline_svg)} == {"done", "interrupted"}
+        (holder,) = [
+            r for r in parse(orphaned.timeline_svg).iter(f"{SVG}rect") if r.get("data-kind") == "driver"
+        ]
+        assert "owner gone: nobody drives the run" in "".join(holder.itertext())
         last_json(run_script(CRASH_WORKER, store_url, "crashed", exec_log=log))  # another process takes over
         pictures = run_pictures(store, "crashed")
     finally:

@@ -19,6 +19,7 @@ from graphflow_durable._model.history import StepInfo, step_infos
 from graphflow_durable._model.human import InputRequest
 from graphflow_durable._model.records import RunLog, RunRecord
 from graphflow_durable._storage.deaths import Death
+from graphflow_durable._storage.lease import HELD, lease_state
 from graphflow_durable.store import Store
 from graphflow_durable.ui._layout import esc, graph_svg, layout, short
 
@@ -86,13 +87,16 @@ def run_pictures(store: Store, run_id: str, *, now: float | None = None) -> RunP
     pending = store.pending_requests(run_id)
     requests = store.requests.of_run(run_id)
     deaths = store.driver_deaths(run_id)
+    lease = lease_state(log.run, store.lease_clock())
     at = time.time() if now is None else now
     infos = step_infos(log)
-    states = node_states(log, infos, pending)
+    held = lease in (None, HELD)  # a run whose driver is gone or whose lease ran out is not driven
+    states = node_states(log, infos, pending, held=held)
     plan = layout(log.run.graph)
-    attempts, marks = _attempts(log, infos, at, {n for n, state in states.items() if state == "failed"})
+    failed = {n for n, state in states.items() if state == "failed"}
+    attempts, marks = _attempts(log, infos, at, failed, held=held)
     marks += _waits(requests or pending, log.run, at)
-    timeline = _timeline_svg(log.run, plan.order, attempts, marks, infos, deaths, at)
+    timeline = _timeline_svg(log.run, plan.order, attempts, marks, infos, (deaths, lease), at)
     return RunPictures(states, graph_svg(log.run.graph, states, plan), timeline)
 
 
@@ -108,8 +112,12 @@ def _in_flight(scheduler: Mapping[str, Any] | None) -> set[str]:
     return found
 
 
-def node_states(log: RunLog, infos: Sequence[StepInfo], pending: Sequence[InputRequest]) -> dict[str, str]:
-    """Each node of the run's graph -> its state in the current round (one of :data:`STATES`)."""
+def node_states(
+    log: RunLog, infos: Sequence[StepInfo], pending: Sequence[InputRequest], *, held: bool = True
+) -> dict[str, str]:
+    """Each node of the run's graph -> its state in the current round (one of :data:`STATES`).
+    ``held``: whether a live driver holds the run's lease (else its turns in flight wait for a
+    takeover: ``pending``)."""
     run = log.run
     last: dict[str, str] = {}  # node -> what the current round last did with it
     for step, info in zip(log.steps, infos, strict=True):
@@ -142,7 +150,7 @@ def node_states(log: RunLog, infos: Sequence[StepInfo], pending: Sequence[InputR
             if name in backing or (did == "backoff" and name in flying):
                 state = "backoff"
             else:
-                state = "running" if run.status == "running" else "pending"
+                state = "running" if run.status == "running" and held else "pending"
         elif did == "done":
             state = "done"
         elif did == "backoff":
@@ -161,7 +169,7 @@ class _Open:
 
 
 def _attempts(
-    log: RunLog, infos: Sequence[StepInfo], now: float, failed: set[str]
+    log: RunLog, infos: Sequence[StepInfo], now: float, failed: set[str], *, held: bool = True
 ) -> tuple[list[Attempt], list[_Mark]]:
     """The attempts of every node, from its dispatch to its completion, failure or interruption;
     and the back-offs between a failed attempt and the next. ``failed``: the nodes the run failed
@@ -231,8 +239,11 @@ def _attempts(
             continue
         if o.planned and o.start > now:
             continue
-        if run.status == "running":
+        if run.status == "running" and held:
             done.append(Attempt(name, o.attempt, o.start, max(now, o.start), "running"))
+        elif run.status == "running":
+            gone = "its driver is gone: a takeover runs it again"
+            done.append(Attempt(name, o.attempt, o.start, max(previous, o.start), "interrupted", gone))
         elif run.status == "cancelled":
             done.append(Attempt(name, o.attempt, o.start, max(run.updated_at, o.start), "cancelled"))
         else:
@@ -308,9 +319,10 @@ def _timeline_svg(
     attempts: Sequence[Attempt],
     marks: Sequence[_Mark],
     steps: Sequence[StepInfo],
-    deaths: Sequence[Death],
+    drivers: tuple[Sequence[Death], str | None],
     now: float,
 ) -> str:
+    deaths = drivers[0]
     lanes = ["(driver)", *order]
     extra = sorted({a.node for a in attempts} - set(order))
     lanes += extra
@@ -367,7 +379,7 @@ def _timeline_svg(
                 f'<line class="round" data-kind="{info.kind}" x1="{rx:.1f}" y1="{_AXIS_H}" x2="{rx:.1f}" '
                 f'y2="{height - _PAD}" stroke="#9ca3af" stroke-width="1"><title>{esc(f"{what} began at step {info.seq}, {_iso(info.time)}")}</title></line>'
             )
-    parts.extend(_drivers(run, steps, deaths, lane_y["(driver)"], height - _PAD, x))
+    parts.extend(_drivers(run, steps, drivers, lane_y["(driver)"], height - _PAD, x))
     for m in sorted(marks, key=lambda m: (m.node, m.start, m.kind)):
         if m.node not in lane_y:
             continue
@@ -396,13 +408,19 @@ def _timeline_svg(
 
 
 def _drivers(
-    run: RunRecord, steps: Sequence[StepInfo], deaths: Sequence[Death], y: int, bottom: int, x: Any
+    run: RunRecord,
+    steps: Sequence[StepInfo],
+    drivers: tuple[Sequence[Death], str | None],
+    y: int,
+    bottom: int,
+    x: Any,
 ) -> list[str]:
     """The driver lane, as far as the store knows who drove: each driver that died (a takeover
     recorded it), from the stretch's start to its last commit (the run's head when it was taken
     over), then nobody until the takeover; since the last takeover, the driver that took over (to
     the last step), or the lease's holder now (from its attach: the last ``start`` or ``resume``).
     A line across every lane marks each takeover."""
+    deaths, lease = drivers
     out = []
     times = {s.seq: s.time for s in steps}
     last = steps[-1].time if steps else run.created_at
@@ -417,7 +435,8 @@ def _drivers(
     if run.lease_owner is not None:
         attach = max([start, *(s.time for s in steps if s.kind in ("start", "resume"))])
         holder = f"{run.lease_owner} (pid {run.lease_pid} on {run.lease_host})"
-        stretches.append((attach, max(last, attach, run.updated_at), holder, "holds the lease now"))
+        how = "holds the lease now" if lease == HELD else f"holds the lease, {lease}: nobody drives the run"
+        stretches.append((attach, max(last, attach, run.updated_at), holder, how))
     elif deaths:
         stretches.append((start, max(last, start), "the driver that took over", "it released the lease"))
     for s, e, who, what in stretches:

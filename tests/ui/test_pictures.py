@@ -184,10 +184,15 @@ async def test_a_node_backing_off_is_backoff_while_its_run_waits_for_the_next_at
         assert drawn_states(pictures.graph_svg)["B"] == "backoff"
         assert bars(pictures.timeline_svg) == [("A", 1, "done"), ("B", 1, "retried")]
         assert marks(pictures.timeline_svg, "backoff") == ["B"]
-    finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        parked = run_pictures(store, "backing")  # interrupted in its back-off: the next run() waits it out
+        assert store.get_run("backing").status == "interrupted"  # type: ignore[union-attr]
+        assert parked.states == {"A": "done", "B": "backoff", "C": "pending"}
+    finally:
+        if not task.done():
+            task.cancel()
         store.close()
 
 

@@ -277,6 +277,7 @@ _LANE_H = 26
 _AXIS_H = 34
 _PAD = 12
 _NICE = (1, 2, 5)
+_LEGEND_H = 18
 
 
 def _iso(t: float) -> str:
@@ -344,7 +345,8 @@ def _timeline_svg(
         return _LABEL_W + (min(max(t, t0), t1) - t0) / span * _PLOT_W
 
     width = _LABEL_W + _PLOT_W + 2 * _PAD
-    height = _AXIS_H + len(lanes) * _LANE_H + _PAD
+    bottom = _AXIS_H + len(lanes) * _LANE_H
+    height = bottom + _LEGEND_H + _PAD
     lane_y = {name: _AXIS_H + i * _LANE_H for i, name in enumerate(lanes)}
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" role="img" viewBox="0 0 {width} {height}" '
@@ -358,7 +360,7 @@ def _timeline_svg(
         tx = _LABEL_W + k * step / span * _PLOT_W
         label = _iso(t0)[11:23] + " UTC" if k == 0 else "+" + _span(k * step)
         parts.append(
-            f'<line x1="{tx:.1f}" y1="{_AXIS_H - 6}" x2="{tx:.1f}" y2="{height - _PAD}" stroke="#e5e7eb"/>'
+            f'<line x1="{tx:.1f}" y1="{_AXIS_H - 6}" x2="{tx:.1f}" y2="{bottom}" stroke="#e5e7eb"/>'
             f'<text x="{tx:.1f}" y="{_AXIS_H - 10}" text-anchor="middle" fill="#4b5563">{esc(label)}</text>'
         )
         k += 1
@@ -377,9 +379,9 @@ def _timeline_svg(
             rx = x(info.time)
             parts.append(
                 f'<line class="round" data-kind="{info.kind}" x1="{rx:.1f}" y1="{_AXIS_H}" x2="{rx:.1f}" '
-                f'y2="{height - _PAD}" stroke="#9ca3af" stroke-width="1"><title>{esc(f"{what} began at step {info.seq}, {_iso(info.time)}")}</title></line>'
+                f'y2="{bottom}" stroke="#9ca3af" stroke-width="1"><title>{esc(f"{what} began at step {info.seq}, {_iso(info.time)}")}</title></line>'
             )
-    parts.extend(_drivers(run, steps, drivers, lane_y["(driver)"], height - _PAD, x))
+    parts.extend(_drivers(run, steps, drivers, lane_y["(driver)"], bottom, x))
     for m in sorted(marks, key=lambda m: (m.node, m.start, m.kind)):
         if m.node not in lane_y:
             continue
@@ -403,8 +405,27 @@ def _timeline_svg(
             f'data-outcome="{a.outcome}" x="{x0:.1f}" y="{y + 4}" width="{max(x1 - x0, 3):.1f}" '
             f'height="{_LANE_H - 14}" rx="2" fill="{_OUTCOME_COLOURS[a.outcome]}"><title>{esc(title)}</title></rect>'
         )
+    parts.append(_legend(bottom + 6))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _legend(y: int) -> str:
+    """What the colours and marks mean, in one row under the lanes."""
+    keys = [(f"outcome-{o}", o, _OUTCOME_COLOURS[o], 10) for o in OUTCOMES]
+    keys += [("backoff", "back-off", "#fb923c", 5), ("wait", "waits for a person", "#fbbf24", 5)]
+    out, x = ['<g class="legend">'], float(_LABEL_W)
+    for css, words, colour, h in keys:
+        out.append(
+            f'<rect class="legend-{css}" x="{x:.0f}" y="{y + (10 - h) / 2:.1f}" width="14" height="{h}" '
+            f'fill="{colour}"/><text x="{x + 18:.0f}" y="{y + 9}" fill="#374151">{esc(words)}</text>'
+        )
+        x += 26 + len(words) * 6
+    out.append(
+        f'<line x1="{x:.0f}" y1="{y - 2}" x2="{x:.0f}" y2="{y + 12}" stroke="#dc2626" stroke-dasharray="4 3"/>'
+        f'<text x="{x + 6:.0f}" y="{y + 9}" fill="#374151">takeover</text></g>'
+    )
+    return "".join(out)
 
 
 def _drivers(

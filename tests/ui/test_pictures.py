@@ -458,3 +458,28 @@ async def test_each_round_is_marked_where_it_began(store_url: str) -> None:
         ("B", 1, "done"),
         ("B", 1, "done"),
     ]
+
+
+async def test_a_cancelled_run_draws_the_nodes_it_did_not_reach_cancelled(store_url: str) -> None:
+    gate = Gate()
+    agents = [Scripted(n, before=gate if n == "B" else None) for n in "ABC"]
+    team = durable(agents, chain(*agents), store_url, "stopped", lease_seconds=0.6)
+    running = asyncio.ensure_future(team.run(task="go"))
+    await gate.reached(running)
+    with Store(store_url) as other:  # as another process would
+        assert other.cancel_run("stopped").outcome == "requested"
+        await asyncio.sleep(0.5)  # the driver renews its 0.6 s lease every 0.2 s: it has seen it
+        asked = run_pictures(other, "stopped", now=time.time())
+        gate.open()  # B answers and is recorded; C is not dispatched
+        await asyncio.wait_for(running, 10)
+        assert other.get_run("stopped").status == "cancelled"  # type: ignore[union-attr]
+        pictures = run_pictures(other, "stopped")
+    assert asked.states == {"A": "done", "B": "running", "C": "pending"}  # asked, not yet honoured
+    assert pictures.states == {"A": "done", "B": "done", "C": "cancelled"}
+    assert drawn_states(pictures.graph_svg) == pictures.states
+    # C was dispatched by B's step as the cancel stopped the run: its turn is drawn cut
+    assert bars(pictures.timeline_svg) == [("A", 1, "done"), ("B", 1, "done"), ("C", 1, "cancelled")]
+    (cut,) = [
+        r for r in parse(pictures.timeline_svg).iter(f"{SVG}rect") if r.get("data-outcome") == "cancelled"
+    ]
+    assert "dispatched, then the run was cancelled" in "".join(cut.itertext())

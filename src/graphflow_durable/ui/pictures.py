@@ -1,8 +1,8 @@
 """The pictures of the run page: each node's state, the graph drawn with those states, and the
 timeline of the run's attempts (one lane per node).
 
-Read-only: one consistent read of the run's log (:meth:`Store.load`), its input requests and the
-deaths of its drivers; never a lease, never a write. The markup is built here, every text escaped
+Read-only: one consistent read of the run's log (:meth:`Store.load`, every row checked), then its
+input requests, the deaths of its drivers and the lease clock; never a lease, never a write. The markup is built here, every text escaped
 (node names, conditions, errors and prompts come from users), with no script, no event attribute
 and no external reference.
 """
@@ -84,8 +84,8 @@ def run_pictures(store: Store, run_id: str, *, now: float | None = None) -> RunP
         RunNotFoundError: no such run.
     """
     log = store.load(run_id)
-    pending = store.pending_requests(run_id)
     requests = store.requests.of_run(run_id)
+    pending = [r for r in requests if r.status == "pending"]
     deaths = store.driver_deaths(run_id)
     lease = lease_state(log.run, store.lease_clock())
     at = time.time() if now is None else now
@@ -95,7 +95,7 @@ def run_pictures(store: Store, run_id: str, *, now: float | None = None) -> RunP
     plan = layout(log.run.graph)
     failed = {n for n, state in states.items() if state == "failed"}
     attempts, marks = _attempts(log, infos, at, failed, held=held)
-    marks += _waits(requests or pending, log.run, at)
+    marks += _waits(requests, log.run, at)
     timeline = _timeline_svg(log.run, plan.order, attempts, marks, infos, (deaths, lease), at)
     return RunPictures(states, graph_svg(log.run.graph, states, plan), timeline)
 
@@ -226,9 +226,9 @@ def _attempts(
                     done.append(Attempt(name, o.attempt, o.start, end, "interrupted", "ran again on resume"))
                     open_[name] = _Open(o.attempt + 1, t)
                 else:
-                    open_[name] = _Open(o.attempt, max(o.start, t) if o.start > t else t)
+                    open_[name] = _Open(o.attempt, max(o.start, t))
             elif info.kind == "resume":
-                open_[name] = _Open((info.attempt or 1), t)
+                open_[name] = _Open(1, t)
             else:
                 if o is not None and not o.planned:
                     done.append(Attempt(name, o.attempt, o.start, t, "interrupted", "dispatched again"))
@@ -244,8 +244,11 @@ def _attempts(
         elif run.status == "running":
             gone = "its driver is gone: a takeover runs it again"
             done.append(Attempt(name, o.attempt, o.start, max(previous, o.start), "interrupted", gone))
-        elif run.status == "cancelled":
-            done.append(Attempt(name, o.attempt, o.start, max(run.updated_at, o.start), "cancelled"))
+        elif run.status == "cancelled":  # to the driver's last commit: when it stopped
+            end = max(previous, o.start)
+            done.append(
+                Attempt(name, o.attempt, o.start, end, "cancelled", "dispatched, then the run was cancelled")
+            )
         else:
             outcome = "failed" if name in failed and run.status == "failed" else "interrupted"
             done.append(

@@ -206,6 +206,7 @@ async def test_a_node_in_flight_is_running_with_a_bar_to_now(store_url: str) -> 
         await gate.reached(task)
         now = time.time() + 5
         pictures = run_pictures(store, "running", now=now)
+        assert run_pictures(store, "running", now=now) == pictures  # the same store and clock: the same
         assert pictures.states == {"A": "done", "B": "running", "C": "pending"}
         assert bars(pictures.timeline_svg) == [("A", 1, "done"), ("B", 1, "running")]
         (bar,) = [
@@ -483,3 +484,15 @@ async def test_a_cancelled_run_draws_the_nodes_it_did_not_reach_cancelled(store_
         r for r in parse(pictures.timeline_svg).iter(f"{SVG}rect") if r.get("data-outcome") == "cancelled"
     ]
     assert "dispatched, then the run was cancelled" in "".join(cut.itertext())
+
+
+async def test_drawing_a_run_changes_nothing_in_the_store_and_takes_no_lease(store_url: str) -> None:
+    await asking(store_url, "still").run(task="go")
+    store = Store(store_url)
+    try:
+        before = (store.get_run("still"), store.export_run("still"), store.stats().rows)
+        run_pictures(store, "still")
+        assert (store.get_run("still"), store.export_run("still"), store.stats().rows) == before
+        assert before[0] is not None and before[0].lease_owner is None
+    finally:
+        store.close()

@@ -496,3 +496,24 @@ async def test_drawing_a_run_changes_nothing_in_the_store_and_takes_no_lease(sto
         assert before[0] is not None and before[0].lease_owner is None
     finally:
         store.close()
+
+
+def test_two_edges_between_the_same_nodes_are_drawn_apart_with_both_conditions() -> None:
+    edge = {"target": "B", "group": "B", "activation": "all"}
+    graph = {
+        "nodes": {
+            "A": {
+                "activation": "all",
+                "edges": [{**edge, "condition": "text:yes"}, {**edge, "condition": "text:maybe"}],
+            },
+            "B": {"activation": "all", "edges": []},
+        },
+        "default_start_node": "A",
+        "participants": ["A", "B"],
+    }
+    root = parse(graph_svg(graph, {}))
+    labels = [t for t in root.iter(f"{SVG}text") if t.get("class") == "edge-label"]
+    assert sorted(t.text or "" for t in labels) == ["maybe", "yes"]
+    assert len({t.get("y") for t in labels}) == 2
+    assert len({p.get("d") for p in root.iter(f"{SVG}path") if p.get("marker-end")}) == 2
+    assert drawn_states(graph_svg(graph, {})) == {"A": "pending", "B": "pending"}  # not drawn yet: pending

@@ -210,9 +210,11 @@ def graph_svg(description: Mapping[str, Any], states: Mapping[str, str], where: 
         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#6b7280"/>'
         "</marker></defs>",
     ]
+    twins: dict[tuple[str, str], int] = {}  # edges between the same two nodes bend apart
     for e in plan.edges:
         i = loops.index(e) if e in loops else 0
-        parts.append(_edge(e, box, cols, lowest + _BACK_GAP * (i + 1), 7.0 * (i % 6)))
+        k = twins[(e.source, e.target)] = twins.get((e.source, e.target), -1) + 1
+        parts.append(_edge(e, box, cols, lowest + _BACK_GAP * (i + 1), 7.0 * (i % 6), 20.0 * k))
     nodes: Mapping[str, Any] = description.get("nodes") or {}
     starts = _starts(sorted(box), plan.edges, description.get("default_start_node"))
     for n in plan.order:
@@ -247,10 +249,12 @@ def _edge(
     cols: Mapping[str, tuple[float, float]],
     dip: float,
     lane: float,
+    bend: float = 0.0,
 ) -> str:
     """An edge's ``<g>``: forward, a curve from the source's right to the target's left; a back
     edge, a dashed line out of the source's right, down a gap between columns (``lane``: its offset
-    there), along ``dip`` below every node and up into the target's left; a self-loop, a curl above."""
+    there), along ``dip`` below every node and up into the target's left; a self-loop, a curl above.
+    ``bend``: how far a forward edge bows down (and its label with it), to part it from its twins."""
     sx, sy, sw = box[e.source]
     tx, ty, _ = box[e.target]
     if e.source == e.target:  # a self-loop: a curl above the node
@@ -269,8 +273,8 @@ def _edge(
         x0, y0 = sx + sw, sy + _NODE_H / 2
         x1, y1 = tx, ty + _NODE_H / 2
         mid = (x0 + x1) / 2
-        d = f"M{x0:.1f},{y0:.1f} C{mid:.1f},{y0:.1f} {mid:.1f},{y1:.1f} {x1:.1f},{y1:.1f}"
-        lx, ly = mid, (y0 + y1) / 2 - 4
+        d = f"M{x0:.1f},{y0:.1f} C{mid:.1f},{y0 + bend:.1f} {mid:.1f},{y1 + bend:.1f} {x1:.1f},{y1:.1f}"
+        lx, ly = mid, (y0 + y1) / 2 + (bend * 0.75 + 12 if bend else -4)  # a twin's label under it
     kind = "edge back" if e.back else "edge"
     out = [
         f'<g class="{kind}" data-source="{esc(e.source)}" data-target="{esc(e.target)}">',

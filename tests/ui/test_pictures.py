@@ -517,3 +517,30 @@ def test_two_edges_between_the_same_nodes_are_drawn_apart_with_both_conditions()
     assert len({t.get("y") for t in labels}) == 2
     assert len({p.get("d") for p in root.iter(f"{SVG}path") if p.get("marker-end")}) == 2
     assert drawn_states(graph_svg(graph, {})) == {"A": "pending", "B": "pending"}  # not drawn yet: pending
+
+
+def test_an_edge_that_skips_a_layer_passes_over_the_nodes_in_its_way() -> None:
+    def edge(target: str, condition: str | None = None) -> dict[str, object]:
+        return {"target": target, "condition": condition, "group": target, "activation": "all"}
+
+    graph = {
+        "nodes": {
+            "A": {"activation": "all", "edges": [edge("B"), edge("C", "text:skip")]},
+            "B": {"activation": "all", "edges": [edge("C")]},
+            "C": {"activation": "all", "edges": []},
+        },
+        "default_start_node": "A",
+        "participants": ["A", "B", "C"],
+    }
+    root = parse(graph_svg(graph, {}))
+    (skip,) = [g for g in root.iter(f"{SVG}g") if "skip" in (g.get("class") or "")]
+    assert (skip.get("data-source"), skip.get("data-target")) == ("A", "C")
+    (b,) = [g.find(f"{SVG}rect") for g in root.iter(f"{SVG}g") if g.get("data-node") == "B"]
+    assert b is not None
+    path = skip.find(f"{SVG}path")
+    assert path is not None
+    heights = [
+        float(p.split(",")[1])
+        for p in path.get("d", "").replace("M", " ").replace("C", " ").replace("L", " ").split()
+    ]
+    assert min(heights) < float(b.get("y", "0"))  # it runs above B, not through it

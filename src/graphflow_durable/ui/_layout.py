@@ -30,6 +30,7 @@ _NODE_H = 40
 _ROW_GAP = 36
 _COL_GAP = 120
 _BACK_GAP = 22
+_OVER_GAP = 16
 _MARGIN = 24
 _CHAR_W = 7.2
 _MAX_CHARS = 28
@@ -177,6 +178,22 @@ def _barycentre(
     return (sum(where) / len(where) if where else rest, name)
 
 
+def _over(plan: Layout, box: Mapping[str, tuple[float, float, float]]) -> dict[Edge, list[str]]:
+    """The forward edges that skip layers with a node in their way (between the two nodes' heights),
+    each with the nodes of the layers it skips."""
+    level = {n: i for i, layer in enumerate(plan.layers) for n in layer}
+    found: dict[Edge, list[str]] = {}
+    for e in plan.edges:
+        if e.back or level[e.target] - level[e.source] < 2:
+            continue
+        skipped = [n for layer in plan.layers[level[e.source] + 1 : level[e.target]] for n in layer]
+        low = min(box[e.source][1], box[e.target][1]) - _NODE_H / 2
+        high = max(box[e.source][1], box[e.target][1]) + _NODE_H * 1.5
+        if any(low < box[n][1] + _NODE_H and box[n][1] < high for n in skipped):
+            found[e] = skipped
+    return found
+
+
 def _width(name: str) -> int:
     return max(90, int(len(short(name)) * _CHAR_W) + 24)
 
@@ -199,9 +216,12 @@ def graph_svg(description: Mapping[str, Any], states: Mapping[str, str], where: 
             cols[n] = (x, x + w)
         x += w + _COL_GAP
     width = max(x - _COL_GAP + _MARGIN, 2 * _MARGIN + 90)
+    over = _over(plan, box)
+    lift = _OVER_GAP * len(over)  # room above the nodes for the edges that pass over layers
+    box = {n: (bx, by + lift, bw) for n, (bx, by, bw) in box.items()}
     lowest = max((y for _, y, _ in box.values()), default=0.0) + _NODE_H
     loops = [e for e in plan.edges if e.back and e.source != e.target]
-    height = max(height_inner + 2 * _MARGIN + 40, lowest + _BACK_GAP * (len(loops) + 1) + _MARGIN)
+    height = max(height_inner + 2 * _MARGIN + 40 + lift, lowest + _BACK_GAP * (len(loops) + 1) + _MARGIN)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" role="img" viewBox="0 0 {width:.0f} '
         f'{height:.0f}" width="{width:.0f}" height="{height:.0f}" font-family="sans-serif" font-size="12">',
@@ -214,7 +234,11 @@ def graph_svg(description: Mapping[str, Any], states: Mapping[str, str], where: 
     for e in plan.edges:
         i = loops.index(e) if e in loops else 0
         k = twins[(e.source, e.target)] = twins.get((e.source, e.target), -1) + 1
-        parts.append(_edge(e, box, cols, lowest + _BACK_GAP * (i + 1), 7.0 * (i % 6), 20.0 * k))
+        if e in over:  # over the layers it skips: up, across above every node there, down
+            top = min(box[n][1] for n in over[e]) - _OVER_GAP * (list(over).index(e) + 1)
+            parts.append(_edge(e, box, cols, top, 0.0, 0.0, skip=True))
+        else:
+            parts.append(_edge(e, box, cols, lowest + _BACK_GAP * (i + 1), 7.0 * (i % 6), 20.0 * k))
     nodes: Mapping[str, Any] = description.get("nodes") or {}
     starts = _starts(sorted(box), plan.edges, description.get("default_start_node"))
     for n in plan.order:
@@ -250,6 +274,8 @@ def _edge(
     dip: float,
     lane: float,
     bend: float = 0.0,
+    *,
+    skip: bool = False,
 ) -> str:
     """An edge's ``<g>``: forward, a curve from the source's right to the target's left; a back
     edge, a dashed line out of the source's right, down a gap between columns (``lane``: its offset
@@ -261,6 +287,15 @@ def _edge(
         x0, x1, y0 = sx + sw * 0.35, sx + sw * 0.65, sy
         d = f"M{x0:.1f},{y0:.1f} C{x0 - 10:.1f},{y0 - 34:.1f} {x1 + 10:.1f},{y0 - 34:.1f} {x1:.1f},{y0:.1f}"
         lx, ly = (x0 + x1) / 2, y0 - 30
+    elif skip:  # ``dip`` is the height it passes over the skipped layers at
+        x0, y0 = sx + sw, sy + _NODE_H / 2 - 6
+        x1, y1 = tx, ty + _NODE_H / 2 - 6
+        right, left = cols[e.source][1] + 30, cols[e.target][0] - 30
+        d = (
+            f"M{x0:.1f},{y0:.1f} C{right:.1f},{y0:.1f} {x0 + 10:.1f},{dip:.1f} {right + 20:.1f},{dip:.1f} "
+            f"L{left - 20:.1f},{dip:.1f} C{x1 - 10:.1f},{dip:.1f} {left:.1f},{y1:.1f} {x1:.1f},{y1:.1f}"
+        )
+        lx, ly = (right + left) / 2, dip - 4
     elif e.back:  # against the layering: out to the right, below every node, in from the left
         right, left = cols[e.source][1] + 14 + lane, cols[e.target][0] - 14 - lane
         y0, y1 = sy + _NODE_H / 2 + 6, ty + _NODE_H / 2 + 6
@@ -275,7 +310,7 @@ def _edge(
         mid = (x0 + x1) / 2
         d = f"M{x0:.1f},{y0:.1f} C{mid:.1f},{y0 + bend:.1f} {mid:.1f},{y1 + bend:.1f} {x1:.1f},{y1:.1f}"
         lx, ly = mid, (y0 + y1) / 2 + (bend * 0.75 + 12 if bend else -4)  # a twin's label under it
-    kind = "edge back" if e.back else "edge"
+    kind = "edge back" if e.back else "edge skip" if skip else "edge"
     out = [
         f'<g class="{kind}" data-source="{esc(e.source)}" data-target="{esc(e.target)}">',
         f"<title>{esc(f'{e.source} -> {e.target}' + (f': {e.label}' if e.label else ''))}</title>",

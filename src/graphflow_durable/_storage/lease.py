@@ -31,6 +31,9 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable.errors import LeaseLostError, RunLockedError, UsageError
 
 __all__ = [
+    "EXPIRED",
+    "GONE",
+    "HELD",
     "NOBODY",
     "Heartbeat",
     "LeaseRow",
@@ -42,6 +45,7 @@ __all__ = [
     "holder_gone",
     "iso",
     "lease_lost",
+    "lease_state",
     "locked",
     "owner_gone",
     "pid_alive",
@@ -175,6 +179,21 @@ def _identity(pid: int) -> str:
 def owner_gone(row: LeaseRow) -> bool:
     """Whether the lease holder is provably dead (see :func:`holder_gone`)."""
     return holder_gone(row.lease_host, row.lease_pid, row.lease_process)
+
+
+#: :func:`lease_state` values: the holder's lease is valid; it ran out; its process is provably gone.
+HELD, EXPIRED, GONE = "held", "expired", "owner gone"
+
+
+def lease_state(row: LeaseRow, now: float) -> str | None:
+    """How a run's lease stands at lease-clock time ``now`` (``runs list``, ``runs show``, the
+    console): :data:`HELD`, :data:`EXPIRED`, :data:`GONE` (a process of this host, boot and PID
+    namespace that no longer runs), or ``None`` (nobody holds it)."""
+    if row.lease_owner is None:
+        return None
+    if row.lease_expires_at is None or row.lease_expires_at < now:
+        return EXPIRED
+    return GONE if owner_gone(row) else HELD
 
 
 def holder_gone(host: str | None, pid: int | None, process: str | None) -> bool:

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from graphflow_durable._storage.lease import iso, owner_gone
+from graphflow_durable._storage.lease import EXPIRED, GONE, HELD, iso, lease_state
 from graphflow_durable.cli._common import table
-from graphflow_durable.store import DEFAULT_QUEUE, ENDED_STATUSES, RunRecord, Store
+from graphflow_durable.store import DEFAULT_QUEUE, ENDED_STATUSES, Store
 
 __all__ = ["EXIT_DAMAGED", "HELD", "EXPIRED", "GONE", "SUBMITTED", "lease_state", "list_rows", "verify"]
 
@@ -23,20 +23,6 @@ EXIT_DAMAGED = 4
 
 #: ``runs list --status`` value for submissions whose run does not exist yet.
 SUBMITTED = "submitted"
-
-#: ``lease_state`` values: the holder's lease is valid; it ran out; its process is provably gone.
-HELD, EXPIRED, GONE = "held", "expired", "owner gone"
-
-
-def lease_state(run: RunRecord, now: float) -> str | None:
-    """How a run's lease stands at lease-clock time ``now``: :data:`HELD`, :data:`EXPIRED`,
-    :data:`GONE` (a process of this host, boot and PID namespace that no longer runs), or ``None``
-    (nobody holds it)."""
-    if run.lease_owner is None:
-        return None
-    if run.lease_expires_at is None or run.lease_expires_at < now:
-        return EXPIRED
-    return GONE if owner_gone(run) else HELD
 
 
 def list_rows(

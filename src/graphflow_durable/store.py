@@ -46,7 +46,7 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import admin
+from graphflow_durable._storage import admin, deaths
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
@@ -344,6 +344,13 @@ class Store:
         """The pending requests for human input of every run, oldest first (at most ``limit``)."""
         with self._guard("listing the open input requests"), self._e.read.begin() as conn:
             return open_requests(conn, limit)
+
+    def driver_deaths(self, run_id: str) -> list[deaths.Death]:
+        """The takeovers of ``run_id`` from a driver that left it ``running`` (it died, or stalled
+        past its lease), in time order: the run's head then, that driver's host and pid, the time.
+        Kept a week (see docs/retries.md, "Crash loops in a pool"); empty for an unknown run."""
+        with self._guard(f"reading the driver deaths of run {run_id}", run_id), self._e.read.begin() as conn:
+            return deaths.of_run(conn, run_id)
 
     def lease_clock(self) -> float:
         """The time leases are judged by, now (epoch seconds): the database server's clock on

@@ -288,6 +288,14 @@ BUDGETS: dict[str, tuple[int, str]] = {
         790,
         "The crash kit: prove that a user's own team survives a crash at any point (see docs/cra...",
     ),
+    "ui/_layout.py": (
+        300,
+        "The run's graph drawn as SVG: nodes in layers coloured by state, edges with their conditions.",
+    ),
+    "ui/pictures.py": (
+        450,
+        "The run page's pictures: each node's state, the graph with those states, the attempts' timeline.",
+    ),
     "worker.py": (  # 650 -> 700: the pool's metrics (queue depth, claim latency)
         700,
         "A worker that claims runs from a store and drives them to completion; run several for a...",

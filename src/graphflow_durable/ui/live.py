@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable.errors import RunNotFoundError, StoreError, UsageError
 from graphflow_durable.store import RunRecord, Store, StoredMessage
+from graphflow_durable.ui.pictures import run_pictures
 
 __all__ = ["IDLE_POLL", "PING", "SETTLE", "EventStream", "events", "message_view", "pictures"]
 
@@ -96,10 +97,6 @@ def message_view(m: StoredMessage) -> dict[str, Any]:
 
 def pictures(store: Store, run_id: str) -> Any:
     """The run's graph and timeline (``pictures.py``), or ``None`` when they cannot be drawn."""
-    try:
-        from graphflow_durable.ui.pictures import run_pictures  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
     try:
         found = run_pictures(store, run_id)
     except StoreError:

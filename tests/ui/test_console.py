@@ -346,3 +346,27 @@ def test_the_database_down_is_a_503_page_of_one_line_and_the_console_recovers(tm
         assert c.get("/api/runs").json()["status"] == 503
         (tmp_path / "away").rename(home)
         assert c.get("/").status_code == 200 and rows(c.get("/").text) == [("r1", "finished")]
+
+
+async def test_the_runs_list_names_the_node_each_run_runs_or_waits_on_now(
+    store_url: str, store: Store
+) -> None:
+    from graphflow_durable._storage.driver import CommitRequest
+    from graphflow_durable.store import MessageRecord, Step
+
+    await waiting_run(store_url, "asks-1")
+    token = made(store, "busy")  # running, held by its driver
+    store._driver.commit(
+        CommitRequest(
+            "busy",
+            expected_head=1,
+            fencing_token=token,
+            step=Step(kind="complete", node="a", scheduler={"attempts": {"writer": 1, "critic": 2}}),
+            messages=[MessageRecord(seq=1, body={"type": "TextMessage", "content": "x"}, published=True)],
+        )
+    )
+    html = client(store).get("/").text
+    now = dict(
+        re.findall(r'data-run-id="([^"]+)" data-status="[^"]+">(?:.*?<td>){5}([^<]*)</td>', html, re.S)
+    )
+    assert now == {"busy": "critic, writer", "asks-1": "H"}

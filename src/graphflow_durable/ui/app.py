@@ -143,7 +143,8 @@ class Console:
             row["round"] = found.rounds.get(run.run_id, 0)
             row["parent_run_id"] = run.parent_run_id
             row["updated_at"] = run.updated_at
-            row["now"] = ", ".join(sorted({r["node"] for r in row["pending"]}))
+            asked = {r["node"] for r in row["pending"]}
+            row["now"] = ", ".join(sorted(asked | set(found.in_flight.get(run.run_id, []))))
             rows.append(row)
         return self.render(
             request,

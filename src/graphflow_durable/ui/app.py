@@ -110,7 +110,8 @@ class Console:
         if _is_api(request):
             return Response(json_error(status, why), status_code=status, media_type="application/json")
         if status == 401:
-            return self.render(request, "login.html", status, error=None, next=request.url.path)
+            root = request.scope.get("root_path", "") or ""
+            return self.render(request, "login.html", status, next=_next(request.url.path.removeprefix(root)))
         return self.render(request, "error.html", status, status=status, message=why)
 
     def failed(self, request: Request, exc: Exception) -> Response:

@@ -138,6 +138,8 @@ def test_bad_query_and_path_values_are_400_or_404_never_a_traceback(store: Store
     assert c.get("/runs/nobody/events").status_code == 404
     assert c.get("/runs/r1/events?after=x").status_code == 400
     assert c.get("/no/such/page").status_code == 404
+    assert post(c, "/runs/nobody/respond", "/runs/r1", text="yes", request_id="H/1").status_code == 404
+    assert post(c, "/runs/nobody/cancel", "/runs/r1").status_code == 404
 
 
 async def test_answering_from_the_inbox_goes_through_respond_and_a_second_answer_is_refused_clearly(

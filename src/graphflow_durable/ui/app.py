@@ -217,7 +217,7 @@ class Console:
             )
         try:
             done = await run_in_threadpool(self.store.respond, run_id, text, request_id=request_id)
-        except (NotWaitingError, RunNotFoundError) as exc:
+        except NotWaitingError as exc:  # answered first by someone else, or not waiting any more
             return await run_in_threadpool(self.inbox_page, request, 409, error=one_line(str(exc)))
         run = await run_in_threadpool(self.store.get_run, run_id)
         now = "" if run is None else f"; the run is {run.status}"

@@ -186,6 +186,7 @@ async def test_supply_answers_a_failed_node_and_refuses_another_node(store_url: 
     c = client(store)
     page = c.get("/runs/bad").text
     assert 'name="node" value="B"' in page  # the node it failed on, filled in
+    assert "ConnectionError: B is down" in c.get("/").text  # the runs list's last error
     wrong = post(c, "/runs/bad/supply", "/runs/bad", node="C", text="x")
     assert wrong.status_code == 400 and "B" in wrong.text and store.get_run("bad").status == "failed"  # type: ignore[union-attr]
     got = post(c, "/runs/bad/supply", "/runs/bad", node="B", text="B's answer")

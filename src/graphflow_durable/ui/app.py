@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from graphflow_durable._model.records import NodeFailure
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import (
@@ -144,6 +145,9 @@ class Console:
             row["round"] = found.rounds.get(run.run_id, 0)
             row["parent_run_id"] = run.parent_run_id
             row["updated_at"] = run.updated_at
+            failure = NodeFailure.of(run)  # as runs show: the node's error when no worker recorded one
+            if failure is not None and row["last_error"] is None:
+                row["last_error"] = f"{failure.error_type}: {failure.error}"
             asked = {r["node"] for r in row["pending"]}
             row["now"] = ", ".join(sorted(asked | set(found.in_flight.get(run.run_id, []))))
             rows.append(row)

@@ -205,6 +205,8 @@ async def test_fork_shows_the_new_run_with_a_link_and_refuses_a_step_out_of_rang
     new = re.search(r'data-new-run="([^"]+)"', got.text)
     assert new is not None and store.get_run(new.group(1)) is not None
     assert f'href="/runs/{new.group(1)}"' in got.text
+    assert f'data-nested="{new.group(1)}"' in c.get("/runs/src").text  # the source lists its fork
+    assert 'href="/runs/src"' in c.get(f"/runs/{new.group(1)}").text  # and the fork its parent
     bad = post(c, "/runs/src/fork", "/runs/src", step="99")
     assert bad.status_code == 400 and "data-error" in bad.text
     assert post(c, "/runs/src/fork", "/runs/src", step="two").status_code == 400
@@ -373,3 +375,20 @@ async def test_the_runs_list_names_the_node_each_run_runs_or_waits_on_now(
         re.findall(r'data-run-id="([^"]+)" data-status="[^"]+">(?:.*?<td>){5}([^<]*)</td>', html, re.S)
     )
     assert now == {"busy": "critic, writer", "asks-1": "H"}
+
+
+def test_the_runs_page_links_the_next_page_by_its_cursor_and_sets_a_strict_session_cookie(
+    store: Store,
+) -> None:
+    for n in range(52):
+        made(store, f"run-{n:02d}", status="finished")
+    c = client(store)
+    first = c.get("/")
+    cookie = first.headers["set-cookie"].lower()
+    assert "gfd_session=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+    assert len(rows(first.text)) == 50 and rows(first.text)[0][0] == "run-51"
+    link = re.search(r'<a data-next href="([^"]+)"', first.text)
+    assert link is not None
+    second = c.get(link.group(1).replace("&amp;", "&"))
+    assert [r for r, _ in rows(second.text)] == ["run-01", "run-00"]
+    assert "data-next" not in second.text

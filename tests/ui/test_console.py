@@ -392,3 +392,12 @@ def test_the_runs_page_links_the_next_page_by_its_cursor_and_sets_a_strict_sessi
     second = c.get(link.group(1).replace("&amp;", "&"))
     assert [r for r, _ in rows(second.text)] == ["run-01", "run-00"]
     assert "data-next" not in second.text
+
+
+async def test_an_answer_given_on_the_run_page_returns_to_the_run_page(store_url: str, store: Store) -> None:
+    await waiting_run(store_url, "asks-1")
+    c = client(store)
+    request_id = store.pending_requests("asks-1")[0].request_id
+    assert 'name="back" value="run"' in c.get("/runs/asks-1").text
+    got = post(c, "/runs/asks-1/respond", "/runs/asks-1", text="yes", request_id=request_id, back="run")
+    assert got.status_code == 200 and "Run <span" in got.text and 'data-status="interrupted"' in got.text

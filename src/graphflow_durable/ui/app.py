@@ -215,18 +215,19 @@ class Console:
         fields = await self.form(request)
         run_id = _run_id(request)
         text, request_id = fields.get("text"), fields.get("request_id") or None
+        back = self.run_page if fields.get("back") == "run" else self.inbox_page  # the page it came from
         if text is None or not text.strip():
             return await run_in_threadpool(
-                self.inbox_page, request, 400, error="an answer is needed: write it in the box"
+                back, request, 400, error="an answer is needed: write it in the box"
             )
         try:
             done = await run_in_threadpool(self.store.respond, run_id, text, request_id=request_id)
         except NotWaitingError as exc:  # answered first by someone else, or not waiting any more
-            return await run_in_threadpool(self.inbox_page, request, 409, error=one_line(str(exc)))
+            return await run_in_threadpool(back, request, 409, error=one_line(str(exc)))
         run = await run_in_threadpool(self.store.get_run, run_id)
         now = "" if run is None else f"; the run is {run.status}"
         notice = f"{run_id}: answered {done.request_id} ({done.node}){now}"
-        return await run_in_threadpool(self.inbox_page, request, 200, notice=notice, answered=run_id)
+        return await run_in_threadpool(back, request, 200, notice=notice)
 
     async def action(self, request: Request) -> Response:
         fields = await self.form(request)

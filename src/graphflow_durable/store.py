@@ -57,6 +57,7 @@ from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite
 from graphflow_durable._storage.flowcontrol import DEFAULT_QUEUE, QueueSettings, check_queue_name
 from graphflow_durable._storage.follow import Feeds, Follow, check_after
 from graphflow_durable._storage.lease import Heartbeat
+from graphflow_durable._storage.listing import RunPage, open_requests, page, status_counts
 from graphflow_durable._storage.migrations import (
     Survey,
     current_version,
@@ -96,6 +97,7 @@ __all__ = [
     "Removal",
     "Retry",
     "RunLog",
+    "RunPage",
     "RunRecord",
     "RunStatus",
     "RunUpdate",
@@ -325,6 +327,37 @@ class Store:
         with self._guard("listing runs"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
         return [S.run_record(row) for row in rows]
+
+    def list_runs_page(
+        self,
+        *,
+        status: Sequence[str] | None = None,
+        text: str | None = None,
+        parent: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> RunPage:
+        """A page of runs, newest first (``created_at``, then run id), with each run's queue row,
+        pending requests and rounds, read in one transaction; keyset-paginated: ``after`` is the
+        ``next`` cursor of the page before (``None``: the first page). ``status``: only these
+        statuses; ``text``: only run ids containing it; ``parent``: only the runs nested in (or forked
+        from) that run.
+
+        Raises:
+            UsageError: a malformed cursor, an unknown status, ``limit`` not in 1..500.
+        """
+        with self._guard("listing runs"), self._e.read.begin() as conn:
+            return page(conn, status=status, text=text, parent=parent, after=after, limit=limit)
+
+    def run_counts(self) -> dict[str, int]:
+        """Runs per status (every status, 0 included): cheaper than :meth:`stats`."""
+        with self._guard("counting runs"), self._e.read.begin() as conn:
+            return status_counts(conn)
+
+    def open_requests(self, limit: int = 500) -> list[InputRequest]:
+        """The pending requests for human input of every run, oldest first (at most ``limit``)."""
+        with self._guard("listing the open input requests"), self._e.read.begin() as conn:
+            return open_requests(conn, limit)
 
     def driver_deaths(self, run_id: str) -> list[deaths.Death]:
         """The takeovers of ``run_id`` from a driver that left it ``running`` (it died, or stalled

@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli import _inspect, manage, queues, timeline
+from graphflow_durable.cli import _inspect, console, manage, queues, timeline
 from graphflow_durable.cli._common import (
     FLOAT,
     INT,
@@ -40,7 +40,7 @@ from graphflow_durable.cli._common import (
     store_option,
     table,
 )
-from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
+from graphflow_durable.cli._inspect import print_rows, verify
 from graphflow_durable.errors import (
     ConflictError,
     GraphflowDurableError,
@@ -54,6 +54,7 @@ from graphflow_durable.errors import (
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.preflight import check_runs, runs_to_check
 from graphflow_durable.store import DEFAULT_QUEUE, RUN_STATUSES, RunRecord, Store, check_queue_name
+from graphflow_durable.views import SUBMITTED, list_rows
 from graphflow_durable.worker import TeamFactory, Worker, check_options
 
 __all__ = [
@@ -71,12 +72,14 @@ EXIT_OK = 0
 """Done: listed, shown, cancelled, retried, deleted, pruned (also when nothing was left to prune),
 submitted (or already submitted with the same task), or the worker stopped cleanly."""
 EXIT_ERROR = 1
-"""The store could not be opened or used, or the worker's team factory could not be imported."""
+"""The store could not be opened or used, or the worker's team factory could not be imported;
+``ui``: the ``ui`` extra is not installed, or the port is taken."""
 EXIT_USAGE = 2
 """Usage error (an unknown option, a missing argument, a bad option value), a store URL that is
 malformed or carries an unknown or bad option, or no store at the URL for a command that needs one
 (all but ``worker``, ``submit`` and ``runs import``, which create it); ``check``: a ``--team`` it
-cannot import or call, or a store at an older schema version (``check`` migrates nothing)."""
+cannot import or call, or a store at an older schema version (``check`` migrates nothing); ``ui``:
+a ``--host`` that is not loopback without a token."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
@@ -154,7 +157,7 @@ commands:
                                      (default 'default'), lower priority first, at most one run of a
                                      partition KEY at a time, not before TIME (ISO 8601, UTC
                                      without an offset, or unix seconds)
-  check --team [KEY=]module:factory [RUN ...] [--json]
+{console.EPILOG}  check --team [KEY=]module:factory [RUN ...] [--json]
                                      the pre-deploy check: load the stored runs (default: every
                                      run not finished or cancelled) into fresh teams of the current
                                      code, running no agent; one line per problem: a changed graph,
@@ -173,13 +176,15 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
 exit codes:
   0  done (listed; shown, cancelled, retried, supplied, deleted, pruned, also when nothing was left to
      prune; submitted or already submitted with the same task; worker stopped cleanly)
-  1  the store failed, or the worker's team factory could not be imported
+  1  the store failed, or the worker's team factory could not be imported; ui: the ui extra is not
+     installed, or the port is taken
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
      a RUN that does not exist, a STEP out of range, a FILE that is not a run export or fails
      its checks: the line names its first bad field, e.g. steps[3].node); no store at the URL:
      every command but worker, submit and runs import (which create the store) needs an
      existing one and creates nothing (a mistyped --store is no new, empty store); check: a
-     --team it cannot import or call, a store at an older schema version (check migrates nothing)
+     --team it cannot import or call, a store at an older schema version (check migrates nothing);
+     ui: a --host that is not loopback without a token (--token or GRAPHFLOW_DURABLE_UI_TOKEN)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is
@@ -298,6 +303,7 @@ def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
 timeline.add_commands(_runs, _dispatch)  # history, transcript, export, import, fork
 manage.add_commands(_runs, _dispatch)
 queues.add_commands(cli, lambda name, params: _main("queues", name, params))
+console.add_command(cli, lambda command, params: _main(command, None, params))
 
 
 @_runs.command("respond", help="answer a waiting run's request for human input")
@@ -378,6 +384,7 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
     if args.command == "worker":
         return _worker(args, url)
+    token = console.check(args) if args.command == "ui" else None  # before the store is opened
     factory = None
     if args.command == "check":
         for run_id in args.run_ids:
@@ -403,6 +410,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
             return queues.run(store, args, _out)
         if args.command == "limits":
             return _limits_list(store, args)
+        if args.command == "ui":
+            return console.serve(store, args, token, _out)
         if factory is not None:
             return _check(store, args, factory)
         if args.runs_command in timeline.COMMANDS:

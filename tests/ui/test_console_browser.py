@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uiteam
-from browser import alert_text, browser_log, screenshot, served_console, wait_for, worker
+from browser import ROOT, alert_text, browser_log, screenshot, served_console, stop, wait_for, worker
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -23,6 +27,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from graphflow_durable import DurableGraphFlow, Store
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+EXAMPLES = ROOT / "examples"
 
 PAYLOADS = (
     "<script>window.__pwned = 'script'; alert(1)</script>",
@@ -420,3 +426,72 @@ def test_with_a_token_the_login_page_lets_a_person_in_with_an_httponly_cookie(
         assert browser.execute_script("return document.cookie") == ""
         assert "s3cret-token-for-the-test" not in browser.page_source
         assert errors(browser) == []
+
+
+# -- the demo, and the pictures of it -----------------------------------------------------------------
+
+
+def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
+    tmp_path: Path, browser: WebDriver
+) -> None:
+    """``examples/console_demo.py`` as a newcomer runs it; the screenshots of the runs page, the
+    inbox and run pages (``build/screenshots/demo-*.png``; docs/console.png is one of them)."""
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    demo = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "console_demo.py"), "--store", url, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "WORKER_POOL_DELAY": "0.3"},
+    )
+    try:
+        assert demo.stdout is not None
+        line = wait_for("the demo's console address", lambda: demo.stdout.readline() or None, timeout=60)
+        while not line.startswith("the console: "):
+            line = demo.stdout.readline()
+            assert line, "the demo ended before it printed the console's address"
+        base = line.split()[2].rstrip("/")
+        expected = {f"report-{i}": "finished" for i in range(4)} | {
+            "refund-1234": "waiting",
+            "digest-7": "failed",
+        }
+        wait_for(
+            "the demo's runs to settle",
+            lambda: all(status(url, run_id) == want for run_id, want in expected.items()),
+            timeout=60,
+        )
+        browser.get(f"{base}/")
+        rows = {
+            e.get_attribute("data-run-id"): e.get_attribute("data-status")
+            for e in browser.find_elements(By.CSS_SELECTOR, "[data-run-id][data-status]")
+        }
+        assert rows == expected
+        screenshot(browser, "demo-runs")
+        browser.get(f"{base}/runs/digest-7")
+        assert (
+            browser.find_element(By.CSS_SELECTOR, "[data-node=summarize]").get_attribute("data-state")
+            == "failed"
+        )
+        screenshot(browser, "demo-run-failed")
+        browser.get(f"{base}/runs/report-0")
+        assert {
+            e.get_attribute("data-state") for e in browser.find_elements(By.CSS_SELECTOR, "[data-node]")
+        } == {"done"}
+        screenshot(browser, "demo-run-finished")
+        browser.get(f"{base}/inbox")
+        screenshot(browser, "demo-inbox")
+        item = browser.find_element(By.CSS_SELECTOR, "[data-request-id][data-run-id=refund-1234]")
+        item.find_element(By.CSS_SELECTOR, "textarea[name=text]").send_keys("Approved: refund the 42 EUR.")
+        old = browser.find_element(By.TAG_NAME, "html")
+        item.find_element(By.CSS_SELECTOR, "button[data-action=respond]").click()
+        with contextlib.suppress(AssertionError):
+            wait_for("a confirmation", lambda: alert_text(browser) is not None, timeout=2)
+            browser.switch_to.alert.accept()
+        wait_for("the page after answering", lambda: stale(old))
+        wait_for("the worker to finish the refund", lambda: status(url, "refund-1234") == "finished")
+        browser.get(f"{base}/runs/refund-1234")
+        screenshot(browser, "demo-run-answered")
+        assert errors(browser) == []
+    finally:
+        code = stop(demo, timeout=30)
+    assert code == 0, "the demo stops cleanly on SIGTERM"

@@ -185,7 +185,7 @@ def test_a_person_answers_a_waiting_run_from_the_inbox_and_a_worker_finishes_it(
         assert "finished" in page_text(browser)
         states = {
             e.get_attribute("data-node"): e.get_attribute("data-state")
-            for e in browser.find_elements(By.CSS_SELECTOR, "[data-node]")
+            for e in browser.find_elements(By.CSS_SELECTOR, "[data-node][data-state]")
         }
         assert states == {"draft": "done", "approver": "done", "publish": "done"}
         texts = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "[data-seq]")]
@@ -475,7 +475,8 @@ def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
         screenshot(browser, "demo-run-failed")
         browser.get(f"{base}/runs/report-0")
         assert {
-            e.get_attribute("data-state") for e in browser.find_elements(By.CSS_SELECTOR, "[data-node]")
+            e.get_attribute("data-state")
+            for e in browser.find_elements(By.CSS_SELECTOR, "[data-node][data-state]")
         } == {"done"}
         screenshot(browser, "demo-run-finished")
         browser.get(f"{base}/inbox")

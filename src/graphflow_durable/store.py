@@ -46,7 +46,7 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import admin
+from graphflow_durable._storage import admin, deaths
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
@@ -56,6 +56,7 @@ from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
 from graphflow_durable._storage.follow import Feeds, Follow, check_after
 from graphflow_durable._storage.lease import Heartbeat
+from graphflow_durable._storage.listing import RunPage, open_requests, page, status_counts
 from graphflow_durable._storage.migrations import (
     Survey,
     current_version,
@@ -92,6 +93,7 @@ __all__ = [
     "Removal",
     "Retry",
     "RunLog",
+    "RunPage",
     "RunRecord",
     "RunStatus",
     "RunUpdate",
@@ -311,6 +313,44 @@ class Store:
         with self._guard("listing runs"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
         return [S.run_record(row) for row in rows]
+
+    def list_runs_page(
+        self,
+        *,
+        status: Sequence[str] | None = None,
+        text: str | None = None,
+        parent: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> RunPage:
+        """A page of runs, newest first (``created_at``, then run id), with each run's queue row,
+        pending requests and rounds, read in one transaction; keyset-paginated: ``after`` is the
+        ``next`` cursor of the page before (``None``: the first page). ``status``: only these
+        statuses; ``text``: only run ids containing it; ``parent``: only the runs nested in (or forked
+        from) that run.
+
+        Raises:
+            UsageError: a malformed cursor, an unknown status, ``limit`` not in 1..500.
+        """
+        with self._guard("listing runs"), self._e.read.begin() as conn:
+            return page(conn, status=status, text=text, parent=parent, after=after, limit=limit)
+
+    def run_counts(self) -> dict[str, int]:
+        """Runs per status (every status, 0 included): cheaper than :meth:`stats`."""
+        with self._guard("counting runs"), self._e.read.begin() as conn:
+            return status_counts(conn)
+
+    def open_requests(self, limit: int = 500) -> list[InputRequest]:
+        """The pending requests for human input of every run, oldest first (at most ``limit``)."""
+        with self._guard("listing the open input requests"), self._e.read.begin() as conn:
+            return open_requests(conn, limit)
+
+    def driver_deaths(self, run_id: str) -> list[deaths.Death]:
+        """The takeovers of ``run_id`` from a driver that left it ``running`` (it died, or stalled
+        past its lease), in time order: the run's head then, that driver's host and pid, the time.
+        Kept a week (see docs/retries.md, "Crash loops in a pool"); empty for an unknown run."""
+        with self._guard(f"reading the driver deaths of run {run_id}", run_id), self._e.read.begin() as conn:
+            return deaths.of_run(conn, run_id)
 
     def lease_clock(self) -> float:
         """The time leases are judged by, now (epoch seconds): the database server's clock on

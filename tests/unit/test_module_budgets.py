@@ -214,8 +214,8 @@ BUDGETS: dict[str, tuple[int, str]] = {
         450,
         "What the command-line shells share: the Click pieces, the ``MODULE:ATTR`` importer and...",
     ),
-    "cli/_inspect.py": (
-        150,
+    "cli/_inspect.py": (  # 150 -> 100: its rows moved to views.py, shared with the console's API
+        100,
         "``graphflow-durable runs list`` and ``runs verify``: what they print, for :mod:`.runs`.",
     ),
     "cli/manage.py": (  # 300 -> 375: runs supply; the next retry time in runs show
@@ -253,6 +253,30 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Per-node retry and timeout policies: the values, which errors are worth a retry, how lo...",
     ),
     "scheduler.py": (450, "GraphFlow's scheduling rules as pure functions over a plain, serialisable state."),
+    "views.py": (  # new: the CLI's --json rows and the console's API, built once
+        225,
+        "What the command line's ``--json`` and the console's API show of runs: one builder each.",
+    ),
+    "_storage/listing.py": (  # new: the console's keyset-paginated runs list and its inbox
+        175,
+        "Runs a page at a time, newest first (keyset), and the open requests for human input of every run.",
+    ),
+    "ui/app.py": (  # new: the run console
+        525,
+        "The console's routes: the pages, the actions, the JSON API and the export.",
+    ),
+    "ui/guard.py": (  # new
+        200,
+        "The console's security: token and login, session and CSRF, same-origin POSTs, headers.",
+    ),
+    "ui/live.py": (  # new
+        225,
+        "Live updates of a run's page: Server-Sent Events from Store.follow.",
+    ),
+    "cli/console.py": (  # new
+        200,
+        "``graphflow-durable ui``: the console served by uvicorn, its first line, its signals.",
+    ),
     "store.py": (800, "The run store: the only code that runs SQL. It knows nothing of AutoGen beyond JSON."),
     "preflight.py": (
         250,
@@ -263,6 +287,14 @@ BUDGETS: dict[str, tuple[int, str]] = {
     "testing.py": (
         790,
         "The crash kit: prove that a user's own team survives a crash at any point (see docs/cra...",
+    ),
+    "ui/_layout.py": (
+        300,
+        "The run's graph drawn as SVG: nodes in layers coloured by state, edges with their conditions.",
+    ),
+    "ui/pictures.py": (
+        450,
+        "The run page's pictures: each node's state, the graph with those states, the attempts' timeline.",
     ),
     "worker.py": (  # 650 -> 700: the pool's metrics (queue depth, claim latency)
         700,

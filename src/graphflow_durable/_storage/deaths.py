@@ -10,11 +10,13 @@ dead driver: nothing on the hot path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sqlalchemy as sa
 
 from graphflow_durable._storage.schema import deaths, runs
 
-__all__ = ["KEEP_SECONDS", "company", "record"]
+__all__ = ["KEEP_SECONDS", "Death", "company", "of_run", "record"]
 
 _D, _R = deaths.c, runs.c
 
@@ -78,3 +80,24 @@ def company(conn: sa.Connection, run_id: str, head_seq: int) -> frozenset[str] |
         return frozenset()
     children = conn.execute(sa.select(_R.run_id).where(_R.parent_run_id == run_id)).scalars()
     return frozenset(found - {run_id, parent, *children})
+
+
+@dataclass(frozen=True)
+class Death:
+    """A takeover of a run from a holder that left it ``running`` (died, or stalled past its lease):
+    the run's head then, the holder's host and pid, and when the takeover happened (epoch seconds)."""
+
+    head_seq: int
+    host: str
+    pid: int
+    died_at: float
+
+
+def of_run(conn: sa.Connection, run_id: str) -> list[Death]:
+    """The deaths recorded of ``run_id`` (kept :data:`KEEP_SECONDS`), in time order."""
+    rows = conn.execute(
+        sa.select(_D.head_seq, _D.holder_host, _D.holder_pid, _D.died_at)
+        .where(_D.run_id == run_id)
+        .order_by(_D.died_at, _D.head_seq, _D.holder_host, _D.holder_pid)
+    )
+    return [Death(int(h), str(host), int(pid), float(t)) for h, host, pid, t in rows]

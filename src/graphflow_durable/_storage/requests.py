@@ -266,6 +266,12 @@ class InputRequests:
         with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
             return _pending(conn, [run_id])
 
+    def of_run(self, run_id: str) -> list[InputRequest]:
+        """Every request of the run (pending, answered, cancelled), oldest first."""
+        query = sa.select(input_requests).where(_I.run_id == run_id).order_by(_I.created_at, _I.request_id)
+        with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
+            return [_request(row) for row in conn.execute(query).mappings()]
+
     def get(self, run_id: str, request_id: str) -> InputRequest | None:
         """One request of the run (any status), or ``None``."""
         with self._guard("reading an input request", run_id), self._e.read.begin() as conn:

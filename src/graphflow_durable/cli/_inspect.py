@@ -1,94 +1,25 @@
 """``graphflow-durable runs list`` and ``runs verify``: what they print, for :mod:`.runs`.
 
-``runs list`` judges each lease by the store's lease clock (the database server's on PostgreSQL)
-and, for a holder on this host, by whether its process still lives (the rule early takeover uses,
-:func:`owner_gone`): a run whose driver died shows as such, not as ``running`` with a future lease.
+The rows ``runs list`` prints (and ``--json``'s fields) are built by :mod:`graphflow_durable.views`,
+which the console's API shares.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from graphflow_durable._storage.lease import iso, owner_gone
+from graphflow_durable._storage.lease import iso
 from graphflow_durable.cli._common import table
-from graphflow_durable.store import ENDED_STATUSES, RunRecord, Store
+from graphflow_durable.store import Store
+from graphflow_durable.views import EXPIRED, GONE
 
-__all__ = ["EXIT_DAMAGED", "HELD", "EXPIRED", "GONE", "SUBMITTED", "lease_state", "list_rows", "verify"]
+__all__ = ["EXIT_DAMAGED", "print_rows", "verify"]
 
 #: ``runs verify``: damaged rows were found (each printed on one line).
 EXIT_DAMAGED = 4
-
-#: ``runs list --status`` value for submissions whose run does not exist yet.
-SUBMITTED = "submitted"
-
-#: ``lease_state`` values: the holder's lease is valid; it ran out; its process is provably gone.
-HELD, EXPIRED, GONE = "held", "expired", "owner gone"
-
-
-def lease_state(run: RunRecord, now: float) -> str | None:
-    """How a run's lease stands at lease-clock time ``now``: :data:`HELD`, :data:`EXPIRED`,
-    :data:`GONE` (a process of this host, boot and PID namespace that no longer runs), or ``None``
-    (nobody holds it)."""
-    if run.lease_owner is None:
-        return None
-    if run.lease_expires_at is None or run.lease_expires_at < now:
-        return EXPIRED
-    return GONE if owner_gone(run) else HELD
-
-
-def list_rows(store: Store, wanted: Collection[str]) -> list[dict[str, Any]]:
-    """The rows ``runs list`` shows (``--json``: one object each), runs then waiting submissions."""
-    now = store.lease_clock()
-    teams = {s.run_id: s for s in store.queue.list_submissions()}
-    rows: list[dict[str, Any]] = []
-    real = [s for s in wanted if s != SUBMITTED]
-    for run in store.list_runs(real) if real else []:
-        sub = teams.get(run.run_id)
-        rows.append(
-            {
-                "run_id": run.run_id,
-                "status": run.status,
-                "team": None if sub is None else sub.team,
-                "head": run.head_seq,
-                "messages": run.message_count,
-                "lease_owner": run.lease_owner,
-                "lease_expires_at": run.lease_expires_at,
-                "lease_state": lease_state(run, now),
-                "lease_host": run.lease_host,
-                "lease_pid": run.lease_pid,
-                "attempts": 0 if sub is None else sub.attempts,
-                # an error a later success superseded is not the run's now
-                "last_error": None if sub is None or run.status in ENDED_STATUSES else sub.last_error,
-                "pending": [r.to_json() for r in store.pending_requests(run.run_id)]
-                if run.status == "waiting"
-                else [],
-            }
-        )
-    if SUBMITTED in wanted:
-        for sub in store.queue.list_submissions(waiting=True):
-            expires = sub.claim_expires_at
-            state = None if sub.claimed_by is None else EXPIRED if expires is None or expires < now else HELD
-            rows.append(
-                {
-                    "run_id": sub.run_id,
-                    "status": SUBMITTED,
-                    "team": sub.team,
-                    "head": None,
-                    "messages": 0,
-                    "lease_owner": sub.claimed_by,
-                    "lease_expires_at": expires,
-                    "lease_state": state,
-                    "lease_host": None,
-                    "lease_pid": None,
-                    "attempts": sub.attempts,
-                    "last_error": sub.last_error,
-                    "pending": [],
-                }
-            )
-    return rows
 
 
 def print_rows(rows: Sequence[dict[str, Any]], as_json: bool, out: Callable[[str], None]) -> None:

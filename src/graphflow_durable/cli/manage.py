@@ -17,13 +17,13 @@ from typing import Any
 
 import click
 
-from graphflow_durable._model.records import CallSummary, NodeFailure, RunRecord
+from graphflow_durable._model.records import CallSummary, RunRecord
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
 from graphflow_durable._storage.statements import not_found
 from graphflow_durable.cli._common import Choice, json_option, store_option, table
-from graphflow_durable.cli._inspect import lease_state
-from graphflow_durable.store import ENDED_STATUSES, RUN_STATUSES, Removal, Store, Submission
+from graphflow_durable.store import RUN_STATUSES, Removal, Store
+from graphflow_durable.views import run_show, submitted_show
 
 __all__ = ["COMMANDS", "EXIT_REFUSED", "add_commands", "check", "older_than", "run"]
 
@@ -139,9 +139,7 @@ def run(store: Store, args: SimpleNamespace, out: Out) -> int:
 def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     run = store.get_run(args.run_id)
     if run is None and (waiting := store.queue.get_submission(args.run_id)) is not None:
-        pending: dict[str, Any] = {"run_id": waiting.run_id, "status": "submitted", "team": waiting.team}
-        pending |= {"attempts": waiting.attempts, "last_error": waiting.last_error}
-        pending["waiting_for"] = _waiting_for(waiting, store.lease_clock())
+        pending = submitted_show(waiting, store.lease_clock())
         if args.json:
             out(json.dumps(pending, sort_keys=True))
             return
@@ -152,42 +150,9 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         return
     if run is None:
         raise not_found(args.run_id)  # the words of every command on an unknown run
-    at = store.progress(run.run_id)
-    sub = store.queue.get_submission(run.run_id)
-    now = store.lease_clock()
-    shown: dict[str, Any] = {
-        "run_id": run.run_id,
-        "status": run.status,
-        "round": at.rounds,
-        "head": run.head_seq,
-        "head_step": {"kind": at.head_kind, "node": at.head_node, "at": at.head_at},
-        "messages": run.message_count,
-        "lease_owner": run.lease_owner,
-        "lease_host": run.lease_host,
-        "lease_pid": run.lease_pid,
-        "lease_expires_at": run.lease_expires_at,
-        "lease_state": lease_state(run, now),
-        "cancel_requested_at": run.cancel_requested_at,
-        "ended_before_cancel": run.ended_before_cancel,
-        "team": None if sub is None else sub.team,
-        "attempts": 0 if sub is None else sub.attempts,
-        # an error a later success superseded (a deadline, a failed attempt) is not the run's now
-        "last_error": None if sub is None or run.status in ENDED_STATUSES else sub.last_error,
-        "parent_run_id": run.parent_run_id,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-    }
-    failure = NodeFailure.of(run)
-    shown["in_flight"] = {node: dict(counts) for node, counts in at.turns.items()}
-    shown["next_attempt_at"] = at.next_attempt_at
-    shown["node_failed"] = None if failure is None else failure.to_json()
-    if failure is not None and shown["last_error"] is None:
-        shown["last_error"] = f"{failure.error_type}: {failure.error}"
-    calls = store.calls.summary(run.run_id)
-    shown.update(calls.as_dict())
-    asked = store.pending_requests(run.run_id)  # what a waiting run waits for (or a cancelled one asked)
+    seen = run_show(store, run)
+    shown, at, failure, calls, asked = seen.fields, seen.progress, seen.failure, seen.calls, seen.requests
     parked = run.status == "waiting"
-    shown["pending"] = [request.to_json() for request in asked]
     if args.json:
         out(json.dumps(shown, sort_keys=True))
         return
@@ -248,19 +213,6 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
     ]
     for key, value in lines:
         out(f"{key:<11} {value}")
-
-
-def _waiting_for(sub: Submission, now: float) -> str:
-    """Who a submission not started yet waits for: a worker of its team (only a worker started with
-    that key, or with one factory for every run, claims it), or the worker whose claim is live."""
-    if sub.claimed_by is not None and sub.claim_expires_at is not None and sub.claim_expires_at >= now:
-        return f"worker {sub.claimed_by}, which claimed it (until {iso(sub.claim_expires_at)})"
-    if sub.team is None:
-        return "a worker started with --team module:factory (a submission with no team key)"
-    return (
-        f"a worker serving team {sub.team} (started with --team {sub.team}=module:factory); none "
-        "holds a claim on it"
-    )
 
 
 def _cancel_words(run: RunRecord) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli import _inspect, manage, timeline
+from graphflow_durable.cli import _inspect, console, manage, timeline
 from graphflow_durable.cli._common import (
     FLOAT,
     INT,
@@ -37,7 +37,7 @@ from graphflow_durable.cli._common import (
     run_command,
     store_option,
 )
-from graphflow_durable.cli._inspect import SUBMITTED, list_rows, print_rows, verify
+from graphflow_durable.cli._inspect import print_rows, verify
 from graphflow_durable.errors import (
     ConflictError,
     GraphflowDurableError,
@@ -51,6 +51,7 @@ from graphflow_durable.errors import (
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
 from graphflow_durable.preflight import check_runs, runs_to_check
 from graphflow_durable.store import RUN_STATUSES, RunRecord, Store
+from graphflow_durable.views import SUBMITTED, list_rows
 from graphflow_durable.worker import TeamFactory, Worker, check_options
 
 __all__ = [
@@ -119,7 +120,7 @@ commands:
                                      becomes resumable (a worker or the next run() resumes it)
   submit RUN_ID TASK [--team KEY] [--json]
                                      queue a run for the pool (idempotent per RUN_ID)
-  check --team [KEY=]module:factory [RUN ...] [--json]
+{console.EPILOG}  check --team [KEY=]module:factory [RUN ...] [--json]
                                      the pre-deploy check: load the stored runs (default: every
                                      run not finished or cancelled) into fresh teams of the current
                                      code, running no agent; one line per problem: a changed graph,
@@ -258,6 +259,7 @@ def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
 
 timeline.add_commands(_runs, _dispatch)  # history, transcript, export, import, fork
 manage.add_commands(_runs, _dispatch)
+console.add_command(cli, lambda command, params: _main(command, None, params))
 
 
 @_runs.command("respond", help="answer a waiting run's request for human input")
@@ -310,6 +312,7 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         check_run_id(args.run_id, option="RUN_ID")  # before the store is opened
     if args.command == "worker":
         return _worker(args, url)
+    token = console.check(args) if args.command == "ui" else None  # before the store is opened
     factory = None
     if args.command == "check":
         for run_id in args.run_ids:
@@ -329,6 +332,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
     with _open_store(url, create=creating, given=given is not None, migrate=factory is None) as store:
         if args.command == "submit":
             return _submit(store, args)
+        if args.command == "ui":
+            return console.serve(store, args, token, _out)
         if factory is not None:
             return _check(store, args, factory)
         if args.runs_command in timeline.COMMANDS:

@@ -32,9 +32,9 @@ from graphflow_durable.cli._common import (
     table,
     write_atomically,
 )
-from graphflow_durable.cli._inspect import EXPIRED, GONE, lease_state
 from graphflow_durable.errors import StoreError
 from graphflow_durable.store import RunRecord, Store, StoredMessage
+from graphflow_durable.views import EXPIRED, GONE, lease_state, message_json
 
 __all__ = ["COMMANDS", "EPILOG", "EXIT_CONFLICT", "add_commands", "check", "run"]
 
@@ -211,7 +211,7 @@ def _transcript(store: Store, args: SimpleNamespace, out: Callable[[str], None])
 def _message_line(m: StoredMessage, as_json: bool) -> str:
     """A message as ``runs transcript`` and ``runs follow`` print it."""
     if as_json:
-        return json.dumps({"seq": m.seq, "step": m.step_seq, "published": m.published, "message": m.body})
+        return json.dumps(message_json(m))
     content = m.body.get("content")
     text = content if isinstance(content, str) else json.dumps(content)
     return f"[{m.seq}] {m.body.get('source')}: {text}"

@@ -248,9 +248,6 @@ def test_cancel_then_retry_from_the_buttons_move_a_waiting_run(store_url: str, b
         assert status(store_url, "approve-7") == "cancelled"
         browser.get(f"{console.url}/runs/approve-7")
         assert "cancelled" in page_text(browser)
-        assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=cancel]"), (
-            "a cancelled run offers no cancel"
-        )
         act(browser, "retry")
         assert status(store_url, "approve-7") == "interrupted"
         browser.get(f"{console.url}/")
@@ -417,6 +414,7 @@ def test_with_a_token_the_login_page_lets_a_person_in_with_an_httponly_cookie(
         log_in("not-the-token")
         assert not browser.find_elements(By.CSS_SELECTOR, "[data-run-id]")
         log_in("s3cret-token-for-the-test")
+        browser_log(browser)  # the 401s before the login
         browser.get(f"{console.url}/")
         assert browser.find_element(By.CSS_SELECTOR, "[data-run-id=approve-12]")
         cookies = browser.get_cookies()

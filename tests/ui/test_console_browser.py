@@ -117,6 +117,12 @@ def stale(element: WebElement) -> bool:
     return False
 
 
+def scrolled_to_graph(driver: WebDriver) -> None:
+    """Scroll the run page so that its graph and timeline fill the window."""
+    heading = driver.find_element(By.XPATH, "//h2[normalize-space()='Graph']")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", heading)
+
+
 def page_text(driver: WebDriver) -> str:
     return str(driver.find_element(By.TAG_NAME, "body").text)
 
@@ -256,9 +262,9 @@ def test_cancel_then_retry_from_the_buttons_move_a_waiting_run(store_url: str, b
         assert errors(browser) == []
 
 
-def test_supply_from_the_button_answers_the_node_a_run_failed_on(store_url: str, browser: WebDriver) -> None:
-    failed_run(store_url, "summary-3")
-    with served_console(store_url) as console:
+def test_supply_from_the_button_answers_the_node_a_run_failed_on(sqlite_url: str, browser: WebDriver) -> None:
+    failed_run(sqlite_url, "summary-3")
+    with served_console(sqlite_url) as console:
         browser.get(f"{console.url}/runs/summary-3")
         failed = browser.find_element(By.CSS_SELECTOR, "[data-node=summarize]")
         assert failed.get_attribute("data-state") == "failed"
@@ -269,8 +275,8 @@ def test_supply_from_the_button_answers_the_node_a_run_failed_on(store_url: str,
         if form.find_element(By.CSS_SELECTOR, "[name=node]").get_attribute("type") != "hidden":
             fields["node"] = "summarize"
         act(browser, "supply", **fields)
-        assert status(store_url, "summary-3") == "interrupted"
-        with Store(store_url) as store:
+        assert status(sqlite_url, "summary-3") == "interrupted"
+        with Store(sqlite_url) as store:
             last = store.transcript("summary-3")[-1].body
         assert (last["source"], last["content"]) == ("summarize", "The three documents agree: ship it.")
         browser.get(f"{console.url}/runs/summary-3")
@@ -282,12 +288,12 @@ def test_supply_from_the_button_answers_the_node_a_run_failed_on(store_url: str,
         assert errors(browser) == []
 
 
-def test_fork_from_the_button_makes_a_new_run_and_links_it(store_url: str, browser: WebDriver) -> None:
-    finished_run(store_url, "words-1")
-    with served_console(store_url) as console:
+def test_fork_from_the_button_makes_a_new_run_and_links_it(sqlite_url: str, browser: WebDriver) -> None:
+    finished_run(sqlite_url, "words-1")
+    with served_console(sqlite_url) as console:
         browser.get(f"{console.url}/runs/words-1")
         act(browser, "fork", step="2")
-        with Store(store_url) as store:
+        with Store(sqlite_url) as store:
             forks = [r for r in store.list_runs() if r.parent_run_id == "words-1"]
         assert len(forks) == 1, forks
         fork = forks[0]
@@ -429,6 +435,7 @@ def test_with_a_token_the_login_page_lets_a_person_in_with_an_httponly_cookie(
 # -- the demo, and the pictures of it -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
     tmp_path: Path, browser: WebDriver
 ) -> None:
@@ -471,12 +478,16 @@ def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
             == "failed"
         )
         screenshot(browser, "demo-run-failed")
+        scrolled_to_graph(browser)
+        screenshot(browser, "demo-run-failed-graph")
         browser.get(f"{base}/runs/report-0")
         assert {
             e.get_attribute("data-state")
             for e in browser.find_elements(By.CSS_SELECTOR, "[data-node][data-state]")
         } == {"done"}
         screenshot(browser, "demo-run-finished")
+        scrolled_to_graph(browser)
+        screenshot(browser, "demo-run-finished-graph")  # docs/console.png
         browser.get(f"{base}/inbox")
         screenshot(browser, "demo-inbox")
         item = browser.find_element(By.CSS_SELECTOR, "[data-request-id][data-run-id=refund-1234]")
@@ -490,6 +501,8 @@ def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
         wait_for("the worker to finish the refund", lambda: status(url, "refund-1234") == "finished")
         browser.get(f"{base}/runs/refund-1234")
         screenshot(browser, "demo-run-answered")
+        scrolled_to_graph(browser)
+        screenshot(browser, "demo-run-answered-graph")
         assert errors(browser) == []
     finally:
         code = stop(demo, timeout=30)

@@ -25,7 +25,7 @@ def client(store: Store, **kwargs: object) -> TestClient:
     """An in-process client of the console (Starlette's TestClient over httpx, which Starlette 1.x
     marks deprecated in favour of httpx2: not installed here)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore")  # StarletteDeprecationWarning: httpx2 is not installed
         from starlette.testclient import TestClient
 
         return TestClient(create_app(store, **kwargs), follow_redirects=False)  # type: ignore[arg-type]

@@ -56,6 +56,7 @@ class EventStream(Response):
 
     def __init__(self, source: Callable[[], AsyncIterator[bytes]]) -> None:
         super().__init__(content=None, headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        self.raw_headers = [h for h in self.raw_headers if h[0] != b"content-length"]  # a stream
         self.source = source
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

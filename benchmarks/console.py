@@ -390,16 +390,19 @@ def postgres_schema(url: str) -> Iterator[str]:
 
 
 def measure(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
-    print(f"{name}: filling {args.runs} runs...", file=sys.stderr, flush=True)
+    def say(what: str, value: Any) -> None:
+        print(f"{name}: {what}: {value}", file=sys.stderr, flush=True)
+
+    say("filling", f"{args.runs} runs")
     result: dict[str, Any] = {"store": name, "fill": fill(url, args.runs)}
-    print(f"{name}: {result['fill']}; page times...", file=sys.stderr, flush=True)
+    say("fill", result["fill"])
     result["pages"] = asyncio.run(page_times(url, args.requests))
-    print(f"{name}: followers...", file=sys.stderr, flush=True)
-    result["followers"] = asyncio.run(
-        followers_cost(url, Case("loop", args.n, 100), args.followers, args.repeats)
-    )
-    print(f"{name}: memory...", file=sys.stderr, flush=True)
+    say("pages", result["pages"])
+    case = Case("loop", args.n, 100)
+    result["followers"] = asyncio.run(followers_cost(url, case, args.followers, args.repeats))
+    say("followers", result["followers"])
     result["memory"] = memory(url, result["fill"]["template"], args.loads)
+    say("memory", result["memory"])
     return result
 
 

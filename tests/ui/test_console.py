@@ -138,6 +138,8 @@ def test_bad_query_and_path_values_are_400_or_404_never_a_traceback(store: Store
     assert c.get("/runs/nobody/events").status_code == 404
     assert c.get("/runs/r1/events?after=x").status_code == 400
     assert c.get("/no/such/page").status_code == 404
+    assert post(c, "/runs/nobody/respond", "/runs/r1", text="yes", request_id="H/1").status_code == 404
+    assert post(c, "/runs/nobody/cancel", "/runs/r1").status_code == 404
 
 
 async def test_answering_from_the_inbox_goes_through_respond_and_a_second_answer_is_refused_clearly(
@@ -184,6 +186,7 @@ async def test_supply_answers_a_failed_node_and_refuses_another_node(store_url: 
     c = client(store)
     page = c.get("/runs/bad").text
     assert 'name="node" value="B"' in page  # the node it failed on, filled in
+    assert "ConnectionError: B is down" in c.get("/").text  # the runs list's last error
     wrong = post(c, "/runs/bad/supply", "/runs/bad", node="C", text="x")
     assert wrong.status_code == 400 and "B" in wrong.text and store.get_run("bad").status == "failed"  # type: ignore[union-attr]
     got = post(c, "/runs/bad/supply", "/runs/bad", node="B", text="B's answer")
@@ -202,6 +205,8 @@ async def test_fork_shows_the_new_run_with_a_link_and_refuses_a_step_out_of_rang
     new = re.search(r'data-new-run="([^"]+)"', got.text)
     assert new is not None and store.get_run(new.group(1)) is not None
     assert f'href="/runs/{new.group(1)}"' in got.text
+    assert f'data-nested="{new.group(1)}"' in c.get("/runs/src").text  # the source lists its fork
+    assert 'href="/runs/src"' in c.get(f"/runs/{new.group(1)}").text  # and the fork its parent
     bad = post(c, "/runs/src/fork", "/runs/src", step="99")
     assert bad.status_code == 400 and "data-error" in bad.text
     assert post(c, "/runs/src/fork", "/runs/src", step="two").status_code == 400
@@ -346,3 +351,44 @@ def test_the_database_down_is_a_503_page_of_one_line_and_the_console_recovers(tm
         assert c.get("/api/runs").json()["status"] == 503
         (tmp_path / "away").rename(home)
         assert c.get("/").status_code == 200 and rows(c.get("/").text) == [("r1", "finished")]
+
+
+async def test_the_runs_list_names_the_node_each_run_runs_or_waits_on_now(
+    store_url: str, store: Store
+) -> None:
+    from graphflow_durable._storage.driver import CommitRequest
+    from graphflow_durable.store import MessageRecord, Step
+
+    await waiting_run(store_url, "asks-1")
+    token = made(store, "busy")  # running, held by its driver
+    store._driver.commit(
+        CommitRequest(
+            "busy",
+            expected_head=1,
+            fencing_token=token,
+            step=Step(kind="complete", node="a", scheduler={"attempts": {"writer": 1, "critic": 2}}),
+            messages=[MessageRecord(seq=1, body={"type": "TextMessage", "content": "x"}, published=True)],
+        )
+    )
+    html = client(store).get("/").text
+    now = dict(
+        re.findall(r'data-run-id="([^"]+)" data-status="[^"]+">(?:.*?<td>){5}([^<]*)</td>', html, re.S)
+    )
+    assert now == {"busy": "critic, writer", "asks-1": "H"}
+
+
+def test_the_runs_page_links_the_next_page_by_its_cursor_and_sets_a_strict_session_cookie(
+    store: Store,
+) -> None:
+    for n in range(52):
+        made(store, f"run-{n:02d}", status="finished")
+    c = client(store)
+    first = c.get("/")
+    cookie = first.headers["set-cookie"].lower()
+    assert "gfd_session=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+    assert len(rows(first.text)) == 50 and rows(first.text)[0][0] == "run-51"
+    link = re.search(r'<a data-next href="([^"]+)"', first.text)
+    assert link is not None
+    second = c.get(link.group(1).replace("&amp;", "&"))
+    assert [r for r, _ in rows(second.text)] == ["run-01", "run-00"]
+    assert "data-next" not in second.text

@@ -94,3 +94,18 @@ def test_a_port_taken_is_one_line_and_the_password_is_never_printed(tmp_path: Pa
             [*COMMAND, "--store", url, "--port", port], capture_output=True, text=True, timeout=60
         )
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1 and port in done.stderr
+
+
+def test_without_the_extra_the_package_imports_and_the_command_says_what_to_install(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    Store(url).close()
+    script = (
+        "import sys\n"
+        "sys.modules['starlette'] = None  # the extra is not installed\n"
+        "import graphflow_durable, graphflow_durable.ui, graphflow_durable.cli.runs as runs\n"
+        f"sys.exit(runs.main(['ui', '--store', {url!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "pip install 'graphflow-durable[ui]'" in lines[0], done.stderr

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
+from graphflow_durable._model.codec import loads
 from graphflow_durable._model.human import InputRequest
-from graphflow_durable._model.records import RUN_STATUSES, RunRecord
+from graphflow_durable._model.records import RUN_STATUSES, RunRecord, turn_counts
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.requests import _pending, _request
 from graphflow_durable._storage.schema import input_requests, queue, runs, steps
@@ -40,6 +41,7 @@ class RunPage:
         submissions: the queue row of each run that has one.
         pending: each waiting run's pending requests for human input, oldest first.
         rounds: how many rounds each run began.
+        in_flight: each running run's nodes in flight at its head (dispatched, not answered).
         next: the cursor of the next page (give it as ``after``), ``None`` on the last page.
     """
 
@@ -47,6 +49,7 @@ class RunPage:
     submissions: dict[str, Submission] = field(default_factory=dict)
     pending: dict[str, list[InputRequest]] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, list[str]] = field(default_factory=dict)
     next: str | None = None
 
 
@@ -115,9 +118,24 @@ def page(
         .group_by(steps.c.run_id)
     )
     rounds = {run_id: int(n) for run_id, n in counted}
+    in_flight: dict[str, list[str]] = {}
+    if running := [run.run_id for run in found if run.status == "running"]:
+        heads = sa.select(steps.c.run_id, steps.c.scheduler).join(
+            runs, sa.and_(_R.run_id == steps.c.run_id, _R.head_seq == steps.c.seq)
+        )
+        for run_id, cursor in conn.execute(heads.where(steps.c.run_id.in_(running))):
+            in_flight[run_id] = sorted(turn_counts(_cursor(cursor)))
     last = found[-1]
     cursor = f"{last.created_at!r}:{last.run_id}" if more else None
-    return RunPage(found, subs, pending, rounds, cursor)
+    return RunPage(found, subs, pending, rounds, in_flight, cursor)
+
+
+def _cursor(text: object) -> object:
+    """A head step's stored cursor, or ``None`` when it cannot be read (``verify`` reports damage)."""
+    try:
+        return loads(text) if isinstance(text, str) else None
+    except (ValueError, TypeError):
+        return None
 
 
 def status_counts(conn: sa.Connection) -> dict[str, int]:

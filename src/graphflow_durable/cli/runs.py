@@ -69,12 +69,14 @@ EXIT_OK = 0
 """Done: listed, shown, cancelled, retried, deleted, pruned (also when nothing was left to prune),
 submitted (or already submitted with the same task), or the worker stopped cleanly."""
 EXIT_ERROR = 1
-"""The store could not be opened or used, or the worker's team factory could not be imported."""
+"""The store could not be opened or used, or the worker's team factory could not be imported;
+``ui``: the ``ui`` extra is not installed, or the port is taken."""
 EXIT_USAGE = 2
 """Usage error (an unknown option, a missing argument, a bad option value), a store URL that is
 malformed or carries an unknown or bad option, or no store at the URL for a command that needs one
 (all but ``worker``, ``submit`` and ``runs import``, which create it); ``check``: a ``--team`` it
-cannot import or call, or a store at an older schema version (``check`` migrates nothing)."""
+cannot import or call, or a store at an older schema version (``check`` migrates nothing); ``ui``:
+a ``--host`` that is not loopback without a token."""
 EXIT_CONFLICT = 3
 """``submit``: the run id was already submitted with another task or team, or exists unsubmitted."""
 EXIT_DAMAGED = _inspect.EXIT_DAMAGED
@@ -139,13 +141,15 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
 exit codes:
   0  done (listed; shown, cancelled, retried, supplied, deleted, pruned, also when nothing was left to
      prune; submitted or already submitted with the same task; worker stopped cleanly)
-  1  the store failed, or the worker's team factory could not be imported
+  1  the store failed, or the worker's team factory could not be imported; ui: the ui extra is not
+     installed, or the port is taken
   2  usage error (including a bad store URL or an unknown option in it, or a bad option value;
      a RUN that does not exist, a STEP out of range, a FILE that is not a run export or fails
      its checks: the line names its first bad field, e.g. steps[3].node); no store at the URL:
      every command but worker, submit and runs import (which create the store) needs an
      existing one and creates nothing (a mistyped --store is no new, empty store); check: a
-     --team it cannot import or call, a store at an older schema version (check migrates nothing)
+     --team it cannot import or call, a store at an older schema version (check migrates nothing);
+     ui: a --host that is not loopback without a token (--token or GRAPHFLOW_DURABLE_UI_TOKEN)
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
      runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is

@@ -26,6 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from graphflow_durable._model.records import NodeFailure
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.lease import iso
 from graphflow_durable.errors import (
@@ -110,7 +111,8 @@ class Console:
         if _is_api(request):
             return Response(json_error(status, why), status_code=status, media_type="application/json")
         if status == 401:
-            return self.render(request, "login.html", status, error=None, next=request.url.path)
+            root = request.scope.get("root_path", "") or ""
+            return self.render(request, "login.html", status, next=_next(request.url.path.removeprefix(root)))
         return self.render(request, "error.html", status, status=status, message=why)
 
     def failed(self, request: Request, exc: Exception) -> Response:
@@ -143,7 +145,11 @@ class Console:
             row["round"] = found.rounds.get(run.run_id, 0)
             row["parent_run_id"] = run.parent_run_id
             row["updated_at"] = run.updated_at
-            row["now"] = ", ".join(sorted({r["node"] for r in row["pending"]}))
+            failure = NodeFailure.of(run)  # as runs show: the node's error when no worker recorded one
+            if failure is not None and row["last_error"] is None:
+                row["last_error"] = f"{failure.error_type}: {failure.error}"
+            asked = {r["node"] for r in row["pending"]}
+            row["now"] = ", ".join(sorted(asked | set(found.in_flight.get(run.run_id, []))))
             rows.append(row)
         return self.render(
             request,
@@ -215,7 +221,7 @@ class Console:
             )
         try:
             done = await run_in_threadpool(self.store.respond, run_id, text, request_id=request_id)
-        except (NotWaitingError, RunNotFoundError) as exc:
+        except NotWaitingError as exc:  # answered first by someone else, or not waiting any more
             return await run_in_threadpool(self.inbox_page, request, 409, error=one_line(str(exc)))
         run = await run_in_threadpool(self.store.get_run, run_id)
         now = "" if run is None else f"; the run is {run.status}"

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 IDLE_POLL = 1.0
 #: How long the stream lets a burst of messages settle before it sends the run's state (seconds).
 SETTLE = 0.3
+#: How many runs' latest state events are kept for the browsers that follow them.
+STATES_KEPT = 256
 #: A comment line this often keeps proxies from closing a quiet stream (seconds).
 PING = 15.0
 
@@ -112,19 +114,35 @@ def pictures(store: Store, run_id: str) -> Any:
     }
 
 
-def _state(store: Store, run: RunRecord) -> dict[str, Any]:
-    found = pictures(store, run.run_id)
-    return {
-        "status": run.status,
-        "head": run.head_seq,
-        "messages": run.message_count,
-        "states": None if found is None else found["states"],
-    }
+class _States:
+    """The state events of the runs followed, one per run and head: fifty browsers watching one run
+    draw its pictures once per commit, not fifty times."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._made: dict[tuple[str, str, int, float], dict[str, Any]] = {}
+
+    def of(self, run: RunRecord) -> dict[str, Any]:
+        key = (run.run_id, run.status, run.head_seq, run.updated_at)
+        found = self._made.get(key)
+        if found is None:
+            drawn = pictures(self._store, run.run_id)
+            found = {
+                "status": run.status,
+                "head": run.head_seq,
+                "messages": run.message_count,
+                "states": None if drawn is None else drawn["states"],
+            }
+            if len(self._made) >= STATES_KEPT:
+                self._made.clear()
+            self._made[key] = found
+        return found
 
 
 def events(store: Store) -> Callable[[Request], Awaitable[Response]]:
     """The endpoint: the run's messages after ``?after=SEQ`` (or the ``Last-Event-ID`` header), then
     each new one and each change of its state."""
+    states = _States(store)
 
     async def endpoint(request: Request) -> Response:
         run_id = check_run_id(request.path_params["run_id"], option="run id")
@@ -146,7 +164,7 @@ def events(store: Store) -> Callable[[Request], Awaitable[Response]]:
                 if run is None:
                     return None
                 seen = (run.status, run.head_seq)
-                return _event("state", await run_in_threadpool(_state, store, run))
+                return _event("state", await run_in_threadpool(states.of, run))
 
             yield b"retry: 2000\n\n"
             while True:

@@ -320,6 +320,44 @@ def test_a_refused_action_shows_the_reason_on_the_page_not_an_error_page(
         assert status(sqlite_url, "approve-8") == "cancelled"
 
 
+def test_delete_from_the_button_removes_the_run_and_its_page_then_is_a_404(
+    sqlite_url: str, browser: WebDriver
+) -> None:
+    finished_run(sqlite_url, "words-2")
+    with served_console(sqlite_url) as console:
+        browser.get(f"{console.url}/runs/words-2")
+        act(browser, "delete")
+        assert status(sqlite_url, "words-2") is None
+        browser.get(f"{console.url}/runs/words-2")
+        text = page_text(browser)
+        assert "404" in text and "Traceback" not in text
+        browser.get(f"{console.url}/")
+        assert not browser.find_elements(By.CSS_SELECTOR, "[data-run-id=words-2]")
+
+
+def test_an_answer_after_someone_else_answered_is_refused_with_a_clear_message(
+    sqlite_url: str, browser: WebDriver
+) -> None:
+    waiting_run(sqlite_url, "approve-13")
+    with served_console(sqlite_url) as console:
+        browser.get(f"{console.url}/inbox")
+        item = browser.find_element(By.CSS_SELECTOR, "[data-request-id][data-run-id=approve-13]")
+        with Store(sqlite_url) as store:  # another person, meanwhile
+            store.respond("approve-13", "rejected: not this month")
+        item.find_element(By.CSS_SELECTOR, "textarea[name=text]").send_keys("approved")
+        act(browser, "respond")
+        text = page_text(browser)
+        assert "Traceback" not in text and "500" not in text
+        assert "run approve-13 is not waiting for input" in text, "the store's refusal, on the inbox page"
+        with Store(sqlite_url) as store:
+            [request] = store.requests.of_run("approve-13")
+        assert (request.status, request.answer) == ("answered", "rejected: not this month"), (
+            "the first answer stays"
+        )
+        browser.get(f"{console.url}/inbox")
+        assert not browser.find_elements(By.CSS_SELECTOR, "[data-run-id=approve-13]")
+
+
 # -- what must not happen -------------------------------------------------------------------------
 
 

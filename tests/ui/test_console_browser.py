@@ -348,7 +348,7 @@ def test_an_answer_after_someone_else_answered_is_refused_with_a_clear_message(
         act(browser, "respond")
         text = page_text(browser)
         assert "Traceback" not in text and "500" not in text
-        assert "run approve-13 is not waiting for input" in text, "the store's refusal, on the inbox page"
+        assert "run approve-13 has request 'approver/3' answered; nothing was changed" in text, text
         with Store(sqlite_url) as store:
             [request] = store.requests.of_run("approve-13")
         assert (request.status, request.answer) == ("answered", "rejected: not this month"), (

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import uiteam
 from browser import ROOT, alert_text, browser_log, screenshot, served_console, stop, wait_for, worker
 from selenium.webdriver.chrome.webdriver import WebDriver
@@ -436,6 +437,24 @@ def test_read_only_mode_shows_no_action_and_refuses_every_post(sqlite_url: str, 
         for action in ("cancel", "retry", "delete", "respond"):
             assert post_status(browser, f"/runs/approve-11/{action}", {"text": "no"}) == 403, action
         assert status(sqlite_url, "approve-11") == "waiting"
+
+
+@pytest.mark.postgres
+def test_the_store_urls_password_appears_on_no_page(postgres_database: str, browser: WebDriver) -> None:
+    """The throwaway server trusts local connections: the password is given, and never checked."""
+    url = (
+        sa.make_url(postgres_database)
+        .set(password="pw-never-shown-4711")
+        .render_as_string(hide_password=False)
+    )
+    waiting_run(url, "approve-14")
+    failed_run(url, "summary-14")
+    with served_console(url) as console:
+        for path in ("/", "/inbox", "/stats", "/runs/approve-14", "/runs/summary-14", "/api/runs", "/api/inbox",
+                     "/api/runs/summary-14", "/runs/no-such-run", "/runs/bad%20id"):  # fmt: skip
+            browser.get(f"{console.url}{path}")
+            assert "pw-never-shown-4711" not in browser.page_source, path
+        assert "pw-never-shown-4711" not in console.stderr()
 
 
 def test_with_a_token_the_login_page_lets_a_person_in_with_an_httponly_cookie(

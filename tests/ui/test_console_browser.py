@@ -175,7 +175,9 @@ def test_a_person_answers_a_waiting_run_from_the_inbox_and_a_worker_finishes_it(
     with Store(store_url) as store:
         store.queue.submit("refund-1234", task="Refund order 1234?", team="approval")
     with served_console(store_url) as console, worker(store_url, "approval=uiteam:approval"):
-        wait_for("the run to wait for a person", lambda: status(store_url, "refund-1234") == "waiting")
+        wait_for(
+            "the run to wait for a person", lambda: status(store_url, "refund-1234") == "waiting", timeout=60
+        )
         browser.get(f"{console.url}/inbox")
         item = browser.find_element(By.CSS_SELECTOR, "[data-request-id][data-run-id=refund-1234]")
         assert item.get_attribute("data-request-id"), "the inbox item names its request"
@@ -187,7 +189,9 @@ def test_a_person_answers_a_waiting_run_from_the_inbox_and_a_worker_finishes_it(
             wait_for("a confirmation", lambda: alert_text(browser) is not None, timeout=2)
             browser.switch_to.alert.accept()
         wait_for("the page after answering", lambda: stale(old))
-        wait_for("the worker to finish the run", lambda: status(store_url, "refund-1234") == "finished")
+        wait_for(
+            "the worker to finish the run", lambda: status(store_url, "refund-1234") == "finished", timeout=60
+        )
         browser.get(f"{console.url}/runs/refund-1234")
         assert "finished" in page_text(browser)
         states = {
@@ -213,7 +217,7 @@ def test_messages_of_a_run_another_process_drives_appear_without_a_reload(
         store.queue.submit("live-1", task="Count the steps.", team="slow")
     env = {"UI_AGENT_DELAY": "0.5"}
     with served_console(sqlite_url) as console, worker(sqlite_url, "slow=uiteam:slow", env=env):
-        wait_for("the worker to start the run", lambda: status(sqlite_url, "live-1") == "running")
+        wait_for("the worker to start the run", lambda: status(sqlite_url, "live-1") == "running", timeout=60)
         browser.get(f"{console.url}/runs/live-1")
         browser.execute_script("window.__same_page = true")
         seen = len(browser.find_elements(By.CSS_SELECTOR, "[data-seq]"))
@@ -555,7 +559,9 @@ def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
             wait_for("a confirmation", lambda: alert_text(browser) is not None, timeout=2)
             browser.switch_to.alert.accept()
         wait_for("the page after answering", lambda: stale(old))
-        wait_for("the worker to finish the refund", lambda: status(url, "refund-1234") == "finished")
+        wait_for(
+            "the worker to finish the refund", lambda: status(url, "refund-1234") == "finished", timeout=60
+        )
         browser.get(f"{base}/runs/refund-1234")
         screenshot(browser, "demo-run-answered")
         scrolled_to_graph(browser)

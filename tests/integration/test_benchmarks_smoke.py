@@ -188,3 +188,31 @@ def test_the_budget_file_holds_every_figure_the_check_measures() -> None:
     spec = json.loads((ROOT / "benchmarks" / "budget.json").read_text())
     assert set(spec["loop_thread_per_transition"]) == {"plain", "normal_added", "full_added"}
     assert spec["extra"] >= 100 and spec["size"] == 100
+
+
+@pytest.mark.timeout(300)
+def test_the_console_benchmark_runs_end_to_end_on_a_small_store(tmp_path: Path) -> None:
+    """``benchmarks/console.py`` with tiny sizes: it fills, times the pages, follows, loads (no
+    timing asserted, only that every measure ran and the store it filled is what it says)."""
+    out = tmp_path / "console.json"
+    proc = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "console.py"), "--runs", "300", "--requests", "3",
+            "--followers", "3", "--n", "40", "--repeats", "1", "--loads", "30", "--json", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [result] = json.loads(out.read_text())["results"]
+    assert result["store"] == "sqlite"
+    assert result["fill"]["runs"] == 300 and result["fill"]["rows"] > 300 * 5
+    assert set(result["pages"]) == {"/", "/?status=failed", "/api/runs", "/api/runs?status=waiting"}
+    assert all(t["median_ms"] > 0 and t["p95_ms"] >= t["median_ms"] for t in result["pages"].values())
+    followers = result["followers"]
+    assert followers["alone_ms"] > 0 and followers["followed_ms"] > 0 and followers["ratio"] > 0
+    assert followers["events_per_follower"] > 0, "the followers received the run's events"
+    assert result["memory"]["loads"] == 30 and result["memory"]["first_mb"] > 0
+    assert "| sqlite | 300 | `GET /` |" in proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -120,6 +121,25 @@ def test_crash_demo_resumes_at_summarize_in_a_fresh_process_without_rerunning_co
     assert "summarize: started" in second and "report: done" in second
     assert "research" not in second and "validate" not in second
     assert "completed nodes that ran twice: none" in out
+
+
+def test_the_console_demo_serves_its_waiting_run_in_the_inbox_and_stops_cleanly(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "console_demo.py"), "--smoke", "--store", f"sqlite:///{db}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "WORKER_POOL_DELAY": "0.1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^the console: http://127\.0\.0\.1:\d+/", done.stdout, flags=re.M), done.stdout
+    assert done.stdout.rstrip().endswith("smoke: the inbox lists the waiting run")
+    with graphflow_durable.Store(f"sqlite:///{db}") as store:
+        refund = store.get_run("refund-1234")
+        assert refund is not None and refund.status == "waiting"
+        assert refund.lease_owner is None, "the worker let the run go when it stopped"
 
 
 def test_public_api_all_is_sorted_and_complete() -> None:

@@ -292,7 +292,7 @@ def test_every_response_carries_the_security_headers(store: Store) -> None:
         assert got.headers["content-security-policy"].startswith(CSP), path
         assert "frame-ancestors 'none'" in got.headers["content-security-policy"]
         assert got.headers["x-content-type-options"] == "nosniff"
-        assert got.headers["referrer-policy"] == "no-referrer"
+        assert got.headers["referrer-policy"] == "same-origin"
     cookie = c.get("/").headers.get("set-cookie") or ""
     html = client(store).get("/runs/r1").text
     assert "<script>" not in html and " onclick=" not in html and "style=" not in html

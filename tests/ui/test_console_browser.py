@@ -31,13 +31,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 EXAMPLES = ROOT / "examples"
 
-#: The console refuses the form POSTs of its own pages: its ``Referrer-Policy: no-referrer`` makes
-#: every browser send ``Origin: null`` on a form POST, which its same-origin check refuses (403).
-OWN_POSTS_REFUSED = pytest.mark.xfail(
-    strict=True,
-    reason="the console's Referrer-Policy no-referrer makes browsers send Origin: null on its own form POSTs (403)",
-)
-
 PAYLOADS = (
     "<script>window.__pwned = 'script'; alert(1)</script>",
     "<img src=x onerror=\"window.__pwned = 'img'; alert(1)\">",
@@ -178,7 +171,6 @@ def other_origin(html: str) -> Iterator[str]:
 # -- the inbox, live pages ------------------------------------------------------------------------
 
 
-@OWN_POSTS_REFUSED
 def test_a_person_answers_a_waiting_run_from_the_inbox_and_a_worker_finishes_it(
     store_url: str, browser: WebDriver
 ) -> None:
@@ -262,7 +254,6 @@ def test_messages_of_a_run_another_process_drives_appear_without_a_reload(
 # -- actions ----------------------------------------------------------------------------------------
 
 
-@OWN_POSTS_REFUSED
 def test_cancel_then_retry_from_the_buttons_move_a_waiting_run(store_url: str, browser: WebDriver) -> None:
     waiting_run(store_url, "approve-7")
     with served_console(store_url) as console:
@@ -279,7 +270,6 @@ def test_cancel_then_retry_from_the_buttons_move_a_waiting_run(store_url: str, b
         assert errors(browser) == []
 
 
-@OWN_POSTS_REFUSED
 def test_supply_from_the_button_answers_the_node_a_run_failed_on(sqlite_url: str, browser: WebDriver) -> None:
     failed_run(sqlite_url, "summary-3")
     with served_console(sqlite_url) as console:
@@ -306,7 +296,6 @@ def test_supply_from_the_button_answers_the_node_a_run_failed_on(sqlite_url: str
         assert errors(browser) == []
 
 
-@OWN_POSTS_REFUSED
 def test_fork_from_the_button_makes_a_new_run_and_links_it(sqlite_url: str, browser: WebDriver) -> None:
     finished_run(sqlite_url, "words-1")
     with served_console(sqlite_url) as console:
@@ -324,7 +313,6 @@ def test_fork_from_the_button_makes_a_new_run_and_links_it(sqlite_url: str, brow
         assert errors(browser) == []
 
 
-@OWN_POSTS_REFUSED
 def test_a_refused_action_shows_the_reason_on_the_page_not_an_error_page(
     sqlite_url: str, browser: WebDriver
 ) -> None:
@@ -340,7 +328,6 @@ def test_a_refused_action_shows_the_reason_on_the_page_not_an_error_page(
         assert status(sqlite_url, "approve-8") == "cancelled"
 
 
-@OWN_POSTS_REFUSED
 def test_delete_from_the_button_removes_the_run_and_its_page_then_is_a_404(
     sqlite_url: str, browser: WebDriver
 ) -> None:
@@ -356,7 +343,6 @@ def test_delete_from_the_button_removes_the_run_and_its_page_then_is_a_404(
         assert not browser.find_elements(By.CSS_SELECTOR, "[data-run-id=words-2]")
 
 
-@OWN_POSTS_REFUSED
 def test_an_answer_after_someone_else_answered_is_refused_with_a_clear_message(
     sqlite_url: str, browser: WebDriver
 ) -> None:
@@ -478,7 +464,6 @@ def test_the_store_urls_password_appears_on_no_page(postgres_database: str, brow
         assert "pw-never-shown-4711" not in console.stderr()
 
 
-@OWN_POSTS_REFUSED
 def test_with_a_token_the_login_page_lets_a_person_in_with_an_httponly_cookie(
     sqlite_url: str, browser: WebDriver
 ) -> None:
@@ -515,7 +500,6 @@ def test_with_a_token_the_login_page_lets_a_person_in_with_an_httponly_cookie(
 
 
 @pytest.mark.slow
-@OWN_POSTS_REFUSED
 def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
     tmp_path: Path, browser: WebDriver
 ) -> None:

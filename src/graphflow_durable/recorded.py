@@ -47,8 +47,6 @@ from autogen_core.models import (
     ChatCompletionClient,
     CreateResult,
     LLMMessage,
-    ModelCapabilities,
-    ModelInfo,
     RequestUsage,
 )
 from autogen_core.tools import (
@@ -74,6 +72,7 @@ from graphflow_durable._turncalls import (
     start_recording,
     stop_recording,
 )
+from graphflow_durable._wrapping import WrappingClient
 from graphflow_durable.context import ToolCallContext
 from graphflow_durable.errors import (
     NotSerializableError,
@@ -178,7 +177,7 @@ class RecordedChatCompletionClientConfig(BaseModel):
     client: ComponentModel
 
 
-class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatCompletionClientConfig]):
+class RecordedChatCompletionClient(WrappingClient, Component[RecordedChatCompletionClientConfig]):
     """A ``ChatCompletionClient`` whose calls inside a durable turn are recorded and replayed (see
     the module's text). Everything else (model info, token counts, usage, close) is the wrapped
     client's. Make one with :func:`recorded`."""
@@ -291,30 +290,6 @@ class RecordedChatCompletionClient(ChatCompletionClient, Component[RecordedChatC
 
     async def close(self) -> None:
         await self._inner.close()
-
-    @property
-    def model_info(self) -> ModelInfo:
-        """The wrapped client's: a replay answers as the wrapped model would."""
-        return self._inner.model_info
-
-    def actual_usage(self) -> RequestUsage:
-        return self._inner.actual_usage()
-
-    @property
-    def capabilities(self) -> ModelCapabilities:
-        """The wrapped client's (deprecated by AutoGen for :attr:`model_info`)."""
-        return self._inner.capabilities
-
-    def total_usage(self) -> RequestUsage:
-        return self._inner.total_usage()
-
-    def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
-        return self._inner.count_tokens(messages, tools=tools)
-
-    def remaining_tokens(
-        self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []
-    ) -> int:
-        return self._inner.remaining_tokens(messages, tools=tools)
 
     def _to_config(self) -> RecordedChatCompletionClientConfig:
         return RecordedChatCompletionClientConfig(client=self._inner.dump_component())

@@ -33,6 +33,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         360,
         "One attempt of a durable turn's recorded calls: records read and checked, identities, failures.",
     ),
+    "_wrapping.py": (  # new: the pass-through the recording and rate-limiting wrappers shared
+        60,
+        "What a model client that wraps another answers as the wrapped one: the base of...",
+    ),
     "_toolerrors.py": (  # new: kept out of recorded.py, which holds the replay
         80,
         "The exceptions a workbench's tools raise, seen before the workbench makes error results of them.",

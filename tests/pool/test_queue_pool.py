@@ -4,7 +4,6 @@ stopped worker's runs released to another worker no sooner than the cap allows."
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -28,24 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.crash]
 class QueuePool(Pool):
     """The pool test's worker processes, driving ``queueteam:team`` (A -> B, timed turns)."""
 
-    def start(self) -> subprocess.Popen[bytes]:
-        n = len(self.procs)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            "GFD_AGENT_DELAY": str(self.delay),
-            "GFD_EXEC_LOG": str(self.tmp / "exec.log"),
-            "GFD_HOLD": str(self.tmp / "hold"),
-        }
-        args = [
-            sys.executable, "-m", "graphflow_durable.cli.runs", "worker", "--store", self.url,
-            "--team", "queueteam:team", "--concurrency", str(self.concurrency),
-            "--lease-seconds", str(self.lease), "--poll-interval", "0.05", "--grace-seconds", "10",
-        ]  # fmt: skip
-        with open(self.tmp / f"worker-{n}.out", "wb") as out, open(self.tmp / f"worker-{n}.err", "wb") as err:
-            proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
-        self.procs.append(proc)
-        return proc
+    team = "queueteam:team"
 
 
 def wait_finished(url: str, count: int, timeout: float) -> int:

@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
 
 class Pool:
-    """Worker processes started with sys.executable, their logs in ``tmp``."""
+    """Worker processes started with sys.executable, their logs in ``tmp``, serving ``team``."""
+
+    team = "t=poolteam:team"
 
     def __init__(self, url: str, tmp: Path, *, lease: float, concurrency: int, delay: float) -> None:
         self.url, self.tmp, self.lease, self.concurrency, self.delay = url, tmp, lease, concurrency, delay
@@ -50,7 +52,7 @@ class Pool:
         }
         args = [
             sys.executable, "-m", "graphflow_durable.cli.runs", "worker", "--store", self.url,
-            "--team", "t=poolteam:team", "--concurrency", str(self.concurrency),
+            "--team", self.team, "--concurrency", str(self.concurrency),
             "--lease-seconds", str(self.lease), "--poll-interval", "0.05", "--grace-seconds", "10",
         ]  # fmt: skip
         with open(self.tmp / f"worker-{n}.out", "wb") as out, open(self.tmp / f"worker-{n}.err", "wb") as err:

@@ -70,11 +70,6 @@ def submit_all(url: str, runs: int) -> dict[str, tuple[str, int, str | None]]:
     return placed
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: at 150 runs, after a PostgreSQL restart and SIGSTOPs, two turns of one partition were "
-    "once seen overlapping for 0.25 s in two workers (the queue concurrency caps held; 45 runs pass)",
-)
 def test_queues_under_sigkill_sigstop_and_a_postgres_restart_keep_every_cap_and_finish_every_run(
     server: Server, database: str, tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from graphflow_durable._storage import flowcontrol
 from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, main
-from graphflow_durable.errors import RunExistsError, UsageError
+from graphflow_durable.errors import RunExistsError, StoreError, UsageError
 from graphflow_durable.store import Claim, Store
 
 from .test_store_queue import interrupt
@@ -392,3 +392,29 @@ def test_a_run_created_from_its_claimed_submission_during_a_claims_count_still_c
         holders = [c.run_id for c in (got[0], second) if c is not None]
         assert len(holders) == 1, f"both workers claimed a run of a queue capped at one: {holders}"
         assert "concurrency cap (1 of 1 driven)" in str(store.queue.why_not_started("b"))
+
+
+def test_a_database_error_while_reporting_throttled_queues_is_a_store_error(store: Store) -> None:
+    """The throttled report after a claim that found nothing reads the database too: its failure (a
+    server restarting) is a StoreError, which a worker takes as a database problem and pauses its
+    claims for, not an unexpected error that ends the worker."""
+    store.queue.configure("q", concurrency=1)
+    for run_id in ("a", "b"):
+        store.queue.submit(run_id, task="t", team=None, queue="q")
+    assert start(store, "w1") == "a"
+    driver_error = store._e.engine.dialect.loaded_dbapi.OperationalError
+
+    def fail(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.startswith("SELECT graphflow_runs.run_id"):  # a run waiting behind a cap
+            raise driver_error("server closed the connection unexpectedly")
+
+    seen: list[str] = []
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", fail)
+    try:
+        with pytest.raises(StoreError, match="throttled"):
+            store.queue.claim("w2", lease_seconds=LEASE, throttled=lambda name, why: seen.append(name))
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", fail)
+    assert seen == []
+    assert store.queue.claim("w2", lease_seconds=LEASE, throttled=lambda name, why: seen.append(name)) is None
+    assert seen == ["q"]

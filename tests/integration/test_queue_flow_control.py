@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from graphflow_durable._storage import flowcontrol
 from graphflow_durable._storage.driver import CreateRequest
 from graphflow_durable.cli.runs import EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, main
-from graphflow_durable.errors import RunExistsError, UsageError
+from graphflow_durable.errors import RunExistsError, StoreError, UsageError
 from graphflow_durable.store import Claim, Store
 
 from .test_store_queue import interrupt
@@ -331,3 +331,90 @@ def test_a_claim_is_not_held_up_by_a_stopped_claimer_and_holds_its_slot_for_a_wh
         assert isinstance(found, Claim) and found.run_id == "a"
         assert found.expires_at > time.time() + 0.5
         assert store.queue.claim("w", lease_seconds=1.0) is None  # acme is busy: "a" holds it
+
+
+def test_a_run_created_from_its_claimed_submission_during_a_claims_count_still_counts(
+    store_url: str,
+) -> None:
+    """Another worker claims the queue's one slot after a claim first counted it free, and creates
+    the run of the submission it claimed (its claim stops counting, its run's lease starts) while
+    that claim counts again under the queue's lock: the count sees that run as a run or as a claim,
+    never as neither (a second run of a queue capped at one would start). SQLite serialises the
+    two workers (the other waits for the claim's write lock): one of them gets the slot."""
+    with Store(store_url) as store, Store(store_url) as other:
+        store.queue.configure("q", concurrency=1)
+        store.queue.submit("a", task="t", team=None, queue="q")
+        store.queue.submit("b", task="t", team=None, queue="q")
+        postgres = store.dialect == "postgresql"
+        wait = 10.0 if postgres else 0.2  # SQLite: the other worker waits for the claim's write lock
+        claim_now, create_now, claimed, created = (threading.Event() for _ in range(4))
+        got: list[Claim | None] = []
+
+        def other_worker() -> None:  # as a worker and its team: claim, then create the run
+            claim_now.wait(30)
+            got.append(other.queue.claim("w1", lease_seconds=LEASE))
+            claimed.set()
+            create_now.wait(30)
+            if got[0] is not None and got[0].kind == "submission":
+                run = CreateRequest(
+                    got[0].run_id, graph_fingerprint="fp", graph={}, owner="w1", lease_seconds=LEASE
+                )
+                other._driver.create_run(run)
+            created.set()
+
+        claimer = threading.get_ident()
+        locked: list[bool] = []
+
+        def interleave(conn: object, cursor: object, statement: str, *args: object) -> None:
+            if threading.get_ident() != claimer:
+                return
+            if "pg_try_advisory_xact_lock" in statement:
+                locked.append(True)
+            elif "FOR UPDATE" in statement and not claim_now.is_set():
+                claim_now.set()  # after this claim's first count, before it picks a candidate
+                claimed.wait(wait)
+            elif locked and "claim_expires_at >=" in statement and not create_now.is_set():
+                create_now.set()  # the count under the lock (its runs counted first, if apart)
+                created.wait(wait)
+
+        helper = threading.Thread(target=other_worker)
+        helper.start()
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", interleave)
+        try:
+            second = store.queue.claim("w2", lease_seconds=LEASE)
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", interleave)
+            claim_now.set()
+            create_now.set()
+            helper.join(30)
+        if postgres:  # the interleaving happened: the other worker's claim and run inside this claim
+            assert locked and created.is_set() and got[0] is not None and got[0].run_id == "a"
+        holders = [c.run_id for c in (got[0], second) if c is not None]
+        assert len(holders) == 1, f"both workers claimed a run of a queue capped at one: {holders}"
+        assert "concurrency cap (1 of 1 driven)" in str(store.queue.why_not_started("b"))
+
+
+def test_a_database_error_while_reporting_throttled_queues_is_a_store_error(store: Store) -> None:
+    """The throttled report after a claim that found nothing reads the database too: its failure (a
+    server restarting) is a StoreError, which a worker takes as a database problem and pauses its
+    claims for, not an unexpected error that ends the worker."""
+    store.queue.configure("q", concurrency=1)
+    for run_id in ("a", "b"):
+        store.queue.submit(run_id, task="t", team=None, queue="q")
+    assert start(store, "w1") == "a"
+    driver_error = store._e.engine.dialect.loaded_dbapi.OperationalError
+
+    def fail(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.startswith("SELECT graphflow_runs.run_id"):  # a run waiting behind a cap
+            raise driver_error("server closed the connection unexpectedly")
+
+    seen: list[str] = []
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", fail)
+    try:
+        with pytest.raises(StoreError, match="throttled"):
+            store.queue.claim("w2", lease_seconds=LEASE, throttled=lambda name, why: seen.append(name))
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", fail)
+    assert seen == []
+    assert store.queue.claim("w2", lease_seconds=LEASE, throttled=lambda name, why: seen.append(name)) is None
+    assert seen == ["q"]

@@ -232,7 +232,9 @@ def _load_rows(
     conn: sa.Connection, *, owner: str, here: str, dead: Collection[int], now: float, only: str | None
 ) -> Iterable[Any]:
     """``(queue, partition, mine, n)``: the driven items per queue, partition and whether ``owner``
-    holds them."""
+    holds them, read in ONE statement: a run created from its claimed submission (its claim stops
+    counting as its lease starts, committed by another worker at any time) is seen as one or the
+    other. Two statements (two snapshots at PostgreSQL's READ COMMITTED) could see it as neither."""
     mine_run = sa.case((_R.lease_owner == owner, 1), else_=0)
     mine_sub = sa.case((_Q.claimed_by == owner, 1), else_=0)
     by_runs = (
@@ -246,8 +248,7 @@ def _load_rows(
         .where(*held_submissions(here, dead), sa.true() if only is None else _Q.queue == only)
         .group_by(_Q.queue, _Q.partition_key, mine_sub)
     )
-    params = {"p_now": now}
-    return [*conn.execute(by_runs, params), *conn.execute(by_claims, params)]
+    return list(conn.execute(sa.union_all(by_runs, by_claims), {"p_now": now}))
 
 
 def recent_starts(conn: sa.Connection, name: str, seconds: float, now: float) -> int:

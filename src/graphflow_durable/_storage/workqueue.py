@@ -428,7 +428,8 @@ class WorkQueue:
                 want = _Wanted(owner, lease_seconds, teams, host, pid, dead, now, tuple(skip), alone, queues)
                 found, gate = self._claim(conn, want)
         if found is None and throttled is not None and (gate.closed or gate.busy):
-            self._report_throttled(gate, want, throttled)
+            with self._guard("reporting the throttled queues"):  # a StoreError, as the claim's own
+                self._report_throttled(gate, want, throttled)
         if found is not None and found.reason not in ("free", "submitted"):
             _log.info(
                 "run %s: %s claimed it (%s); token %d", found.run_id, owner, found.reason, found.fencing_token

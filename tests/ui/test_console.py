@@ -402,3 +402,28 @@ async def test_an_answer_given_on_the_run_page_returns_to_the_run_page(store_url
     assert 'name="back" value="run"' in c.get("/runs/asks-1").text
     got = post(c, "/runs/asks-1/respond", "/runs/asks-1", text="yes", request_id=request_id, back="run")
     assert got.status_code == 200 and "Run <span" in got.text and 'data-status="interrupted"' in got.text
+
+
+async def test_an_answer_with_a_nul_is_kept_and_invalid_utf8_arrives_replaced_never_as_a_lone_surrogate(
+    store_url: str, store: Store
+) -> None:
+    await waiting_run(store_url, "asks-1")
+    await waiting_run(store_url, "asks-2")
+    c = client(store)
+    token = csrf_of(c.get("/inbox").text)
+    first = store.pending_requests("asks-1")[0].request_id
+    answered = post(c, "/runs/asks-1/respond", "/inbox", text="yes\x00, refund", request_id=first)
+    assert answered.status_code == 200 and "answered" in answered.text
+    (asked,) = [r for r in store.requests.of_run("asks-1") if r.request_id == first]
+    assert asked.answer == "yes\x00, refund"
+    # Bytes a browser never sends: a lone surrogate encoded as UTF-8 (invalid UTF-8). The form
+    # parser replaces them (U+FFFD): what is stored is valid text, never a lone surrogate.
+    second = store.pending_requests("asks-2")[0].request_id
+    body = f"csrf={token}&request_id={second}&text=ok%ED%A0%80".encode()
+    got = c.post(
+        "/runs/asks-2/respond", content=body, headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    assert got.status_code == 200 and "Traceback" not in got.text
+    (asked,) = [r for r in store.requests.of_run("asks-2") if r.request_id == second]
+    assert asked.answer is not None and asked.answer.startswith("ok") and "\ufffd" in asked.answer
+    asked.answer.encode("utf-8")  # no lone surrogate

@@ -252,6 +252,14 @@ BUDGETS: dict[str, tuple[int, str]] = {
         340,
         "``graphflow-durable runs history | transcript | follow | export | import | fork``, for ...",
     ),
+    "crypto.py": (  # new: encryption at rest, the codec and its keys
+        260,
+        "Encryption at rest: the codec a store seals its content columns with, and its keys.",
+    ),
+    "_storage/sealing.py": (  # new: the codec applied to content columns, bound to their place
+        170,
+        "Sealed columns: how a content value is stored under the store's codec, and opened again.",
+    ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),
     "errors.py": (600, "The exception tree of graphflow-durable."),
     # 600 -> 700: attach_stream (a run watched from any process); 750: telemetry; 800: the

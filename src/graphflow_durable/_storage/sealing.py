@@ -1,0 +1,169 @@
+"""Sealed columns: how a content value is stored under the store's codec, and opened again.
+
+A sealed value is text, so every content column keeps its type on both backends::
+
+    gfd1:<key id>:<base64 of nonce + ciphertext + tag>
+
+Every stored content value is JSON text or NULL when plain, so it never starts with ``gfd1:``;
+the prefix is how a reader tells the two apart without a key. The associated data of each value
+is its place, ``table, run id, position, column``: a value copied into another run, another seq
+or another column does not authenticate there. Checksums are computed over the stored text (the
+ciphertext), so ``runs verify`` checks a sealed store without its keys.
+
+Fail closed: a store with a codec refuses a plain content row (unless ``allow_plaintext``, the
+migration window), and a store without one refuses to hand out a sealed row, naming its key id.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+
+from graphflow_durable.crypto import KEY_ID, Codec, OpenFailed
+from graphflow_durable.errors import StoreConfigError, StoreCorruptError
+
+__all__ = ["PREFIX", "Sealer", "key_of", "is_sealed"]
+
+PREFIX = "gfd1:"
+
+
+def is_sealed(stored: str | None) -> bool:
+    """Whether a stored content value is sealed (by any key)."""
+    return stored is not None and stored.startswith(PREFIX)
+
+
+def key_of(stored: str) -> str | None:
+    """The key id a sealed value names, or ``None`` for a plain (or malformed) value."""
+    if not stored.startswith(PREFIX):
+        return None
+    key_id, sep, _ = stored[len(PREFIX) :].partition(":")
+    return key_id if sep and KEY_ID.fullmatch(key_id) else None
+
+
+def aad(table: str, run_id: str, position: str | int, column: str) -> bytes:
+    """The associated data binding a sealed value to its place."""
+    return f"{table}\x1f{run_id}\x1f{position}\x1f{column}".encode()
+
+
+class Sealer:
+    """The store's codec applied to its content columns (a no-op when the store has none).
+
+    ``check`` looks up the key check value the store keeps for a key id (``None`` if none is
+    kept yet); the sealer compares it once per key id, so a wrong key is told apart from a damaged
+    row. ``url`` is the store's URL (password hidden), for messages.
+    """
+
+    def __init__(
+        self,
+        codec: Codec | None,
+        *,
+        allow_plaintext: bool = False,
+        check: Callable[[str], str | None] | None = None,
+        url: str | None = None,
+    ) -> None:
+        self.codec = codec
+        self.allow_plaintext = allow_plaintext
+        self._check = check
+        self._checked: set[str] = set()
+        self._url = url
+
+    @property
+    def on(self) -> bool:
+        return self.codec is not None
+
+    def seal(
+        self,
+        text: str | None,
+        table: str,
+        run_id: str,
+        position: str | int,
+        column: str,
+        *,
+        key_id: str | None = None,
+    ) -> str | None:
+        """``text`` as stored: sealed under ``key_id`` (default: the active key), or as it is without a codec."""
+        if text is None or self.codec is None:
+            return text
+        key_id = self.codec.active if key_id is None else key_id
+        self.verify_key(key_id)
+        body = self.codec.seal(key_id, text.encode(), aad(table, run_id, position, column))
+        return f"{PREFIX}{key_id}:{base64.b64encode(body).decode('ascii')}"
+
+    def open(
+        self,
+        stored: str | None,
+        table: str,
+        run_id: str,
+        position: str | int,
+        column: str,
+        *,
+        seq: int | None = None,
+        node: str | None = None,
+    ) -> str | None:
+        """The text of a stored value; raises when it cannot be trusted (see the module's docstring)."""
+        if stored is None:
+            return None
+        where = f"{table} row (run {run_id!r}, {_place(position)}, column {column})"
+        if not stored.startswith(PREFIX):
+            if self.codec is not None and not self.allow_plaintext:
+                raise StoreCorruptError(
+                    f"{where} is plain text in a store opened with a codec: if the store is being "
+                    f"encrypted, run `graphflow-durable runs rekey --encrypt` or open it with "
+                    f"allow_plaintext=True meanwhile",
+                    url=self._url,
+                    run_id=run_id,
+                    table=table,
+                    seq=seq,
+                    node=node,
+                )
+            return stored
+        key_id = key_of(stored)
+        if key_id is None:
+            raise StoreCorruptError(
+                f"{where} has a malformed sealed value",
+                url=self._url,
+                run_id=run_id,
+                table=table,
+                seq=seq,
+                node=node,
+            )
+        if self.codec is None or not self.codec.has_key(key_id):
+            raise StoreConfigError(
+                f"{where} is sealed with key {key_id!r}, which this store was not opened with: "
+                f"set GRAPHFLOW_DURABLE_KEYS (or pass codec=) with key {key_id!r}",
+                url=self._url,
+                option="codec",
+            )
+        self.verify_key(key_id)
+        try:
+            body = base64.b64decode(stored[len(PREFIX) + len(key_id) + 1 :], validate=True)
+            return self.codec.open(key_id, body, aad(table, run_id, position, column)).decode()
+        except (OpenFailed, binascii.Error, ValueError):
+            raise StoreCorruptError(
+                f"{where} does not open under key {key_id!r}: it was changed, truncated or moved "
+                f"from another row; restore it from a backup",
+                url=self._url,
+                run_id=run_id,
+                table=table,
+                seq=seq,
+                node=node,
+            ) from None
+
+    def verify_key(self, key_id: str) -> None:
+        """Refuse a key whose check value differs from the one the store keeps for its id."""
+        if key_id in self._checked or self.codec is None:
+            return
+        kept = self._check(key_id) if self._check is not None else None
+        if kept is not None and kept != self.codec.check_value(key_id):
+            raise StoreConfigError(
+                f"key {key_id!r} is not the key this store's rows were sealed with (its check value "
+                f"differs): give the original key material for {key_id!r}",
+                url=self._url,
+                option="codec",
+            )
+        self._checked.add(key_id)
+
+
+def _place(position: str | int) -> str:
+    return f"seq {position}" if isinstance(position, int) else str(position)

@@ -177,18 +177,15 @@ class AESGCMCodec:
         self._aead = AESGCM
         if not isinstance(keys, Keys):
             keys = Keys(keys, active=active)
-        elif active is not None and active != keys.active:
-            if keys.get(active) is None:
-                raise StoreConfigError(
-                    f"AESGCMCodec: no key {active!r} among the keys given", option="active"
-                )
-            keys.active = active
+        elif active is not None and keys.get(_key_id(active)) is None:
+            raise StoreConfigError(f"AESGCMCodec: no key {active!r} among the keys given", option="active")
         self.keys = keys
+        self._active = keys.active if active is None else active
         self._ciphers: dict[str, object] = {}
 
     @property
     def active(self) -> str:
-        return self.keys.active
+        return self._active
 
     def _cipher(self, key_id: str):  # type: ignore[no-untyped-def]  # cryptography's AESGCM
         cipher = self._ciphers.get(key_id)
@@ -230,7 +227,7 @@ class AESGCMCodec:
         return hmac.new(material, _CHECK_LABEL, hashlib.sha256).hexdigest()[:16]
 
     def __repr__(self) -> str:
-        return f"AESGCMCodec({self.keys!r})"
+        return f"AESGCMCodec({self.keys!r}, active={self._active!r})"
 
 
 def _key_id(key_id: str) -> str:

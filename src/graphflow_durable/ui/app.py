@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -204,11 +205,23 @@ class Console:
     # Actions (POST, CSRF-checked).
 
     async def form(self, request: Request) -> dict[str, str]:
-        """The POST's form fields, once its CSRF token was checked (403 otherwise)."""
+        """The POST's form fields, once its CSRF token was checked (403 otherwise) and every field
+        found valid UTF-8 (400 naming the field otherwise: never stored replaced or mangled)."""
+        multipart = request.headers.get("content-type", "").startswith("multipart/")
+        bad = None if multipart else _not_utf8(await request.body())
         form = await request.form()
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         if not self.keys.csrf_ok(session_of(request), fields.get("csrf")):
             raise HTTPException(403, "refused: the form's CSRF token is missing or wrong; reload the page")
+        if multipart:  # its parser reads bytes that are not UTF-8 as Latin-1: refused, not guessed
+            raise UsageError(
+                "refused: send the form urlencoded, as the console's pages do; nothing was changed"
+            )
+        if bad is not None:
+            raise UsageError(
+                f"refused: the form's field {bad!r} is not valid UTF-8 text; nothing was changed: send it as UTF-8",
+                option=bad,
+            )
         return fields
 
     async def respond(self, request: Request) -> Response:
@@ -356,6 +369,19 @@ def _is_api(request: Request) -> bool:
 
 def _run_id(request: Request) -> str:
     return check_run_id(request.path_params["run_id"], option="run id")
+
+
+def _not_utf8(body: bytes) -> str | None:
+    """The name of the first field of an urlencoded form whose name or value is not valid UTF-8
+    once unquoted (``None``: all are)."""
+    for pair in body.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        for part in (name, value):
+            try:
+                unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+            except UnicodeDecodeError:
+                return unquote_plus(name.decode("latin-1"), errors="replace")
+    return None
 
 
 def _int(value: str | None, name: str) -> int:

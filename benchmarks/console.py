@@ -256,6 +256,7 @@ def served(url: str) -> Iterator[tuple[str, int]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def rss_mb(pid: int) -> float:

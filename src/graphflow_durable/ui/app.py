@@ -424,6 +424,7 @@ def build(store: Store, *, read_only: bool = False, token: str | None = None) ->
 
         return endpoint
 
+    followers = live.Followers(store)
     actions = [Route(f"/runs/{{run_id:path}}/{name}", c.action, methods=["POST"]) for name in ACTIONS]
     routes = [
         Route("/", page(c.runs_page)),
@@ -440,7 +441,7 @@ def build(store: Store, *, read_only: bool = False, token: str | None = None) ->
         Route("/runs/{run_id:path}/respond", c.respond, methods=["POST"]),
         *actions,
         Route("/runs/{run_id:path}/export", page(c.export)),
-        Route("/runs/{run_id:path}/events", live.events(store)),
+        Route("/runs/{run_id:path}/events", followers.endpoint),
         Route("/runs/{run_id:path}", page(c.run_page)),
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ]
@@ -454,4 +455,5 @@ def build(store: Store, *, read_only: bool = False, token: str | None = None) ->
     )
     app.add_middleware(Guard, keys=keys, read_only=read_only, refuse=c.refuse)
     app.state.console = c
+    app.state.followers = followers
     return app

@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable.errors import RunNotFoundError, StoreError, UsageError
 from graphflow_durable.store import RunRecord, Store, StoredMessage
-from graphflow_durable.ui.pictures import run_pictures
+from graphflow_durable.ui.pictures import run_pictures, run_states
 
 __all__ = [
     "IDLE_POLL",
@@ -133,8 +133,8 @@ def pictures(store: Store, run_id: str) -> Any:
 
 
 class _States:
-    """The state events of the runs followed, one per run and head: fifty browsers watching one run
-    draw its pictures once per commit, not fifty times."""
+    """The state events of the runs followed, one per run and head, each node's state read from the
+    run's steps only (:func:`run_states`: no messages, no agent states, no pictures drawn)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -144,12 +144,20 @@ class _States:
         key = (run.run_id, run.status, run.head_seq, run.updated_at)
         found = self._made.get(key)
         if found is None:
-            drawn = pictures(self._store, run.run_id)
+            try:
+                states: dict[str, str] | None = run_states(self._store, run.run_id)
+            except StoreError:
+                raise
+            except Exception:
+                logger.warning(
+                    "console: the node states of run %s could not be read", run.run_id, exc_info=True
+                )
+                states = None
             found = {
                 "status": run.status,
                 "head": run.head_seq,
                 "messages": run.message_count,
-                "states": None if drawn is None else drawn["states"],
+                "states": states,
             }
             if len(self._made) >= STATES_KEPT:
                 self._made.clear()

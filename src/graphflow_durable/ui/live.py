@@ -287,7 +287,6 @@ class _Reader:
     async def _follow(self) -> None:
         """The run's new commits while it is driven, handed on in batches."""
         follow = self._store.follow(self.run_id, None if self.cursor < 0 else self.cursor)
-        self._later()  # the state as it is when the streams join
         try:
             async for message in follow:  # a batch arrives without a pause between its messages
                 self._pending.append(message)
@@ -311,9 +310,9 @@ class _Reader:
         batch, self._pending = _Batch(self._pending), []
         self.cursor = batch.last
         self._put(batch)
-        self._later()
+        self.later()
 
-    def _later(self) -> None:
+    def later(self) -> None:
         """Draw the state once the messages settle (:data:`SETTLE` without one)."""
         if self._settle is not None:
             self._settle.cancel()
@@ -392,6 +391,7 @@ class Followers:
             last = after
             while True:
                 if last < stream.mark:  # what the reader handed on before this stream (re)joined
+                    caught = last
                     missed = self.store.follow(run_id, None if last < 0 else last, wait=False)
                     try:
                         async for m in missed:
@@ -406,6 +406,8 @@ class Followers:
                         await missed.aclose()
                     if reader.state is not None:
                         yield reader.state
+                    elif last > caught:
+                        reader.later()  # the state after the messages it read, once they settle
                 while True:
                     try:
                         item = await asyncio.wait_for(stream.queue.get(), PING)

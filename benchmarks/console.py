@@ -20,7 +20,9 @@ Four measurements per store (SQLite in a temporary directory; PostgreSQL if give
    the worst case) driven in this process while ``--followers`` clients (in another process, one
    event loop) follow its page's event stream (``GET /runs/{id}/events``) on a console served by
    ``graphflow-durable ui``, against none; alternated over ``--repeats``: the driver's median wall ms
-   per transition and the ratio (target: < 1.2x).
+   per transition and the ratio (target: < 1.2x); the events each follower received, and the
+   console's CPU seconds per followed run (``/proc/PID/stat``: the ratio's cause, steadier than it
+   on a loaded machine).
 4. **Memory**: ``--loads`` page loads (the runs page and a run's page, alternately) against the
    served console; its resident set (``/proc/PID/status`` ``VmRSS``) over the first and the last
    100 loads (target: flat).
@@ -256,6 +258,7 @@ def served(url: str) -> Iterator[tuple[str, int]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def rss_mb(pid: int) -> float:
@@ -345,17 +348,26 @@ async def driven(url: str, base: str, case: Case, followers: int) -> tuple[float
     return seconds * 1e3 / (len(result.messages) - 1), received
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process ``pid`` used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def followers_cost(url: str, case: Case, followers: int, repeats: int) -> dict[str, Any]:
-    with served(url) as (base, _):
+    with served(url) as (base, pid):
         await driven(url, base, Case(case.shape, 20, case.size), 0)  # warm-up
         samples: dict[int, list[float]] = {0: [], followers: []}
         received: list[int] = []
+        cpu: list[float] = []  # the console's CPU seconds per followed run
         for repeat in range(repeats):
             for count in [0, followers] if repeat % 2 == 0 else [followers, 0]:
+                before = cpu_seconds(pid)
                 ms, got = await driven(url, base, case, count)
                 samples[count].append(ms)
                 if count:
                     received.append(got)
+                    cpu.append(cpu_seconds(pid) - before)
     alone, followed = statistics.median(samples[0]), statistics.median(samples[followers])
     return {
         "followers": followers,
@@ -364,6 +376,7 @@ async def followers_cost(url: str, case: Case, followers: int, repeats: int) -> 
         "followed_ms": round(followed, 3),
         "ratio": round(followed / alone, 3),
         "events_per_follower": round(statistics.median(received) / followers, 1) if received else 0,
+        "console_cpu_s": round(statistics.median(cpu), 2) if cpu else 0,
     }
 
 
@@ -415,13 +428,14 @@ def report(results: list[dict[str, Any]]) -> str:
             )
     lines += [
         "",
-        "| store | followers | N | alone ms/transition | followed | ratio |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| store | followers | N | alone ms/transition | followed | ratio | events each | console CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         f = r["followers"]
         lines.append(
-            f"| {r['store']} | {f['followers']} | {f['transitions']} | {f['alone_ms']} | {f['followed_ms']} | {f['ratio']}x |"
+            f"| {r['store']} | {f['followers']} | {f['transitions']} | {f['alone_ms']} | {f['followed_ms']} "
+            f"| {f['ratio']}x | {f['events_per_follower']} | {f['console_cpu_s']} |"
         )
     lines += [
         "",

@@ -68,7 +68,7 @@ from graphflow_durable._storage.migrations import (
 )
 from graphflow_durable._storage.migrations import migrate as migrate_schema  # Store(migrate=)
 from graphflow_durable._storage.ratelimits import LimitState, RateBudgets
-from graphflow_durable._storage.reading import Verification, read_log, scan_run
+from graphflow_durable._storage.reading import Verification, read_log, read_steps, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
@@ -386,6 +386,18 @@ class Store:
         """
         with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
             return read_log(conn, run_id, self._e.url)
+
+    def load_steps(self, run_id: str) -> RunLog:
+        """The run's row, its steps and its head's scheduler, each row checked as :meth:`load`
+        checks it, in one transaction: a :class:`RunLog` without its messages and agent states
+        (what the console reads to draw its nodes' states, much cheaper than :meth:`load`).
+
+        Raises:
+            RunNotFoundError: no such run.
+            StoreCorruptError: a step row does not match its checksum, or one is missing.
+        """
+        with self._guard(f"loading the steps of run {run_id}", run_id), self._e.read.begin() as conn:
+            return read_steps(conn, run_id, self._e.url)
 
     def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
         """Check every step, message, agent-state and call-record row of the runs (default: every run)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,33 @@ TURN = 0.25  # seconds each agent turn takes
 pytestmark = [pytest.mark.crash]
 
 
+#: The processes the tests started (ended and reaped after each test).
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap() -> Iterator[None]:
+    """Every process a test started is ended and its pipes closed, also when the test failed."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 def start(
     url: str, run_id: str, times: Path, lease: float = LEASE, turn: float = TURN
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(WORKER), url, run_id, str(lease), str(turn)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "GFD_TURN_TIMES": str(times)},
     )
+    STARTED.append(proc)
+    return proc
 
 
 def outcome(proc: subprocess.Popen[str]) -> dict[str, Any]:

@@ -74,7 +74,7 @@ class Driver:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+        self.proc.communicate()  # reaped, its pipes closed (also when it ended by itself)
 
 
 @pytest.fixture
@@ -139,6 +139,7 @@ async def test_runs_follow_prints_the_messages_as_they_come_and_ctrl_c_exits_0(
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.communicate()  # its pipes closed, whatever happened
     assert proc.returncode == 0, err
     assert "Traceback" not in err
 
@@ -435,6 +436,7 @@ async def test_followers_of_a_run_deleted_and_made_again_under_its_id_end_with_a
     finally:
         if cli.poll() is None:
             cli.kill()
+        await asyncio.to_thread(cli.communicate)  # its pipes closed, whatever happened
     assert out == "" and cli.returncode != 0, (out, err)
     assert "was deleted while it was followed" in err and "Traceback" not in err
     # Followed again, the run under the id now is read from its start.
@@ -476,6 +478,7 @@ async def test_runs_follow_says_once_on_stderr_that_the_driver_is_gone_and_it_wa
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.communicate()  # its pipes closed, whatever happened
     assert proc.returncode == 0, err
     said = [line for line in err.splitlines() if "waiting for a driver to take it over" in line]
     assert len(said) == 1, err

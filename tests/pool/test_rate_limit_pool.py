@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,31 @@ CALLER = HERE / "ratelimit_caller.py"
 pytestmark = [pytest.mark.slow]
 
 
+#: The processes the tests started (ended and reaped after each test).
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap() -> Iterator[None]:
+    """Every process a test started is ended and its pipes closed, also when the test failed."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 def start_caller(url: str, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(CALLER), url, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **env},
     )
+    STARTED.append(proc)
+    return proc
 
 
 def output(proc: subprocess.Popen[str]) -> dict[str, object]:

@@ -154,16 +154,22 @@ def served_console(store_url: str, *args: str, env: dict[str, str] | None = None
             text=True,
             env={**os.environ, **(env or {})},
         )
+    reader: threading.Thread | None = None
     try:
         assert proc.stdout is not None
         line = _first_line(proc, timeout=30)
         assert line.startswith(URL_LINE), f"first stdout line {line!r}; stderr: {log.read_text()[-2000:]}"
         url = line[len(URL_LINE) :].strip().rstrip("/")
         # Keep reading its stdout so the pipe never fills.
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        reader = threading.Thread(target=proc.stdout.read, daemon=True)
+        reader.start()
         yield Console(proc, url, log)
     finally:
         stop(proc)
+        if reader is not None:
+            reader.join(10)  # its read ends at the pipe's end, once the process exited
+        if reader is None or not reader.is_alive():
+            proc.stdout.close()  # type: ignore[union-attr]
         shutil.rmtree(logdir, ignore_errors=True)
 
 

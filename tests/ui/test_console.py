@@ -404,7 +404,7 @@ async def test_an_answer_given_on_the_run_page_returns_to_the_run_page(store_url
     assert got.status_code == 200 and "Run <span" in got.text and 'data-status="interrupted"' in got.text
 
 
-async def test_an_answer_with_a_nul_is_kept_and_invalid_utf8_arrives_replaced_never_as_a_lone_surrogate(
+async def test_an_answer_with_a_nul_is_kept_and_a_form_with_invalid_utf8_is_refused_naming_its_field(
     store_url: str, store: Store
 ) -> None:
     await waiting_run(store_url, "asks-1")
@@ -416,14 +416,23 @@ async def test_an_answer_with_a_nul_is_kept_and_invalid_utf8_arrives_replaced_ne
     assert answered.status_code == 200 and "answered" in answered.text
     (asked,) = [r for r in store.requests.of_run("asks-1") if r.request_id == first]
     assert asked.answer == "yes\x00, refund"
-    # Bytes a browser never sends: a lone surrogate encoded as UTF-8 (invalid UTF-8). The form
-    # parser replaces them (U+FFFD): what is stored is valid text, never a lone surrogate.
+    # Bytes a browser never sends: a lone surrogate encoded as UTF-8 (invalid UTF-8), in the answer;
+    # then in a supplied output, and an answer sent as multipart (whose parser reads such bytes as
+    # Latin-1). Each is refused, naming what is wrong, and nothing changes.
     second = store.pending_requests("asks-2")[0].request_id
+    before = store.get_run("asks-2")
+    form = {"content-type": "application/x-www-form-urlencoded"}
     body = f"csrf={token}&request_id={second}&text=ok%ED%A0%80".encode()
+    got = c.post("/runs/asks-2/respond", content=body, headers=form)
+    assert got.status_code == 400 and "Traceback" not in got.text
+    assert "&#39;text&#39; is not valid UTF-8" in got.text and "nothing was changed" in got.text
+    got = c.post("/runs/asks-2/supply", content=f"csrf={token}&node=H&text=%FF".encode(), headers=form)
+    assert got.status_code == 400 and "&#39;text&#39; is not valid UTF-8" in got.text
     got = c.post(
-        "/runs/asks-2/respond", content=body, headers={"content-type": "application/x-www-form-urlencoded"}
+        "/runs/asks-2/respond",
+        files={"text": (None, b"ok\xff"), "csrf": (None, token), "request_id": (None, second)},
     )
-    assert got.status_code == 200 and "Traceback" not in got.text
+    assert got.status_code == 400 and "send the form urlencoded" in got.text
+    assert store.get_run("asks-2") == before
     (asked,) = [r for r in store.requests.of_run("asks-2") if r.request_id == second]
-    assert asked.answer is not None and asked.answer.startswith("ok") and "\ufffd" in asked.answer
-    asked.answer.encode("utf-8")  # no lone surrogate
+    assert asked.status == "pending" and asked.answer is None

@@ -573,4 +573,5 @@ def test_the_console_demo_shows_its_runs_and_a_person_finishes_the_waiting_one(
         assert errors(browser) == []
     finally:
         code = stop(demo, timeout=30)
+        demo.stdout.close()  # type: ignore[union-attr]
     assert code == 0, "the demo stops cleanly on SIGTERM"

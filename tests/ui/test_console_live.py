@@ -1,14 +1,15 @@
 """The run page's live events (Server-Sent Events) against a real uvicorn server, on SQLite and
 PostgreSQL: a message committed after the browser connected arrives, the run's end arrives as a
-state, and a browser that leaves releases its follower."""
+state, a browser that leaves releases its follower; the followers of a run share one reader."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ import uvicorn
 
 from agents import close_stores
 from graphflow_durable.store import RunUpdate, Store
-from graphflow_durable.ui import create_app
+from graphflow_durable.ui import create_app, live
 from integration.test_store import commit_text
 from integration.test_store_admin import made
 
@@ -63,6 +64,13 @@ def wait_until(predicate: object, timeout: float = 10.0) -> None:
     while not predicate():  # type: ignore[operator]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
 
 
 def events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
@@ -118,3 +126,42 @@ def test_a_deleted_run_ends_its_stream_with_gone(store: Store, served: str) -> N
         assert next(stream)[1]["seq"] == 0
         store.delete_run("doomed")
         assert next(k for k, _ in stream if k != "state") == "gone"
+
+
+async def test_followers_of_a_run_share_one_reader_a_slow_one_catches_up_from_the_store_and_the_last_to_leave_stops_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(live, "QUEUED", 2)  # a stream two batches behind reads the rest itself
+    token = made(store, "busy")
+    shared = live.Followers(store)
+
+    def seqs(chunks: list[bytes]) -> list[int]:
+        return [
+            int(data["seq"])  # type: ignore[call-overload]
+            for kind, data in events(iter(b"".join(chunks).decode().splitlines()))
+            if kind == "message"
+        ]
+
+    async def upto(stream: AsyncIterator[bytes], seq: int) -> list[int]:
+        got: list[bytes] = []
+        while not seqs(got) or seqs(got)[-1] < seq:
+            got.append(await asyncio.wait_for(anext(stream), 20))
+        return seqs(got)
+
+    fast, slow = shared.stream("busy", -1), shared.stream("busy", -1)
+    assert await upto(fast, 0) == [0] and await upto(slow, 0) == [0]
+    assert len(shared.readers) == 1
+    await eventually(lambda: followers(store) == 1)  # one reader: one feed of the store
+    for seq in range(1, 9):  # eight commits read one by one: eight batches, the slow one reads none
+        await asyncio.to_thread(commit_text, store, "busy", seq, token, seq, text=f"m{seq}")
+        assert (await upto(fast, seq))[-1] == seq
+    reader = shared.readers["busy"]
+    assert sum(s.behind for s in reader.streams) == 1  # the slow one was told to catch up
+    assert await upto(slow, 8) == list(range(1, 9))  # from the store, each once, in order
+    await asyncio.to_thread(commit_text, store, "busy", 9, token, 9, text="m9")
+    assert await upto(slow, 9) == [9] and await upto(fast, 9) == [9]
+    await fast.aclose()  # type: ignore[attr-defined]
+    assert shared.readers == {"busy": reader} and len(reader.streams) == 1
+    await slow.aclose()  # type: ignore[attr-defined]
+    assert shared.readers == {}
+    await eventually(lambda: followers(store) == 0)  # the reader's follow closed as its task ended

@@ -20,7 +20,7 @@ from graphflow_durable import DurableGraphFlow, RetryPolicy
 from graphflow_durable.errors import RunNotFoundError
 from graphflow_durable.store import Store
 from graphflow_durable.ui._layout import graph_svg, layout
-from graphflow_durable.ui.pictures import OUTCOMES, STATES, run_pictures
+from graphflow_durable.ui.pictures import OUTCOMES, STATES, run_pictures, run_states
 from processes import last_json, run_script
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -544,3 +544,22 @@ def test_an_edge_that_skips_a_layer_passes_over_the_nodes_in_its_way() -> None:
         for p in path.get("d", "").replace("M", " ").replace("C", " ").replace("L", " ").split()
     ]
     assert min(heights) < float(b.get("y", "0"))  # it runs above B, not through it
+
+
+async def test_the_live_pages_node_states_read_from_the_steps_alone_are_those_the_pictures_draw(
+    store_url: str,
+) -> None:
+    from helpers import failed_run, finished_run, waiting_run
+
+    await finished_run(store_url, "done")
+    await waiting_run(store_url, "asks")
+    await failed_run(store_url, "broke")
+    with Store(store_url) as store:
+        for run_id in ("done", "asks", "broke"):
+            full, steps = store.load(run_id), store.load_steps(run_id)
+            assert (steps.run, steps.steps, steps.scheduler) == (full.run, full.steps, full.scheduler)
+            assert full.messages and not steps.messages and not steps.agent_states  # never read
+            assert run_states(store, run_id) == run_pictures(store, run_id).states
+        assert set(run_states(store, "broke").values()) >= {"done", "failed"}
+        with pytest.raises(RunNotFoundError):
+            store.load_steps("nope")

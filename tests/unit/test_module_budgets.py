@@ -306,9 +306,9 @@ BUDGETS: dict[str, tuple[int, str]] = {
         200,
         "The console's security: token and login, session and CSRF, same-origin POSTs, headers.",
     ),
-    "ui/live.py": (  # new
-        250,
-        "Live updates of a run's page: Server-Sent Events from Store.follow.",
+    "ui/live.py": (  # new; 430: one shared reader per run, fanned out to bounded queues per stream
+        430,
+        "Live updates of a run's page: Server-Sent Events from Store.follow, one reader per run.",
     ),
     "cli/console.py": (  # new
         200,

@@ -34,7 +34,15 @@ from graphflow_durable._storage.checksum import (
 )
 from graphflow_durable._storage.schema import call_records
 
-__all__ = ["Verification", "head_scheduler", "message_gaps", "read_log", "scan_run", "step_gaps"]
+__all__ = [
+    "Verification",
+    "head_scheduler",
+    "message_gaps",
+    "read_log",
+    "read_steps",
+    "scan_run",
+    "step_gaps",
+]
 
 
 @dataclass(frozen=True)
@@ -94,20 +102,8 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
     ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read).
     """
     p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
-    run = S.run_row(conn, run_id)
-    steps = []
-    for s in conn.execute(S.SELECT_STEPS if at is None else S.SELECT_STEPS_TO, p):
-        if s.checksum is not None and not step_matches(s.checksum, run_id, s.seq, s.kind, s.node, s.data):
-            raise corrupt(Damage(run_id, STEPS, s.seq, node=s.node), url)
-        steps.append(
-            StepRecord(
-                seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
-            )
-        )
-    head = run.head_seq if at is None else at
-    if gaps := step_gaps(run_id, head, [s.seq for s in steps]):
-        raise corrupt(gaps[0], url)
-    scheduler = _scheduler(conn, run_id, head, url)
+    stepped = read_steps(conn, run_id, url, at)
+    run = stepped.run
     thread = []
     for m in conn.execute(S.SELECT_MESSAGES if at is None else S.SELECT_MESSAGES_TO, p):
         if m.checksum is not None and m.checksum != message_sum(
@@ -132,11 +128,39 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
     )
     return RunLog(
         run=run,
-        steps=steps,
+        steps=stepped.steps,
         messages=thread,
-        scheduler=None if scheduler is None else loads(scheduler),
+        scheduler=stepped.scheduler,
         agent_states=states,
         agent_state_steps=state_steps,
+    )
+
+
+def read_steps(conn: sa.Connection, run_id: str, url: str, at: int | None = None) -> RunLog:
+    """The run's row, its steps (up to step ``at``) and the scheduler of its head (or of ``at``),
+    each row checked as :func:`read_log` checks it: a :class:`RunLog` with no messages and no agent
+    states (what drawing its nodes' states needs, without reading its thread)."""
+    p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
+    run = S.run_row(conn, run_id)
+    steps = []
+    for s in conn.execute(S.SELECT_STEPS if at is None else S.SELECT_STEPS_TO, p):
+        if s.checksum is not None and not step_matches(s.checksum, run_id, s.seq, s.kind, s.node, s.data):
+            raise corrupt(Damage(run_id, STEPS, s.seq, node=s.node), url)
+        steps.append(
+            StepRecord(
+                seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
+            )
+        )
+    head = run.head_seq if at is None else at
+    if gaps := step_gaps(run_id, head, [s.seq for s in steps]):
+        raise corrupt(gaps[0], url)
+    scheduler = _scheduler(conn, run_id, head, url)
+    return RunLog(
+        run=run,
+        steps=steps,
+        messages=(),
+        scheduler=None if scheduler is None else loads(scheduler),
+        agent_states={},
     )
 
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -204,11 +205,23 @@ class Console:
     # Actions (POST, CSRF-checked).
 
     async def form(self, request: Request) -> dict[str, str]:
-        """The POST's form fields, once its CSRF token was checked (403 otherwise)."""
+        """The POST's form fields, once its CSRF token was checked (403 otherwise) and every field
+        found valid UTF-8 (400 naming the field otherwise: never stored replaced or mangled)."""
+        multipart = request.headers.get("content-type", "").startswith("multipart/")
+        bad = None if multipart else _not_utf8(await request.body())
         form = await request.form()
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         if not self.keys.csrf_ok(session_of(request), fields.get("csrf")):
             raise HTTPException(403, "refused: the form's CSRF token is missing or wrong; reload the page")
+        if multipart:  # its parser reads bytes that are not UTF-8 as Latin-1: refused, not guessed
+            raise UsageError(
+                "refused: send the form urlencoded, as the console's pages do; nothing was changed"
+            )
+        if bad is not None:
+            raise UsageError(
+                f"refused: the form's field {bad!r} is not valid UTF-8 text; nothing was changed: send it as UTF-8",
+                option=bad,
+            )
         return fields
 
     async def respond(self, request: Request) -> Response:
@@ -358,6 +371,19 @@ def _run_id(request: Request) -> str:
     return check_run_id(request.path_params["run_id"], option="run id")
 
 
+def _not_utf8(body: bytes) -> str | None:
+    """The name of the first field of an urlencoded form whose name or value is not valid UTF-8
+    once unquoted (``None``: all are)."""
+    for pair in body.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        for part in (name, value):
+            try:
+                unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+            except UnicodeDecodeError:
+                return unquote_plus(name.decode("latin-1"), errors="replace")
+    return None
+
+
 def _int(value: str | None, name: str) -> int:
     try:
         return int(str(value).strip())
@@ -398,6 +424,7 @@ def build(store: Store, *, read_only: bool = False, token: str | None = None) ->
 
         return endpoint
 
+    followers = live.Followers(store)
     actions = [Route(f"/runs/{{run_id:path}}/{name}", c.action, methods=["POST"]) for name in ACTIONS]
     routes = [
         Route("/", page(c.runs_page)),
@@ -414,7 +441,7 @@ def build(store: Store, *, read_only: bool = False, token: str | None = None) ->
         Route("/runs/{run_id:path}/respond", c.respond, methods=["POST"]),
         *actions,
         Route("/runs/{run_id:path}/export", page(c.export)),
-        Route("/runs/{run_id:path}/events", live.events(store)),
+        Route("/runs/{run_id:path}/events", followers.endpoint),
         Route("/runs/{run_id:path}", page(c.run_page)),
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ]
@@ -428,4 +455,5 @@ def build(store: Store, *, read_only: bool = False, token: str | None = None) ->
     )
     app.add_middleware(Guard, keys=keys, read_only=read_only, refuse=c.refuse)
     app.state.console = c
+    app.state.followers = followers
     return app

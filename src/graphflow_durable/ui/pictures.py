@@ -23,7 +23,7 @@ from graphflow_durable._storage.lease import HELD, lease_state
 from graphflow_durable.store import Store
 from graphflow_durable.ui._layout import esc, graph_svg, layout, short
 
-__all__ = ["OUTCOMES", "STATES", "Attempt", "RunPictures", "node_states", "run_pictures"]
+__all__ = ["OUTCOMES", "STATES", "Attempt", "RunPictures", "node_states", "run_pictures", "run_states"]
 
 #: Every state a node is drawn in.
 STATES = ("pending", "running", "waiting", "done", "failed", "backoff", "cancelled")
@@ -98,6 +98,19 @@ def run_pictures(store: Store, run_id: str, *, now: float | None = None) -> RunP
     marks += _waits(requests, log.run, at)
     timeline = _timeline_svg(log.run, plan.order, attempts, marks, infos, (deaths, lease), at)
     return RunPictures(states, graph_svg(log.run.graph, states, plan), timeline)
+
+
+def run_states(store: Store, run_id: str) -> dict[str, str]:
+    """Each node of ``run_id``'s graph -> its state (what :func:`run_pictures` draws them in), read
+    from the run's steps only (:meth:`Store.load_steps`): what a live page's update needs.
+
+    Raises:
+        RunNotFoundError: no such run.
+    """
+    log = store.load_steps(run_id)
+    pending = [r for r in store.requests.of_run(run_id) if r.status == "pending"]
+    held = lease_state(log.run, store.lease_clock()) in (None, HELD)
+    return node_states(log, step_infos(log), pending, held=held)
 
 
 def _in_flight(scheduler: Mapping[str, Any] | None) -> set[str]:

@@ -50,6 +50,7 @@ from typing import Any, Literal, Protocol
 
 from opentelemetry.metrics import MeterProvider
 
+from graphflow_durable._runtime.offloop import off_loop
 from graphflow_durable._runtime.telemetry import PoolMetrics
 from graphflow_durable._storage.flowcontrol import check_queue_name
 from graphflow_durable._storage.urls import safe_url
@@ -232,9 +233,18 @@ class _RunDriver:
         self._max_backoff = max_backoff_seconds
         self._database = database
 
-    async def drive(self, store: Store, claim: Claim, build: Callable[[], DurableGraphFlow]) -> _Ended:
+    async def drive(
+        self,
+        store: Store,
+        claim: Claim,
+        build: Callable[[], DurableGraphFlow],
+        stale: Callable[[], str | None],
+    ) -> _Ended:
         """Build the claimed run's team with ``build``, run it, and say how the claim ended.
 
+        ``stale`` says why the claim may no longer be this worker's (``None``: it surely is); it is
+        asked just before the team runs: a worker paused since it claimed does not start the run's
+        turns (its queue's and partition's caps counted the claim free once it expired).
         A cancellation (the worker halting the run) propagates; every other error is an outcome.
         """
         run_id = claim.run_id
@@ -250,47 +260,51 @@ class _RunDriver:
             team._release_backoffs()  # no worker sits on a run for a retry's back-off
             if claim.alone:
                 team._drive_alone()
-            run = store.get_run(run_id)
+            run = await off_loop(lambda: store.get_run(run_id))
             # A submitted task starts the run; once its round has started, resuming needs no task
             # (and the same task again would be recognised and not added twice anyway).
             start = claim.task if claim.task is not None and (run is None or run.task is None) else None
+            why = stale()
+            if why is not None:
+                await self._give_back(store, claim)
+                return "lost", why
             outcome = await team.run(task=start)
         except (LeaseLostError, RunLockedError, ConflictError) as exc:
             # Another worker took the run over (this one was paused or too slow) or created it
             # first: the fencing token stopped every write; there is nothing to record here.
-            self._give_back(store, claim)
+            await self._give_back(store, claim)
             return "lost", str(exc)
         except (UsageError, SchemaVersionError) as exc:
             # A caller's mistake or bad configuration (a changed graph, a factory that builds another
             # run, a database newer than this package): it fails the same way until someone fixes
             # it, so it waits the longest back-off.
-            self._give_back(store, claim)
+            await self._give_back(store, claim)
             error = f"{type(exc).__name__}: {exc}"
-            self._record_failure(store, claim, error, self._max_backoff)
+            await self._record_failure(store, claim, error, self._max_backoff)
             return (
                 "failed",
                 f"{error} (a mistake in the team or its configuration; retry in {self._max_backoff:g} s)",
             )
         except StoreError as exc:
             if isinstance(exc, StoreCorruptError):
-                return self._failed(store, claim, exc)
+                return await self._failed(store, claim, exc)
             # The database failed, not the run: count no attempt against the run, pause this
             # worker's claims, and give the claim back (the run is claimed again later).
             pause = self._database.problem(f"driving run {run_id}", exc)
-            self._give_back(store, claim)
+            await self._give_back(store, claim)
             return "deferred", f"database problem (claims paused {pause:.3g} s; no attempt counted)"
         except InputDeadlineError as exc:
             # A request for a person passed its deadline with no default: the run fails the same
             # way until it is answered or retried (the claim query leaves it alone until then), so
             # no back-off: an answer makes it claimable at once.
-            self._give_back(store, claim)
+            await self._give_back(store, claim)
             error = f"{type(exc).__name__}: {exc}"
-            self._record_failure(store, claim, error, 0.0)
+            await self._record_failure(store, claim, error, 0.0)
             return "failed", f"{error} (left alone until answered or retried)"
         except Exception as exc:  # noqa: BLE001 -- the worker outlives any one run's failure
-            return self._failed(store, claim, exc)
+            return await self._failed(store, claim, exc)
         try:
-            final = store.get_run(run_id)
+            final = await off_loop(lambda: store.get_run(run_id))
         except StoreError as exc:
             self._database.problem(f"reading run {run_id}", exc)
             return "interrupted", f"the run's status could not be read: {exc}"
@@ -307,26 +321,26 @@ class _RunDriver:
         # A run released for a node's back-off says until when (its stop reason).
         return "interrupted", outcome.stop_reason or f"status {status}"
 
-    def _failed(self, store: Store, claim: Claim, exc: BaseException) -> _Ended:
+    async def _failed(self, store: Store, claim: Claim, exc: BaseException) -> _Ended:
         """The run's own failure (its team or an agent raised): count it; a run recorded ``failed``
         waits for ``runs retry`` (the claim query leaves it alone), any other for a back-off."""
-        self._give_back(store, claim)
+        await self._give_back(store, claim)
         delay = min(self._backoff * 2**claim.attempts, self._max_backoff)
         error = f"{type(exc).__name__}: {exc}"
-        self._record_failure(store, claim, error, delay)
+        await self._record_failure(store, claim, error, delay)
         _log.debug("run %s failed", claim.run_id, exc_info=exc)
         try:
-            run = store.get_run(claim.run_id)
+            run = await off_loop(lambda: store.get_run(claim.run_id))
         except StoreError:
             run = None
         if run is not None and run.status == "failed":
             return "failed", f"{error} (left alone until 'graphflow-durable runs retry {claim.run_id}')"
         return "failed", f"{error} (retry in {delay:g} s)"
 
-    def _give_back(self, store: Store, claim: Claim) -> None:
+    async def _give_back(self, store: Store, claim: Claim) -> None:
         """Release the claim; if the database fails here, say so (the lease or claim then expires)."""
         try:
-            store.queue.release_claim(claim)
+            await off_loop(lambda: store.queue.release_claim(claim))
         except StoreError as exc:
             _log.error(
                 "worker %s: database problem while releasing the claim on run %s (it expires in %g s): %s",
@@ -336,9 +350,11 @@ class _RunDriver:
                 _one_line(exc),
             )
 
-    def _record_failure(self, store: Store, claim: Claim, error: str, delay: float) -> None:
+    async def _record_failure(self, store: Store, claim: Claim, error: str, delay: float) -> None:
         try:
-            store.queue.record_failure(claim.run_id, error=error, retry_at=time.time() + delay)
+            await off_loop(
+                lambda: store.queue.record_failure(claim.run_id, error=error, retry_at=time.time() + delay)
+            )
         except StoreError as exc:
             _log.error(
                 "worker %s: database problem while recording a failure of run %s (not recorded): %s",
@@ -635,16 +651,9 @@ class Worker:
                 claimed = False
                 paused = time.monotonic() < self._database.resume_at
                 while len(tasks) < self._concurrency and not (self._stopping or paused or self._alone):
+                    asked = time.monotonic()
                     try:
-                        claim = store.queue.claim(
-                            self.owner,
-                            lease_seconds=self._lease,
-                            teams=self.teams,
-                            skip=self._driving,
-                            alone=not self._driving,
-                            queues=self._queues,
-                            throttled=self._metrics.throttled,
-                        )
+                        claim = await self._claim(store)
                     except StoreError as exc:
                         self._database.problem("claiming work", exc)
                         paused = True
@@ -656,7 +665,7 @@ class Worker:
                     self._metrics.claimed(claim.claimable_since)
                     self._driving.add(claim.run_id)
                     self._alone = claim.alone  # a run to drive alone: nothing else until it is done
-                    tasks.add(asyncio.ensure_future(self._drive(claim)))
+                    tasks.add(asyncio.ensure_future(self._drive(claim, asked)))
                 if until_idle and not tasks and not claimed and not paused:
                     break
                 self._wake.clear()
@@ -675,12 +684,60 @@ class Worker:
                 self._metrics.running = False
                 self._store.close()
 
+    async def _claim(self, store: Store) -> Claim | None:
+        """One claim, off the event loop: on SQLite it may wait for another process's write up to
+        the busy timeout, while this worker's lease renewals and its signals must not. ``None``:
+        nothing claimable, or a stop came while it waited (a claim made after that is given back)."""
+        assert self._wake is not None
+        skip, alone = frozenset(self._driving), not self._driving
+
+        def claim() -> Claim | None:
+            return store.queue.claim(
+                self.owner,
+                lease_seconds=self._lease,
+                teams=self.teams,
+                skip=skip,
+                alone=alone,
+                queues=self._queues,
+                throttled=self._metrics.throttled,
+            )
+
+        def give_back(late: Claim | None) -> None:
+            if late is not None:
+                store.queue.release_claim(late)
+
+        claiming = asyncio.ensure_future(off_loop(claim, orphan=give_back))
+        try:
+            while not claiming.done():
+                self._wake.clear()
+                if self._stopping:
+                    return None
+                waker = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({claiming, waker}, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+            return claiming.result()
+        finally:
+            claiming.cancel()  # a no-op once done; else the call's late claim is given back
+
+    def _stale(self, asked: float) -> str | None:
+        """Why a claim asked for at monotonic time ``asked`` may no longer be this worker's (``None``:
+        it surely is): the lease the claim took expires ``lease_seconds`` after it was written, and
+        a driver stops dispatching a margin before that (see ``RunLease``)."""
+        held = time.monotonic() - asked
+        if held < self._lease - max(self._lease / 3, 0.05):
+            return None
+        return (
+            f"the claim was made {held:.2f} s ago (lease {self._lease:g} s): its lease may have "
+            "expired meanwhile (this worker was paused or slow), so the run is not started; its claim "
+            "is given back for another claim"
+        )
+
     def _factory(self, claim: Claim) -> TeamFactory:
         if self._single is not None:
             return self._single
         return self._factories[str(claim.team)]
 
-    async def _drive(self, claim: Claim) -> None:
+    async def _drive(self, claim: Claim, asked: float) -> None:
         started = time.monotonic()
         run_id = claim.run_id
 
@@ -696,7 +753,7 @@ class Worker:
 
         _log.info("worker %s: claimed run %s (%s, %s)", self.owner, run_id, claim.kind, claim.reason)
         try:
-            outcome, error = await self._driver.drive(self.store, claim, build)
+            outcome, error = await self._driver.drive(self.store, claim, build, lambda: self._stale(asked))
         except asyncio.CancelledError:
             done("halted")
             raise

@@ -224,13 +224,21 @@ async def test_a_run_locked_by_another_worker_is_lost_with_nothing_recorded_and_
     await interrupted_run(store, "r")
 
     def intruded(run_id: str, **durable: Any) -> DurableGraphFlow:
-        # Between this worker's claim and its team's start, another live worker takes the run.
-        time.sleep(0.15)  # the claim's 0.1 s lease expires
-        store._driver.acquire_lease(run_id, "intruder", lease_seconds=60)
-        return team(run_id, **durable)
+        built = team(run_id, **durable)
+        run = built.run
+
+        async def late(*args: Any, **kwargs: Any) -> Any:
+            # After the worker found its claim fresh, before the team takes the lease over: another
+            # live worker takes the run.
+            time.sleep(0.6)  # the claim's 0.5 s lease expires
+            store._driver.acquire_lease(run_id, "intruder", lease_seconds=60)
+            return await run(*args, **kwargs)
+
+        built.run = late  # type: ignore[method-assign]
+        return built
 
     before = store.get_run("r")
-    worker = Worker(store, team=intruded, poll_interval=0.01, lease_seconds=0.1)
+    worker = Worker(store, team=intruded, poll_interval=0.01, lease_seconds=0.5)
     await worker.run_until_idle()
     assert [o.outcome for o in worker.outcomes] == ["lost"]
     assert "being driven by intruder" in (worker.outcomes[0].error or "")

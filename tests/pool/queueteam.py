@@ -4,12 +4,17 @@
 ``$GFD_AGENT_DELAY`` seconds (default 0.2), then appends ``run_id node pid start end`` (epoch
 seconds, the agent's own clock) to ``$GFD_EXEC_LOG``: a turn killed while it sleeps is not logged.
 While the file ``$GFD_HOLD`` exists, B waits (a test keeps the runs in flight meanwhile).
+``$GFD_START_LOG``: each turn also appends ``run_id node pid start`` there when it starts.
+``$GFD_SELF_STOP`` (``RUN:NODE`` or ``RUN:build``): the worker process SIGSTOPs itself once, at the
+end of that turn (after its log line) or when the factory builds that run's team, and the file
+``$GFD_SELF_STOP_MARK`` says it did (a test stalls a driver exactly there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -27,22 +32,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents import Scripted  # tests/agents.py: the one set of test agents
 
 
+def self_stop(where: str) -> None:
+    """SIGSTOP this process once if ``$GFD_SELF_STOP`` names ``where`` (see the module docstring)."""
+    mark = os.environ.get("GFD_SELF_STOP_MARK")
+    if os.environ.get("GFD_SELF_STOP") != where or not mark or Path(mark).exists():
+        return
+    Path(mark).write_text(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 async def timed_turn(agent: Scripted, messages: Sequence[BaseChatMessage]) -> None:
     """Sleep like a model call and log the turn's start and end."""
     started = time.time()
+    execution = current_execution()
+    start_log = os.environ.get("GFD_START_LOG")
+    if start_log and execution is not None:
+        with open(start_log, "a") as f:
+            f.write(f"{execution.run_id} {agent.name} {os.getpid()} {started:.6f}\n")
     await asyncio.sleep(float(os.environ.get("GFD_AGENT_DELAY", "0.2")))
     hold = os.environ.get("GFD_HOLD")
     while agent.name == "B" and hold and Path(hold).exists():
         await asyncio.sleep(0.05)
     log = os.environ.get("GFD_EXEC_LOG")
-    execution = current_execution()
     if log and execution is not None:
         with open(log, "a") as f:
             f.write(f"{execution.run_id} {agent.name} {os.getpid()} {started:.6f} {time.time():.6f}\n")
+        self_stop(f"{execution.run_id}:{agent.name}")
 
 
 def team(run_id: str, **durable: Any) -> DurableGraphFlow:
     """A -> B."""
+    self_stop(f"{run_id}:build")
     a, b = Scripted("A", before=timed_turn), Scripted("B", before=timed_turn)
     graph = DiGraphBuilder().add_node(a).add_node(b).add_edge(a, b).build()
     return DurableGraphFlow([a, b], graph, run_id=run_id, **durable)

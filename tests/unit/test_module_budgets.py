@@ -123,6 +123,10 @@ BUDGETS: dict[str, tuple[int, str]] = {
         800,
         "The durable GraphFlow manager: commits every transition; retries a failed attempt.",
     ),
+    "_runtime/offloop.py": (  # new: the pool worker's store calls, off its event loop
+        60,
+        "A blocking store call made off the event loop, in a thread the loop never waits for.",
+    ),
     "_runtime/runlease.py": (300, "The run's lease as one driver holds it, and the run's key."),
     "_runtime/session.py": (
         665,

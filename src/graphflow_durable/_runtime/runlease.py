@@ -62,6 +62,9 @@ class RunLease:
     statement, a few statements wide. The monotonic clock must not stop
     while the process runs (it does not count a suspended host on every platform).
 
+    A renewal refuses an expired lease, even one nobody took (the run's queue and partition counted
+    it free meanwhile): a driver frozen past its lease loses it when it wakes, and starts no turn.
+
     A renewal also learns of a cancel requested from another process (``Store.cancel_run``): the
     session then stops dispatching, and no dispatch is :meth:`valid` after it.
     """

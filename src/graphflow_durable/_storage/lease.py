@@ -257,7 +257,9 @@ def locked(run_id: str, row: LeaseRow) -> RunLockedError:
 def lease_lost(run_id: str, fencing_token: int, row: LeaseRow, owner: str | None = None) -> LeaseLostError:
     """The error for a worker whose fencing token is stale (or whose lease was released)."""
     holder = "nobody (the lease was released)" if row.lease_owner is None else repr(row.lease_owner)
-    if row.fencing_token == fencing_token:
+    if row.fencing_token == fencing_token and owner is not None and row.lease_owner == owner:
+        what = f"the lease expired at {iso(row.lease_expires_at)} before it was renewed"
+    elif row.fencing_token == fencing_token:
         what = f"token {fencing_token} is current but the lease is held by {holder}, not {owner!r}"
     else:
         what = (

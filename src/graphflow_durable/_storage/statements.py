@@ -369,12 +369,15 @@ UPDATE_LEASE = (
     .returning(_R.lease_expires_at)
 )
 #: Extend a lease its holder (token and owner) still has, to the lease clock's now + ``p_seconds``.
+#: An expired lease is not renewed even when nobody took it: while it was expired, the run's queue
+#: and partition counted it free and another worker may have started a run of them in its place.
 RENEW_LEASE = (
     sa.update(runs)
     .where(
         _R.run_id == _run_id,
         _R.fencing_token == sa.bindparam("p_token", type_=sa.BigInteger),
         _R.lease_owner == sa.bindparam("p_owner", type_=_R.lease_owner.type),
+        _R.lease_expires_at >= DB_NOW,
     )
     .values(lease_expires_at=_expires)
     .returning(_R.lease_expires_at, _R.cancel_requested_at)

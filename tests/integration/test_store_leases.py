@@ -146,6 +146,26 @@ def test_renew_extends_the_lease_and_a_stale_token_cannot_renew(store: Store) ->
         store._driver.renew_lease("nope", "worker-1", token, lease_seconds=LEASE)
 
 
+def test_an_expired_lease_nobody_took_is_renewed_unless_the_run_was_submitted_to_a_queue(
+    store: Store,
+) -> None:
+    """A driver back from a stall longer than its lease keeps a run nobody took; a submitted run's
+    expired lease is lost, since its queue and partition counted the run free meanwhile."""
+    for run_id in ("plain", "queued"):
+        if run_id == "queued":
+            store.queue.submit(run_id, task="t", team=None, partition="acme")
+        store._driver.create_run(
+            CreateRequest(run_id, graph_fingerprint="f", graph={}, owner="worker-1", lease_seconds=0.05)
+        )
+    time.sleep(0.2)
+    tokens = {run_id: store.get_run(run_id).fencing_token for run_id in ("plain", "queued")}  # type: ignore[union-attr]
+    assert (
+        store._driver.renew_lease("plain", "worker-1", tokens["plain"], lease_seconds=LEASE) > time.time() + 5
+    )
+    with pytest.raises(LeaseLostError, match=r"the lease expired at .* before it was renewed"):
+        store._driver.renew_lease("queued", "worker-1", tokens["queued"], lease_seconds=LEASE)
+
+
 def test_release_frees_the_run_and_is_silent_when_the_lease_was_taken(store: Store) -> None:
     token = start(store, owner="worker-1")
     assert store._driver.release_lease("run-1", token) is True

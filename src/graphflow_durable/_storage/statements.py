@@ -31,6 +31,7 @@ from graphflow_durable._storage.schema import (
     agent_states,
     fencing_tokens,
     messages,
+    queue,
     runs,
     steps,
 )
@@ -369,15 +370,17 @@ UPDATE_LEASE = (
     .returning(_R.lease_expires_at)
 )
 #: Extend a lease its holder (token and owner) still has, to the lease clock's now + ``p_seconds``.
-#: An expired lease is not renewed even when nobody took it: while it was expired, the run's queue
-#: and partition counted it free and another worker may have started a run of them in its place.
+#: An expired lease of submitted work is not renewed even when nobody took the run: while it was
+#: expired, its queue and partition counted it free and another worker may have started a run of
+#: them in its place. A run that was never submitted counts against no cap: its driver, back from
+#: a stall or a database outage longer than the lease, renews it if nobody took it meanwhile.
 RENEW_LEASE = (
     sa.update(runs)
     .where(
         _R.run_id == _run_id,
         _R.fencing_token == sa.bindparam("p_token", type_=sa.BigInteger),
         _R.lease_owner == sa.bindparam("p_owner", type_=_R.lease_owner.type),
-        _R.lease_expires_at >= DB_NOW,
+        sa.or_(_R.lease_expires_at >= DB_NOW, ~sa.exists().where(queue.c.run_id == _R.run_id)),
     )
     .values(lease_expires_at=_expires)
     .returning(_R.lease_expires_at, _R.cancel_requested_at)

@@ -416,3 +416,20 @@ def test_a_sealed_run_killed_resumes_exactly_as_a_plain_one(tmp_path: Path, kill
         bodies = [row[0] for row in conn.execute("SELECT body FROM graphflow_messages")]
         states = [row[0] for row in conn.execute("SELECT body FROM graphflow_agent_states")]
     assert bodies and states and all(is_sealed(b) for b in [*bodies, *states])
+
+
+def test_verify_checks_a_sealed_store_without_keys_and_opens_every_row_when_decrypting(
+    store_url: str,
+) -> None:
+    two_runs(store_url).close()
+    with Store(store_url) as keyless:
+        report = keyless.verify()
+        assert report.ok and report.runs == ("r1", "r2") and report.checked > 0
+    move_body(store_url, ("r2", 1), ("r1", 1))
+    with Store(store_url) as keyless:
+        assert keyless.verify().ok  # the checksum matches: only the seal can tell
+    with Store(store_url, codec=codec()) as store:
+        report = store.verify(decrypt=True)
+    [damage] = report.damaged
+    assert (damage.run_id, damage.table, damage.seq) == ("r1", "graphflow_messages", 1)
+    assert "does not open" in str(damage.problem)

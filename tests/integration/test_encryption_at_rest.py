@@ -433,3 +433,18 @@ def test_verify_checks_a_sealed_store_without_keys_and_opens_every_row_when_decr
     [damage] = report.damaged
     assert (damage.run_id, damage.table, damage.seq) == ("r1", "graphflow_messages", 1)
     assert "does not open" in str(damage.problem)
+
+
+def test_a_worker_without_the_codec_claims_no_sealed_run_and_keeps_no_plain_error(store_url: str) -> None:
+    with Store(store_url, codec=codec()) as store:
+        asyncio.run(full_team(store).run(task=TASK))
+        store.respond("full", ANSWER)
+        assert store.get_run("full").status == "interrupted"  # type: ignore[union-attr]
+    with Store(store_url) as keyless:
+        with pytest.raises(StoreConfigError, match=r"run 'full' holds sealed content"):
+            keyless.queue.claim("w1", lease_seconds=30)
+        keyless.queue.record_failure("full", error=f"failed on {ANSWER}", retry_at=0.0)
+    with Store(store_url, codec=codec()) as store:
+        submitted = store.queue.get_submission("full")
+        assert submitted is not None and submitted.attempts == 1 and submitted.last_error is None
+        assert store.get_run("full").lease_owner is None  # type: ignore[union-attr]

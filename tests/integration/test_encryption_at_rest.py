@@ -448,3 +448,19 @@ def test_a_worker_without_the_codec_claims_no_sealed_run_and_keeps_no_plain_erro
         submitted = store.queue.get_submission("full")
         assert submitted is not None and submitted.attempts == 1 and submitted.last_error is None
         assert store.get_run("full").lease_owner is None  # type: ignore[union-attr]
+
+
+def test_follow_and_the_pages_give_plain_text_only_with_the_keys(store_url: str) -> None:
+    two_runs(store_url).close()
+
+    async def followed(store: Store) -> list[Any]:
+        return [m.body["content"] async for m in store.follow("r1", wait=False)]
+
+    with Store(store_url, codec=codec()) as store:
+        assert asyncio.run(followed(store))[0] == "t r1"
+        assert {run.task[0]["content"] for run in store.list_runs_page().runs} == {"t r1", "t r2"}  # type: ignore[index]
+    with Store(store_url) as keyless:
+        with pytest.raises(StoreConfigError, match=r"sealed with key 'k1'"):
+            asyncio.run(followed(keyless))
+        with pytest.raises(StoreConfigError, match=r"sealed with key 'k1'"):
+            keyless.list_runs_page()

@@ -464,3 +464,10 @@ def test_follow_and_the_pages_give_plain_text_only_with_the_keys(store_url: str)
             asyncio.run(followed(keyless))
         with pytest.raises(StoreConfigError, match=r"sealed with key 'k1'"):
             keyless.list_runs_page()
+
+
+def test_history_transcript_and_a_past_cut_open_sealed_rows(store_url: str) -> None:
+    with two_runs(store_url) as store:
+        assert store.transcript("r1")[0].body["content"] == "t r1"
+        assert [info.seq for info in store.history("r1")] == [s.seq for s in store.load("r1").steps]
+        assert store.cut("r1", 2).messages[0].body["content"] == "t r1"

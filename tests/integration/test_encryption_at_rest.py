@@ -415,7 +415,9 @@ def test_a_sealed_run_killed_resumes_exactly_as_a_plain_one(tmp_path: Path, kill
     with sqlite3.connect(tmp_path / "sealed.db") as conn:
         bodies = [row[0] for row in conn.execute("SELECT body FROM graphflow_messages")]
         states = [row[0] for row in conn.execute("SELECT body FROM graphflow_agent_states")]
+        deltas = conn.execute("SELECT count(*) FROM graphflow_agent_states WHERE base_step > 0").fetchone()
     assert bodies and states and all(is_sealed(b) for b in [*bodies, *states])
+    assert deltas[0] > 0  # states saved as deltas (made on the plain JSON) were sealed and folded back
 
 
 def test_verify_checks_a_sealed_store_without_keys_and_opens_every_row_when_decrypting(

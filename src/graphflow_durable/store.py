@@ -19,8 +19,9 @@ history, operations and human input, are thin calls into ``_storage``. What a ru
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import admin, deaths
+from graphflow_durable._storage import admin, deaths, keychecks
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
@@ -71,9 +72,11 @@ from graphflow_durable._storage.ratelimits import LimitState, RateBudgets
 from graphflow_durable._storage.reading import Verification, read_log, read_steps, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
+from graphflow_durable._storage.sealing import Sealer
 from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
 from graphflow_durable._storage.workqueue import Claim, Submission, WorkQueue
 from graphflow_durable._storage.writer import CommitWriter
+from graphflow_durable.crypto import Codec
 
 __all__ = [
     "ENDED_STATUSES",
@@ -157,6 +160,12 @@ class Store:
             holds no store, or an in-memory database), a PostgreSQL database (schema) without the
             store's tables. A store at an older schema version is migrated either way, unless
             ``migrate`` is false.
+        codec: seal every content column (message bodies, agent states, tasks, results, call
+            records, prompts and answers) with it, bound to its row (``AESGCMCodec(Keys.from_env())``;
+            docs/encryption.md). ``None``: store them plain; a sealed row is then refused,
+            naming its key id.
+        allow_plaintext: with a codec, also read plain content rows (the migration window, while
+            ``runs rekey --encrypt`` seals an existing store); without it a plain row is refused.
         migrate: bring a store at an older schema version to this version's (the default).
             ``False``: refuse it (:class:`StoreConfigError`, ``option`` ``"migrate"``), for a
             look that must change nothing (``graphflow-durable check`` before a deploy: the old
@@ -187,8 +196,20 @@ class Store:
         shared: bool | None = None,
         create: bool = True,
         migrate: bool = True,
+        codec: Codec | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
-        self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
+        engines = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
+        if codec is not None:
+            sealer = Sealer(
+                codec,
+                allow_plaintext=allow_plaintext,
+                check=lambda key_id: self._key_check(keychecks.kept, engines.read, key_id),
+                keep=lambda key_id, value: self._key_check(keychecks.keep, engines.write, key_id, value),
+                url=engines.url,
+            )
+            engines = dataclasses.replace(engines, sealer=sealer)
+        self._e = engines
         self._writer = CommitWriter(self._e)
         self._driver = Driver(self._e, self._writer)  # the runtime's way in: commits, new runs, leases
         self._queue = WorkQueue(self._e)
@@ -215,6 +236,8 @@ class Store:
                     create=create,
                     upgrade=migrate,
                 )
+            if codec is not None:  # a wrong active key is refused now, and its check value kept
+                self._e.sealer.verify_key(codec.active, keep=True)
         except BaseException:
             self._e.engine.dispose()
             raise
@@ -233,6 +256,15 @@ class Store:
             raise no_store(self._e.url, "the file does not exist")
         if found is not None and not holds_store(found.tables):
             raise no_store(self._e.url, "the file holds no graphflow-durable store")
+
+    def _key_check(self, how: Callable[..., Any], engine: sa.Engine, *args: str) -> Any:
+        with guarded(self._e, "reading or keeping a key check value"):
+            return how(engine, *args)
+
+    @property
+    def codec(self) -> Codec | None:
+        """The codec the store seals its content columns with (``None``: it stores them plain)."""
+        return self._e.sealer.codec
 
     def _guard(self, action: str, run_id: str | None = None) -> AbstractContextManager[None]:
         """Serialise (in-memory SQLite only) and turn database errors into :class:`StoreError`."""
@@ -316,7 +348,7 @@ class Store:
         select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
         with self._guard(f"reading run {run_id}", run_id):
             row = read_row(self._e, select.sql, select.bind({"p_run_id": run_id}))
-        return None if row is None else S.run_record(row)
+        return None if row is None else S.run_record(row, self._e.sealer)
 
     def list_runs(self, status: str | Sequence[str] | None = None) -> list[RunRecord]:
         """Runs in creation order, optionally only those with the given status(es)."""
@@ -326,7 +358,7 @@ class Store:
             query = query.where(runs.c.status.in_(wanted))
         with self._guard("listing runs"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
-        return [S.run_record(row) for row in rows]
+        return [S.run_record(row, self._e.sealer) for row in rows]
 
     def list_runs_page(
         self,
@@ -347,7 +379,9 @@ class Store:
             UsageError: a malformed cursor, an unknown status, ``limit`` not in 1..500.
         """
         with self._guard("listing runs"), self._e.read.begin() as conn:
-            return page(conn, status=status, text=text, parent=parent, after=after, limit=limit)
+            return page(
+                conn, status=status, text=text, parent=parent, after=after, limit=limit, sealer=self._e.sealer
+            )
 
     def run_counts(self) -> dict[str, int]:
         """Runs per status (every status, 0 included): cheaper than :meth:`stats`."""
@@ -357,7 +391,7 @@ class Store:
     def open_requests(self, limit: int = 500) -> list[InputRequest]:
         """The pending requests for human input of every run, oldest first (at most ``limit``)."""
         with self._guard("listing the open input requests"), self._e.read.begin() as conn:
-            return open_requests(conn, limit)
+            return open_requests(conn, limit, self._e.sealer)
 
     def driver_deaths(self, run_id: str) -> list[deaths.Death]:
         """The takeovers of ``run_id`` from a driver that left it ``running`` (it died, or stalled
@@ -385,7 +419,7 @@ class Store:
                 do not fold; the error names the run, table, step and message seq or node.
         """
         with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
-            return read_log(conn, run_id, self._e.url)
+            return read_log(conn, run_id, self._e.url, sealer=self._e.sealer)
 
     def load_steps(self, run_id: str) -> RunLog:
         """The run's row, its steps and its head's scheduler, each row checked as :meth:`load`
@@ -397,24 +431,33 @@ class Store:
             StoreCorruptError: a step row does not match its checksum, or one is missing.
         """
         with self._guard(f"loading the steps of run {run_id}", run_id), self._e.read.begin() as conn:
-            return read_steps(conn, run_id, self._e.url)
+            return read_steps(conn, run_id, self._e.url, sealer=self._e.sealer)
 
-    def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
+    def verify(self, run_ids: Sequence[str] | None = None, *, decrypt: bool = False) -> Verification:
         """Check every step, message, agent-state and call-record row of the runs (default: every run)
         against its checksum, check that none of their steps and messages is missing, and report the damaged
         rows and gaps instead of raising. Each run is read in its own transaction. Rows written
-        before schema version 6 have no checksum: counted, not checked.
+        before schema version 6 have no checksum: counted, not checked. Checksums are over the
+        stored text, so a sealed store is verified without its keys; ``decrypt`` also opens every
+        sealed value of those rows and of the run's own row (a value that does not open is damage,
+        its ``problem`` says why; a missing or wrong key raises).
 
         Raises:
             RunNotFoundError: one of ``run_ids`` does not exist (nothing is reported then).
+            StoreConfigError: ``decrypt`` and a key the store was not given (or a wrong one).
         """
-        ids = [run.run_id for run in self.list_runs()] if run_ids is None else list(dict.fromkeys(run_ids))
-        if missing := [run_id for run_id in ids if run_ids is not None and self.get_run(run_id) is None]:
+        with self._guard("listing runs"), self._e.read.begin() as conn:
+            known = conn.execute(
+                sa.select(runs.c.run_id).order_by(runs.c.created_at, runs.c.run_id)
+            ).scalars()
+            every = [str(run_id) for run_id in known]
+        ids = every if run_ids is None else list(dict.fromkeys(run_ids))
+        if missing := [run_id for run_id in ids if run_id not in set(every)]:
             raise S.not_found(missing[0])
         scans = []
         for run_id in ids:
             with self._guard(f"verifying run {run_id}", run_id), self._e.read.begin() as conn:
-                scans.append(scan_run(conn, run_id))
+                scans.append(scan_run(conn, run_id, self._e.sealer if decrypt else None))
         return Verification.of(ids, scans)
 
     # History, time travel, fork, export and import (built on load).
@@ -500,7 +543,7 @@ class Store:
             UsageError: ``at`` is not one of the run's steps (1 to its head).
         """
         with self._guard(f"reading run {run_id} at step {at}", run_id), self._e.read.begin() as conn:
-            return read_cut(conn, run_id, at, self._e.url)
+            return read_cut(conn, run_id, at, self._e.url, self._e.sealer)
 
     def fork(
         self,
@@ -618,7 +661,7 @@ class Store:
             RunStateError: the run's last round ended (``stopped``, ``finished``).
         """
         with self._guard(f"retrying run {run_id}", run_id), self._e.write.begin() as conn:
-            return admin.retry(conn, run_id, time.time())
+            return admin.retry(conn, run_id, time.time(), self._e.sealer)
 
     def supply_output(self, run_id: str, node: str, text: str) -> Supply:
         """Write the answer of the node a failed run failed on, so that the run continues without it.
@@ -652,7 +695,7 @@ class Store:
             self._guard(f"supplying node {node}'s answer to run {run_id}", run_id),
             self._e.write.begin() as conn,
         ):
-            return admin.supply(conn, run_id, node, text, time.time(), self._e.url)
+            return admin.supply(conn, run_id, node, text, time.time(), self._e.url, self._e.sealer)
 
     def delete_run(self, run_id: str, *, force: bool = False, dry_run: bool = False) -> Removal:
         """Delete a run and everything of it, in one transaction: its steps, messages, agent states,

@@ -9,7 +9,7 @@ and agent-state rows a resume does not read) and reports the damage instead of r
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,6 +33,10 @@ from graphflow_durable._storage.checksum import (
     step_sum,
 )
 from graphflow_durable._storage.schema import call_records
+from graphflow_durable._storage.sealing import PLAIN, Sealer
+from graphflow_durable.errors import StoreCorruptError
+
+RUNS = "graphflow_runs"
 
 __all__ = [
     "Verification",
@@ -93,25 +97,31 @@ class _Tally:
         return True
 
 
-def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) -> RunLog:
+def read_log(
+    conn: sa.Connection, run_id: str, url: str, at: int | None = None, sealer: Sealer = PLAIN
+) -> RunLog:
     """Everything needed to resume ``run_id`` (see ``Store.load``), each row checked; with ``at``,
     only its steps, messages and agent states up to step ``at`` and the scheduler of that step
     (the run's row is the stored one: see ``_model.history.cut_record``).
 
     Raises RunNotFoundError, or StoreCorruptError naming the first damaged row or gap (steps not
-    ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read).
+    ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read). Each
+    content value is opened by ``sealer`` after its checksum matched (a value that does not open
+    is a StoreCorruptError naming its row; a sealed one without the key, a StoreConfigError).
     """
     p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
-    stepped = read_steps(conn, run_id, url, at)
+    stepped = read_steps(conn, run_id, url, at, sealer)
     run = stepped.run
+    opened = sealer.open
     thread = []
     for m in conn.execute(S.SELECT_MESSAGES if at is None else S.SELECT_MESSAGES_TO, p):
         if m.checksum is not None and m.checksum != message_sum(
             run_id, m.seq, m.step_seq, m.published, m.body
         ):
             raise corrupt(Damage(run_id, MESSAGES, m.step_seq, seq=m.seq), url)
+        body = opened(m.body, MESSAGES, run_id, m.seq, "body", seq=m.seq)
         thread.append(
-            StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
+            StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(body), published=bool(m.published))
         )
     # a cut (``at``) has no stored message count to compare with: only holes between its messages
     count = run.message_count if at is None else None
@@ -123,9 +133,16 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
             run_id, r.node, r.step_seq, r.base_step, r.body
         ):
             raise corrupt(Damage(run_id, STATES, r.step_seq, node=r.node), url)
-    states, state_steps = fold_states(
-        run_id, [(r.node, r.step_seq, r.base_step, r.body) for r in rows], references(thread)
-    )
+    bodies = [
+        (
+            r.node,
+            r.step_seq,
+            r.base_step,
+            opened(r.body, STATES, run_id, f"{r.node}@{r.step_seq}", "body", seq=r.step_seq, node=r.node),
+        )
+        for r in rows
+    ]
+    states, state_steps = fold_states(run_id, bodies, references(thread))
     return RunLog(
         run=run,
         steps=stepped.steps,
@@ -136,20 +153,21 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
     )
 
 
-def read_steps(conn: sa.Connection, run_id: str, url: str, at: int | None = None) -> RunLog:
+def read_steps(
+    conn: sa.Connection, run_id: str, url: str, at: int | None = None, sealer: Sealer = PLAIN
+) -> RunLog:
     """The run's row, its steps (up to step ``at``) and the scheduler of its head (or of ``at``),
     each row checked as :func:`read_log` checks it: a :class:`RunLog` with no messages and no agent
     states (what drawing its nodes' states needs, without reading its thread)."""
     p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
-    run = S.run_row(conn, run_id)
+    run = S.run_row(conn, run_id, sealer)
     steps = []
     for s in conn.execute(S.SELECT_STEPS if at is None else S.SELECT_STEPS_TO, p):
         if s.checksum is not None and not step_matches(s.checksum, run_id, s.seq, s.kind, s.node, s.data):
             raise corrupt(Damage(run_id, STEPS, s.seq, node=s.node), url)
+        data = sealer.open(s.data, STEPS, run_id, s.seq, "data", seq=s.seq, node=s.node)
         steps.append(
-            StepRecord(
-                seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
-            )
+            StepRecord(seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(data), created_at=s.created_at)
         )
     head = run.head_seq if at is None else at
     if gaps := step_gaps(run_id, head, [s.seq for s in steps]):
@@ -185,20 +203,26 @@ def _scheduler(conn: sa.Connection, run_id: str, head: int, url: str) -> str | N
     return str(text)
 
 
-def scan_run(conn: sa.Connection, run_id: str) -> tuple[list[Damage], int, int]:
+def scan_run(conn: sa.Connection, run_id: str, sealer: Sealer | None = None) -> tuple[list[Damage], int, int]:
     """Check every step, message, agent-state and call-record row of ``run_id``, and the gaps in its steps and
     messages: the damage, rows checked, rows without a checksum. A run that does not exist has no
-    rows (the caller checks it exists)."""
+    rows (the caller checks it exists). With ``sealer``, every sealed value of a row whose
+    checksum matches (and of the run's row) is opened too: one that does not is damage."""
     tally = _Tally()
     p = {"p_run_id": run_id}
     run = conn.execute(S.SELECT_RUN, p).mappings().first()
     if run is None:
         return [], 0, 0
+    opens = _Opens(sealer, run_id, tally.damaged)
+    opens.run(run)
     seqs: list[int] = []
     for s in conn.execute(S.SCAN_STEPS, p):
         seqs.append(s.seq)
         if tally.count(s.checksum):
+            before = len(tally.damaged)
             tally.damaged.extend(_step_damage(run_id, s))
+            if len(tally.damaged) == before:
+                opens(Damage(run_id, STEPS, s.seq, node=s.node), s.data, s.seq, "data")
     tally.damaged.extend(step_gaps(run_id, run["head_seq"], seqs))
     pairs: list[tuple[int, int]] = []
     for m in conn.execute(S.SELECT_MESSAGES, p):
@@ -207,17 +231,50 @@ def scan_run(conn: sa.Connection, run_id: str) -> tuple[list[Damage], int, int]:
             run_id, m.seq, m.step_seq, m.published, m.body
         ):
             tally.damaged.append(Damage(run_id, MESSAGES, m.step_seq, seq=m.seq))
+        else:
+            opens(Damage(run_id, MESSAGES, m.step_seq, seq=m.seq), m.body, m.seq, "body")
     tally.damaged.extend(message_gaps(run_id, run["message_count"], pairs))
     for r in conn.execute(S.SCAN_STATES, p):
         if tally.count(r.checksum) and r.checksum != state_sum(
             run_id, r.node, r.step_seq, r.base_step, r.body
         ):
             tally.damaged.append(Damage(run_id, STATES, r.step_seq, node=r.node))
+        else:
+            opens(Damage(run_id, STATES, r.step_seq, node=r.node), r.body, f"{r.node}@{r.step_seq}", "body")
     calls = sa.select(call_records).where(call_records.c.run_id == run_id).order_by(call_records.c.seq)
     for c in conn.execute(calls).mappings():
+        damage = Damage(run_id, CALLS, c["step"], seq=c["seq"], node=c["node"])
         if tally.count(c["checksum"]) and c["checksum"] != call_sum(run_id, c):
-            tally.damaged.append(Damage(run_id, CALLS, c["step"], seq=c["seq"], node=c["node"]))
+            tally.damaged.append(damage)
+        else:
+            opens(damage, c["result"], int(c["seq"]), "result")
     return _in_step_order(tally.damaged), tally.checked, tally.unchecked
+
+
+@dataclass
+class _Opens:
+    """Opens the sealed values a scan reads (``runs verify --decrypt``); one that does not open is
+    recorded as damage of its row. Without a sealer it does nothing."""
+
+    sealer: Sealer | None
+    run_id: str
+    damaged: list[Damage]
+
+    def __call__(self, row: Damage, stored: str | None, position: str | int, column: str) -> None:
+        if self.sealer is None or stored is None:
+            return
+        try:
+            self.sealer.open(stored, row.table, self.run_id, position, column)
+        except StoreCorruptError as exc:
+            self.damaged.append(replace(row, problem=str(exc)))
+
+    def run(self, row: Any) -> None:
+        for column in ("task", "result"):
+            if self.sealer is not None and row[column] is not None:
+                try:
+                    self.sealer.open(row[column], "graphflow_runs", self.run_id, "run", column)
+                except StoreCorruptError as exc:
+                    self.damaged.append(Damage(self.run_id, RUNS, 0, column=column, problem=str(exc)))
 
 
 def step_gaps(run_id: str, head: int, seqs: Sequence[int]) -> list[Damage]:
@@ -302,5 +359,5 @@ def _step_damage(run_id: str, s: Any) -> Iterator[Damage]:
 
 
 def _in_step_order(damaged: Iterable[Damage]) -> list[Damage]:
-    order = {STEPS: 0, MESSAGES: 1, STATES: 2, CALLS: 3}
+    order = {RUNS: -1, STEPS: 0, MESSAGES: 1, STATES: 2, CALLS: 3}
     return sorted(damaged, key=lambda d: (d.step, order[d.table], d.seq or 0, d.node or ""))

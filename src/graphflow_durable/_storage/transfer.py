@@ -40,6 +40,7 @@ from graphflow_durable._storage.calls import checked
 from graphflow_durable._storage.lease import owner_gone
 from graphflow_durable._storage.reading import read_log
 from graphflow_durable._storage.schema import agent_states, call_records, messages, steps
+from graphflow_durable._storage.sealing import PLAIN, Sealer
 from graphflow_durable.errors import ConflictError, RunLockedError, UsageError
 
 __all__ = ["RunRows", "copied_calls", "fork_run", "read_cut", "read_rows", "rekey_calls", "write_rows"]
@@ -217,10 +218,11 @@ def _with_sum(run_id: str, row: Mapping[str, Any], checksum: Any, keys: Sequence
     return {**row, "run_id": run_id, "checksum": checksum(run_id, *(row[k] for k in keys))}
 
 
-def read_cut(conn: sa.Connection, run_id: str, at: int, url: str) -> RunLog:
-    """The run as it stood once step ``at`` was committed (see ``Store.cut``), every row checked."""
-    run = S.run_row(conn, run_id)
-    log = read_log(conn, run_id, url, check_step(run, at))
+def read_cut(conn: sa.Connection, run_id: str, at: int, url: str, sealer: Sealer = PLAIN) -> RunLog:
+    """The run as it stood once step ``at`` was committed (see ``Store.cut``), every row checked
+    (and opened by ``sealer``)."""
+    run = S.run_row(conn, run_id, sealer)
+    log = read_log(conn, run_id, url, check_step(run, at), sealer)
     return dataclasses.replace(log, run=cut_record(run, log, at))
 
 

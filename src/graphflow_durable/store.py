@@ -20,7 +20,7 @@ history, operations and human input, are thin calls into ``_storage``. What a ru
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,9 @@ from graphflow_durable._storage.migrations import (
 from graphflow_durable._storage.migrations import migrate as migrate_schema  # Store(migrate=)
 from graphflow_durable._storage.ratelimits import LimitState, RateBudgets
 from graphflow_durable._storage.reading import Verification, read_log, scan_run
+from graphflow_durable._storage.rekey import Rekeyed, SealAudit
+from graphflow_durable._storage.rekey import audit as audit_rows
+from graphflow_durable._storage.rekey import rekey as rekey_rows
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
@@ -682,6 +685,34 @@ class Store:
         engine = self._e.read if dry_run else self._e.write
         with self._guard("pruning runs"), engine.begin() as conn:
             return admin.prune(conn, statuses, older_than, time.time(), force=force, dry_run=dry_run)
+
+    def rekey(
+        self,
+        run_ids: Sequence[str] | None = None,
+        *,
+        to: str | None = None,
+        encrypt: bool = False,
+        progress: Callable[[str, int], None] | None = None,
+    ) -> Rekeyed:
+        """Re-seal the runs' content (default: every run and submission) under key ``to`` (default:
+        the active key), plain rows too with ``encrypt``, while workers drive them; killed, every
+        row opens under the old key or the new one (``_storage/rekey.py``, docs/encryption.md).
+
+        Raises:
+            StoreConfigError: no codec, no key ``to``, or not the key of a row.
+            StoreCorruptError: a sealed row does not open. RunNotFoundError: an unknown run id.
+        """
+        for run_id in run_ids or ():
+            if self.get_run(run_id) is None and self.queue.get_submission(run_id) is None:
+                raise S.not_found(run_id)
+        with self._guard("re-sealing rows"):
+            return rekey_rows(self._e, self._e.sealer, run_ids, to=to, encrypt=encrypt, progress=progress)
+
+    def audit_sealing(self, run_ids: Sequence[str] | None = None, *, open_values: bool = False) -> SealAudit:
+        """The sealed and plain content values per table and key; ``open_values``: open each one
+        (needs the keys) and list those that do not open."""
+        with self._guard("auditing sealed rows"), self._e.read.begin() as conn:
+            return audit_rows(conn, self._e.sealer, run_ids, open_values=open_values)
 
     def stats(self) -> StoreStats:
         """Runs per status, submissions waiting for a worker, and rows and bytes per table."""

@@ -52,7 +52,7 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
 from graphflow_durable._storage.checksum import Damage
-from graphflow_durable._storage.document import from_document, to_document
+from graphflow_durable._storage.document import from_document, to_document, unseal
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
 from graphflow_durable._storage.flowcontrol import DEFAULT_QUEUE, QueueSettings, check_queue_name
@@ -562,20 +562,23 @@ class Store:
             ConflictError: a run ``new_run_id`` exists already.
         """
         with self._guard(f"forking run {run_id} at step {at}", run_id), self._e.write.begin() as conn:
-            return fork_run(conn, run_id, at, new_run_id, self._e.url, replace)
+            return fork_run(conn, run_id, at, new_run_id, self._e.url, replace, self._e.sealer)
 
-    def export_run(self, run_id: str) -> dict[str, Any]:
+    def export_run(self, run_id: str, *, decrypt: bool = False) -> dict[str, Any]:
         """The run as one JSON document: its row (without the lease), steps, messages, agent-state
         rows and recorded calls, read in one transaction with every row checked. :meth:`import_run` reads it back,
         into this store or another (SQLite or PostgreSQL). The document (``"version": 2``) carries a
         checksum on the run object and on every row, so an edited export is refused on import.
+        Sealed rows are written as stored (``"version": 3``: importable into a store holding the
+        keys), or opened with ``decrypt`` (a plain version 2 document).
 
         Raises:
             RunNotFoundError: no such run.
             StoreCorruptError: a row does not match its checksum.
         """
         with self._guard(f"exporting run {run_id}", run_id), self._e.read.begin() as conn:
-            return to_document(read_rows(conn, run_id, self._e.url), current_version(conn) or 0)
+            rows = read_rows(conn, run_id, self._e.url, sealer=self._e.sealer if decrypt else None)
+            return to_document(rows, current_version(conn) or 0)
 
     def import_run(self, document: Mapping[str, Any], *, run_id: str | None = None) -> RunRecord:
         """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
@@ -598,10 +601,11 @@ class Store:
                 first bad field as a path: ``steps[3].node``); ``run_id`` is not a valid run id.
             ConflictError: a run with its id exists already in this store.
         """
+        document = unseal(document, self._e.sealer, "the document")  # a sealed export: needs the keys
         rows = from_document(document, "the document", run_id)
         new_id = rows.run["run_id"]
         with self._guard(f"importing run {new_id}", new_id), self._e.write.begin() as conn:
-            return write_rows(conn, rows, rows.run, self._e.url).run
+            return write_rows(conn, rows, rows.run, self._e.url, self._e.sealer).run
 
     # Operations on runs from any process: cancel, retry, delete, prune, stats, progress.
 

@@ -38,7 +38,7 @@ from graphflow_durable._storage.schema import (
     runs,
     steps,
 )
-from graphflow_durable._storage.sealing import PREFIX, Sealer, is_sealed, key_of
+from graphflow_durable._storage.sealing import PREFIX, SEALED, Sealer, is_sealed, key_of, position_of
 from graphflow_durable.errors import StoreConfigError, StoreCorruptError
 
 __all__ = ["BATCH", "Rekeyed", "SealAudit", "Unopened", "audit", "rekey"]
@@ -53,18 +53,30 @@ _PASSES = 8
 
 @dataclass(frozen=True)
 class _Place:
-    """How a sealed table's rows are found, placed and checksummed."""
+    """How a sealed table's rows are found, placed (``sealing.SEALED``) and checksummed."""
 
     table: sa.Table
-    columns: tuple[str, ...]
-    position: Callable[[Mapping[str, Any]], str | int]
     checksum: Callable[[Mapping[str, Any]], int] | None = None
-    seq: Callable[[Mapping[str, Any]], int | None] = lambda _row: None
-    node: Callable[[Mapping[str, Any]], str | None] = lambda _row: None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return SEALED[self.table.name][1]
 
     @property
     def key(self) -> tuple[sa.Column[Any], ...]:
         return tuple(self.table.primary_key.columns)
+
+    def position(self, row: Mapping[str, Any]) -> str | int:
+        return position_of(self.table.name, row)
+
+    def seq(self, row: Mapping[str, Any]) -> int | None:
+        """The seq a message names the row by (a step's, a message's, a call record's; a state's step)."""
+        value = row.get("seq", row.get("step_seq"))
+        return None if value is None else int(value)
+
+    def node(self, row: Mapping[str, Any]) -> str | None:
+        value = row.get("node")
+        return None if value is None else str(value)
 
 
 def _step_sum(r: Mapping[str, Any]) -> int:
@@ -79,37 +91,21 @@ def _state_sum(r: Mapping[str, Any]) -> int:
     return C.state_sum(r["run_id"], r["node"], r["step_seq"], r["base_step"], r["body"])
 
 
-#: Every sealed column, by table, in the order a rekey sweeps them (see ``sealing.SEALED``).
+def _call_sum(r: Mapping[str, Any]) -> int:
+    return C.call_sum(r["run_id"], r)
+
+
+#: Every sealed table, in the order a rekey sweeps them, with the checksum over its stored text.
 PLACES: tuple[_Place, ...] = (
-    _Place(runs, ("task", "result"), lambda _r: "run"),
-    _Place(queue, ("task", "last_error"), lambda _r: "queue"),
-    _Place(steps, ("data",), lambda r: int(r["seq"]), _step_sum, seq=lambda r: int(r["seq"])),
-    _Place(
-        messages, ("body",), lambda r: int(r["seq"]), _message_sum, seq=lambda r: int(r["seq"])
-    ),
-    _Place(
-        agent_states,
-        ("body",),
-        lambda r: f"{r['node']}@{r['step_seq']}",
-        _state_sum,
-        seq=lambda r: int(r["step_seq"]),
-        node=lambda r: str(r["node"]),
-    ),
-    _Place(
-        input_requests,
-        ("prompt", "answer", "default_answer"),
-        lambda r: str(r["request_id"]),
-        node=lambda r: str(r["node"]),
-    ),
-    _Place(
-        call_records,
-        ("result",),
-        lambda r: int(r["seq"]),
-        lambda r: C.call_sum(r["run_id"], r),
-        seq=lambda r: int(r["seq"]),
-        node=lambda r: str(r["node"]),
-    ),
+    _Place(runs),
+    _Place(queue),
+    _Place(steps, _step_sum),
+    _Place(messages, _message_sum),
+    _Place(agent_states, _state_sum),
+    _Place(input_requests),
+    _Place(call_records, _call_sum),
 )
+assert {place.table.name for place in PLACES} == set(SEALED), "a sealed table rekey does not sweep"
 
 
 @dataclass
@@ -219,7 +215,9 @@ def _reseal(
     return new
 
 
-def _compare_and_set(conn: sa.Connection, place: _Place, row: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def _compare_and_set(
+    conn: sa.Connection, place: _Place, row: Mapping[str, Any], new: Mapping[str, Any]
+) -> bool:
     """Write ``new`` into ``row`` if the row still holds what was read; whether it did."""
     t = place.table
     values = dict(new)
@@ -275,19 +273,28 @@ def rekey(
     key_id = codec.active if to is None else to
     if not codec.has_key(key_id):
         raise StoreConfigError(
-            f"no key {key_id!r} among the store's keys: add it to GRAPHFLOW_DURABLE_KEYS", url=e.url, option="to"
+            f"no key {key_id!r} among the store's keys: add it to GRAPHFLOW_DURABLE_KEYS",
+            url=e.url,
+            option="to",
         )
-    sealer.verify_key(key_id)
+    sealer.verify_key(key_id, keep=True)  # the key's check value kept before it seals a row
     target = f"{PREFIX}{key_id}:"
     done = Rekeyed(key_id, {place.table.name: 0 for place in PLACES})
     with _secure_delete(e, encrypt) as conn:
+        if encrypt:  # first: from now on a store without the keys writes no plain row into them
+            with conn.begin():
+                mark = sa.update(runs).where(runs.c.sealed.is_(None) | (runs.c.sealed == sa.false()))
+                if run_ids is not None:
+                    mark = mark.where(runs.c.run_id.in_(list(run_ids)))
+                conn.execute(mark.values(sealed=True))
         for _ in range(_PASSES):
             raced = 0
             for place in PLACES:
                 after: tuple[Any, ...] | None = None
                 while True:
                     with conn.begin():
-                        rows = conn.execute(_page(place, run_ids, target, encrypt, after)).mappings().all()
+                        page = conn.execute(_page(place, run_ids, target, encrypt, after)).mappings()
+                        rows = [dict(row) for row in page]
                         for row in rows:
                             new = _reseal(place, row, sealer, key_id, encrypt, target)
                             if new and _compare_and_set(conn, place, row, new):
@@ -314,6 +321,7 @@ def _vacuum(e: Engines) -> None:
     """Rebuild the SQLite file (no free page keeps a replaced value) and empty its WAL."""
     with e.engine.connect() as conn:
         raw = conn.connection.driver_connection
+        assert raw is not None
         raw.execute("VACUUM")
         raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
@@ -333,7 +341,8 @@ def audit(
         query = sa.select(t)
         if run_ids is not None:
             query = query.where(t.c.run_id.in_(list(run_ids)))
-        for row in conn.execute(query.order_by(*place.key)).mappings():
+        for found_row in conn.execute(query.order_by(*place.key)).mappings():
+            row = dict(found_row)
             for column in place.columns:
                 stored = row[column]
                 if stored is None:
@@ -349,7 +358,13 @@ def audit(
                 position = place.position(row)
                 try:
                     sealer.open(
-                        stored, name, row["run_id"], position, column, seq=place.seq(row), node=place.node(row)
+                        stored,
+                        name,
+                        row["run_id"],
+                        position,
+                        column,
+                        seq=place.seq(row),
+                        node=place.node(row),
                     )
                     found.opened += 1
                 except StoreCorruptError as exc:

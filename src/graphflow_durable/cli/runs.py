@@ -12,7 +12,6 @@ import asyncio
 import datetime
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -50,7 +49,6 @@ from graphflow_durable.errors import (
     RunExistsError,
     RunLockedError,
     RunStateError,
-    StoreConfigError,
     UsageError,
 )
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url

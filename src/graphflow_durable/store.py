@@ -523,7 +523,7 @@ class Store:
             UsageError: ``at`` is not one of the run's steps (1 to its head).
         """
         with self._guard(f"reading run {run_id} at step {at}", run_id), self._e.read.begin() as conn:
-            return read_cut(conn, run_id, at, self._e.url)
+            return read_cut(conn, run_id, at, self._e.url, self._e.sealer)
 
     def fork(
         self,

@@ -45,7 +45,7 @@ from graphflow_durable._storage.calls import checked
 from graphflow_durable._storage.lease import owner_gone
 from graphflow_durable._storage.reading import read_log
 from graphflow_durable._storage.schema import agent_states, call_records, messages, runs, steps
-from graphflow_durable._storage.sealing import Sealer, is_sealed, position_of
+from graphflow_durable._storage.sealing import PLAIN, Sealer, is_sealed, position_of
 from graphflow_durable.errors import ConflictError, RunLockedError, UsageError
 
 __all__ = [
@@ -285,7 +285,7 @@ def write_rows(
             sa.insert(call_records),
             [{**c, "run_id": run_id, "checksum": C.call_sum(run_id, c)} for c in rows.calls],
         )
-    return read_log(conn, run_id, url)
+    return read_log(conn, run_id, url, sealer=sealer)
 
 
 _STEP_KEYS = ("seq", "kind", "node", "data", "scheduler")
@@ -297,10 +297,10 @@ def _with_sum(run_id: str, row: Mapping[str, Any], checksum: Any, keys: Sequence
     return {**row, "run_id": run_id, "checksum": checksum(run_id, *(row[k] for k in keys))}
 
 
-def read_cut(conn: sa.Connection, run_id: str, at: int, url: str) -> RunLog:
+def read_cut(conn: sa.Connection, run_id: str, at: int, url: str, sealer: Sealer = PLAIN) -> RunLog:
     """The run as it stood once step ``at`` was committed (see ``Store.cut``), every row checked."""
-    run = S.run_row(conn, run_id)
-    log = read_log(conn, run_id, url, check_step(run, at))
+    run = S.run_row(conn, run_id, sealer)
+    log = read_log(conn, run_id, url, check_step(run, at), sealer)
     return dataclasses.replace(log, run=cut_record(run, log, at))
 
 
@@ -314,9 +314,9 @@ def fork_run(
     sealer: Sealer | None = None,
 ) -> RunRecord:
     """Write a new run holding ``run_id``'s rows up to step ``at`` (see ``Store.fork``); its row."""
-    sealer = Sealer(None) if sealer is None else sealer  # sealed rows: opened, and sealed for the fork
+    sealer = PLAIN if sealer is None else sealer  # sealed rows: opened, and sealed for the fork
     new_id = check_run_id(new_run_id if new_run_id is not None else f"{run_id}-fork-{uuid.uuid4().hex[:8]}")
-    source = S.run_row(conn, run_id)
+    source = S.run_row(conn, run_id, sealer)
     check_step(source, at)
     if replace is not None:
         rows, at = _replaced(conn, source, at, replace, url, sealer)
@@ -406,7 +406,7 @@ def _replaced(
             source, f"step {step['seq']} ended the round, decided on message {seq}; it cannot be replaced"
         )
     cut = step["seq"]
-    state = read_log(conn, run_id, url, cut).agent_states.get(node)
+    state = read_log(conn, run_id, url, cut, sealer).agent_states.get(node)
     saved = any(r["node"] == node and r["step_seq"] == cut for r in rows.states)  # its state at that turn
     rows = RunRows(
         run=rows.run,

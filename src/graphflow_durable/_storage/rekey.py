@@ -222,19 +222,34 @@ def _reseal(
     return new
 
 
+def _cas_statement(place: _Place) -> sa.Update:
+    """The compare-and-set of one row of ``place``, built once: every content column (and the
+    checksum) set to ``n_<column>`` where the row's key is ``k_<column>`` and its content (and
+    checksum) still ``o_<column>``."""
+    t = place.table
+    guard = [column == sa.bindparam(f"k_{column.name}") for column in place.key]
+    names = [*place.columns, *(("checksum",) if place.checksum is not None else ())]
+    guard += [
+        t.c[name].is_not_distinct_from(sa.bindparam(f"o_{name}", type_=t.c[name].type)) for name in names
+    ]
+    return sa.update(t).where(*guard).values({name: sa.bindparam(f"n_{name}") for name in names})
+
+
+_CAS = {place.table.name: _cas_statement(place) for place in PLACES}
+
+
 def _compare_and_set(
     conn: sa.Connection, place: _Place, row: Mapping[str, Any], new: Mapping[str, Any]
 ) -> bool:
     """Write ``new`` into ``row`` if the row still holds what was read; whether it did."""
-    t = place.table
-    values = dict(new)
-    guard = [column == row[column.name] for column in place.key]
-    guard += [t.c[name].is_not_distinct_from(row[name]) for name in place.columns]
+    params = {f"k_{column.name}": row[column.name] for column in place.key}
+    for name in place.columns:
+        params[f"o_{name}"], params[f"n_{name}"] = row[name], new.get(name, row[name])
     if place.checksum is not None:
-        guard.append(t.c.checksum.is_not_distinct_from(row["checksum"]))
-        if row["checksum"] is not None:
-            values["checksum"] = place.checksum({**row, **new})
-    done = conn.execute(sa.update(t).where(*guard).values(values))
+        old = row["checksum"]
+        params["o_checksum"] = old
+        params["n_checksum"] = None if old is None else place.checksum({**row, **new})
+    done = conn.execute(_CAS[place.table.name], params)
     return done.rowcount == 1
 
 

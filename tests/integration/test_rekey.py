@@ -185,3 +185,27 @@ def test_verify_without_keys_counts_the_plain_rows_left_in_a_sealed_store(
         assert {a.run_id for a in [store.get_run("r0"), store.get_run("r1")] if a} == {"r0", "r1"}
         assert store.audit_sealing(["r0"]).plain == {}
         assert store.audit_sealing(["r1"]).sealed == {}
+
+
+def test_a_rekey_write_never_overwrites_a_row_a_commit_changed_after_it_was_read(store_url: str) -> None:
+    from graphflow_durable._storage import rekey as R
+
+    with Store(store_url, codec=AESGCMCodec({"k1": K1, "k2": K2}, active="k1")) as store:
+        fill(store, runs=1, pending=0)
+        engines = store._e
+        place = next(p for p in R.PLACES if p.table.name == "graphflow_runs")
+        with engines.read.begin() as conn:
+            read = dict(conn.execute(sa.select(place.table)).mappings().one())
+        new = R._reseal(place, read, engines.sealer, "k2", False, "gfd1:k2:")
+        assert set(new) == {"task", "result"}
+        # A commit lands between the read and the write: the run's result changes.
+        changed = engines.sealer.seal('{"stop_reason": "later"}', "graphflow_runs", "r0", "run", "result")
+        with engines.write.begin() as conn:
+            conn.execute(sa.update(place.table).where(place.table.c.run_id == "r0").values(result=changed))
+        with engines.write.begin() as conn:
+            assert R._compare_and_set(conn, place, read, new) is False
+        with engines.read.begin() as conn:
+            assert conn.execute(sa.select(place.table.c.result)).scalar_one() == changed
+        done = store.rekey(to="k2")  # the next sweep takes the row as it is now
+        assert done.resealed["graphflow_runs"] == 1
+        assert store.get_run("r0").result == {"stop_reason": "later"}  # type: ignore[union-attr]

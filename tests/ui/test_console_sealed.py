@@ -1,0 +1,161 @@
+"""The console over a sealed store, on SQLite and PostgreSQL: opened with the keys it shows the
+runs' text as usual; opened without them it still lists the runs (ids, statuses and times are
+plain) but refuses every page, API answer, export and live stream that would show content with one
+line naming the key id (403), never the stored ``gfd1:`` text and never a traceback."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import uvicorn
+from autogen_agentchat.agents import UserProxyAgent
+from autogen_agentchat.teams import DiGraphBuilder
+
+from agents import Scripted, chain, close_stores, durable
+from graphflow_durable import DurableGraphFlow
+from graphflow_durable.crypto import AESGCMCodec
+from graphflow_durable.store import Store
+from graphflow_durable.ui import create_app
+
+from .helpers import client, csrf_of
+from .test_console_live import events
+
+KEY = os.urandom(32)
+TASK = "refund Jane Roe, IBAN DE89 3704 0044 0532 0130 00"
+SAID = "the card ending 4242 was charged twice"
+ASKED = "approve the refund of 42 EUR to Jane Roe?"
+
+
+def codec() -> AESGCMCodec:
+    return AESGCMCodec({"k1": KEY}, active="k1")
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    yield
+    close_stores()
+
+
+@pytest.fixture
+async def sealed(store_url: str) -> str:
+    """Two runs written through the codec: ``done`` (A -> B, finished) and ``asks`` (waiting for a
+    person, its prompt quoting the task)."""
+    with Store(store_url, codec=codec()) as store:
+        a, b = Scripted("A", [SAID]), Scripted("B")
+        await durable([a, b], chain(a, b), store, "done").run(task=TASK)
+        c, h = Scripted("C"), UserProxyAgent("H", input_func=lambda prompt: "never asked")
+        graph = DiGraphBuilder().add_node(c).add_node(h).add_edge(c, h).build()
+        await DurableGraphFlow([c, h], graph, store=store, run_id="asks", human_input="wait").run(task=ASKED)
+    return store_url
+
+
+def no_ciphertext(text: str) -> None:
+    assert "gfd1:" not in text, text[:2000]
+    assert "Traceback" not in text
+
+
+def refused(response: httpx.Response) -> str:
+    """The one line of a refusal for want of the key (page or JSON)."""
+    assert response.status_code == 403, (response.status_code, response.text[:2000])
+    no_ciphertext(response.text)
+    if response.headers["content-type"].startswith("application/json"):
+        line = str(response.json()["error"])
+    else:
+        found = re.search(r'data-error-page="403">([^<]*)<', response.text)
+        assert found is not None, response.text[:2000]
+        line = html.unescape(found.group(1))
+    assert "\n" not in line and "'k1'" in line and "GRAPHFLOW_DURABLE_KEYS" in line, line
+    assert TASK not in response.text and SAID not in response.text
+    return line
+
+
+async def test_with_the_keys_the_pages_and_the_api_show_the_real_text(sealed: str) -> None:
+    with Store(sealed, codec=codec()) as store:
+        c = client(store)
+        page = c.get("/runs/done")
+        assert page.status_code == 200 and TASK in page.text and SAID in page.text
+        no_ciphertext(page.text)
+        assert c.get("/api/runs/done/transcript").json()[0]["message"]["content"] == TASK
+        assert c.get("/runs/done/export").status_code == 200
+        inbox = c.get("/inbox")
+        assert inbox.status_code == 200 and 'data-run-id="asks"' in inbox.text
+        for path in ("/", "/inbox", "/runs/asks", "/api/runs", "/api/inbox", "/api/runs/done/history"):
+            no_ciphertext(c.get(path).text)
+
+
+async def test_without_the_keys_the_runs_list_works_and_content_is_refused_naming_the_key(
+    sealed: str,
+) -> None:
+    with Store(sealed) as keyless:
+        c = client(keyless)
+        listed = c.get("/")
+        assert listed.status_code == 200, listed.text[:2000]
+        assert {"done", "asks"} <= set(re.findall(r'<tr data-run-id="([^"]+)"', listed.text))
+        no_ciphertext(listed.text)
+        assert {r["run_id"] for r in c.get("/api/runs").json()["runs"]} == {"done", "asks"}
+        no_ciphertext(c.get("/api/runs").text)
+        for path in ("/runs/done", "/runs/asks", "/inbox", "/runs/done/export"):
+            refused(c.get(path))
+        for path in ("/api/runs/done/transcript", "/api/inbox"):
+            assert refused(c.get(path)) == c.get(path).json()["error"]
+
+
+async def test_without_the_keys_an_answer_is_refused_and_the_request_stays_open(sealed: str) -> None:
+    with Store(sealed) as keyless:
+        c = client(keyless)
+        token = csrf_of(c.get("/").text)
+        with Store(sealed, codec=codec()) as store:
+            (request,) = store.pending_requests("asks")
+        answer = c.post(
+            "/runs/asks/respond", data={"csrf": token, "text": "approved", "request_id": request.request_id}
+        )
+        assert answer.status_code in (403, 409), answer.text[:2000]
+        no_ciphertext(answer.text)
+    with Store(sealed, codec=codec()) as store:
+        run = store.get_run("asks")
+        assert run is not None and run.status == "waiting"
+        assert [r.request_id for r in store.pending_requests("asks")] == [request.request_id]
+
+
+@contextmanager
+def serve(store: Store) -> Iterator[str]:
+    """The console over ``store``, served by uvicorn in a thread; its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(create_app(store), log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+async def test_the_live_stream_gives_the_text_with_the_keys_and_a_refusal_event_without(sealed: str) -> None:
+    with Store(sealed, codec=codec()) as store, serve(store) as url, httpx.Client(timeout=20) as http:
+        with http.stream("GET", f"{url}/runs/done/events?after=0") as got:
+            kind, data = next(events(got.iter_lines()))
+            assert kind == "message" and SAID in str(data["text"])
+    with Store(sealed) as keyless, serve(keyless) as url, httpx.Client(timeout=20) as http:
+        started = time.monotonic()
+        with http.stream("GET", f"{url}/runs/done/events?after=0") as got:
+            seen = list(events(got.iter_lines()))  # the stream ends after its refusal
+        assert time.monotonic() - started < 10
+        assert [kind for kind, _ in seen] == ["refused"], seen
+        line = str(seen[0][1]["error"])
+        assert "'k1'" in line and "gfd1:" not in line and "\n" not in line

@@ -19,8 +19,9 @@ history, operations and human input, are thin calls into ``_storage``. What a ru
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import admin, deaths
+from graphflow_durable._storage import admin, deaths, keychecks
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
@@ -71,9 +72,11 @@ from graphflow_durable._storage.ratelimits import LimitState, RateBudgets
 from graphflow_durable._storage.reading import Verification, read_log, scan_run
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
+from graphflow_durable._storage.sealing import Sealer
 from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
 from graphflow_durable._storage.workqueue import Claim, Submission, WorkQueue
 from graphflow_durable._storage.writer import CommitWriter
+from graphflow_durable.crypto import Codec
 
 __all__ = [
     "ENDED_STATUSES",
@@ -157,6 +160,12 @@ class Store:
             holds no store, or an in-memory database), a PostgreSQL database (schema) without the
             store's tables. A store at an older schema version is migrated either way, unless
             ``migrate`` is false.
+        codec: seal every content column (message bodies, agent states, tasks, results, call
+            records, prompts and answers) with it, bound to its row (``AESGCMCodec(Keys.from_env())``;
+            docs/encryption.md). ``None``: store them plain; a sealed row is then refused,
+            naming its key id.
+        allow_plaintext: with a codec, also read plain content rows (the migration window, while
+            ``runs rekey --encrypt`` seals an existing store); without it a plain row is refused.
         migrate: bring a store at an older schema version to this version's (the default).
             ``False``: refuse it (:class:`StoreConfigError`, ``option`` ``"migrate"``), for a
             look that must change nothing (``graphflow-durable check`` before a deploy: the old
@@ -187,8 +196,20 @@ class Store:
         shared: bool | None = None,
         create: bool = True,
         migrate: bool = True,
+        codec: Codec | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
-        self._e = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
+        engines = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
+        if codec is not None:
+            sealer = Sealer(
+                codec,
+                allow_plaintext=allow_plaintext,
+                check=lambda key_id: self._key_check(keychecks.kept, engines.read, key_id),
+                keep=lambda key_id, value: self._key_check(keychecks.keep, engines.write, key_id, value),
+                url=engines.url,
+            )
+            engines = dataclasses.replace(engines, sealer=sealer)
+        self._e = engines
         self._writer = CommitWriter(self._e)
         self._driver = Driver(self._e, self._writer)  # the runtime's way in: commits, new runs, leases
         self._queue = WorkQueue(self._e)
@@ -215,6 +236,8 @@ class Store:
                     create=create,
                     upgrade=migrate,
                 )
+            if codec is not None:  # a wrong active key is refused now, and its check value kept
+                self._e.sealer.verify_key(codec.active, keep=True)
         except BaseException:
             self._e.engine.dispose()
             raise
@@ -233,6 +256,15 @@ class Store:
             raise no_store(self._e.url, "the file does not exist")
         if found is not None and not holds_store(found.tables):
             raise no_store(self._e.url, "the file holds no graphflow-durable store")
+
+    def _key_check(self, how: Callable[..., Any], engine: sa.Engine, *args: str) -> Any:
+        with guarded(self._e, "reading or keeping a key check value"):
+            return how(engine, *args)
+
+    @property
+    def codec(self) -> Codec | None:
+        """The codec the store seals its content columns with (``None``: it stores them plain)."""
+        return self._e.sealer.codec
 
     def _guard(self, action: str, run_id: str | None = None) -> AbstractContextManager[None]:
         """Serialise (in-memory SQLite only) and turn database errors into :class:`StoreError`."""

@@ -184,7 +184,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Follow a run's thread as it grows, from any process: what :meth:`Store.follow` iterates.",
     ),
     "_storage/migrations.py": (  # 550 -> 700: append-only, each migration a frozen copy of its tables (15: flow control, 16: rate limits)
-        700,
+        760,  # 700 -> 760: 18, key check values and the sealed-run marker
         "Versioned schema migrations: an append-only tuple of ``(version, description, function)``.",
     ),
     "_storage/reading.py": (
@@ -196,7 +196,7 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "Requests for human input (schema version 8): :class:`InputRequests`, held by a store as...",
     ),
     "_storage/schema.py": (
-        300,  # 200 -> 250: the call records' table; 300: the queue settings, recent starts and rate limits
+        360,  # 200 -> 250: the call records' table; 300: the queue settings, recent starts and rate limits; 360: key checks
         "SQLAlchemy Core tables: the single source of the schema the store reads and writes.",
     ),
     "_storage/statements.py": (
@@ -256,8 +256,12 @@ BUDGETS: dict[str, tuple[int, str]] = {
         260,
         "Encryption at rest: the codec a store seals its content columns with, and its keys.",
     ),
+    "_storage/keychecks.py": (  # new: the key check values, read and kept on a key's first seal
+        60,
+        "The key check values a store keeps (``graphflow_key_checks``): read, and kept the first time.",
+    ),
     "_storage/sealing.py": (  # new: the codec applied to content columns, bound to their place
-        170,
+        260,  # 170 -> 260: SEALED (the sealed columns and their positions), keys kept on first seal
         "Sealed columns: how a content value is stored under the store's codec, and opened again.",
     ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),

@@ -40,6 +40,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
 
+from graphflow_durable._storage.sealing import Sealer
 from graphflow_durable._storage.urls import (
     PG_NETWORK_DEFAULTS,
     StoreUrl,
@@ -68,6 +69,8 @@ _BEGIN_OPTION = "graphflow_sqlite_begin"
 #: Execution option of the PostgreSQL migration view: no statement/lock timeout, no answer bound.
 _UNBOUNDED_OPTION = "graphflow_unbounded"
 _T = TypeVar("_T")
+#: The sealer of a store without a codec: stateless, shared.
+_NO_SEALER = Sealer(None)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class Engines:
         serial: a lock every operation must hold (a real lock only for in-memory SQLite, where all
             threads share one connection; otherwise a no-op).
         target: the parsed store URL (options in effect, the config URL).
+        sealer: the store's codec applied to its content columns (a no-op without a codec);
+            every component seals what it writes and opens what it reads through it.
     """
 
     engine: Engine
@@ -95,6 +100,7 @@ class Engines:
     url: str
     serial: AbstractContextManager[Any]
     target: StoreUrl
+    sealer: Sealer = _NO_SEALER
 
     @property
     def driver_error(self) -> type[Exception]:

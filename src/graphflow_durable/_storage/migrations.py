@@ -446,6 +446,20 @@ def _m0017_newest_runs(conn: Connection) -> None:
     conn.execute(sa.text("CREATE INDEX graphflow_runs_newest ON graphflow_runs (created_at, run_id)"))
 
 
+def _m0018_sealing(conn: Connection) -> None:
+    """Version 18: encryption at rest. ``graphflow_key_checks`` keeps each sealing key's check
+    value (a wrong key told from a damaged row); ``graphflow_runs.sealed`` marks a run whose
+    content is sealed, so a store without the codec never writes a plain row into it; frozen copy."""
+    sa.Table(
+        "graphflow_key_checks",
+        sa.MetaData(),
+        sa.Column("key_id", sa.String, primary_key=True),
+        sa.Column("check_value", sa.String, nullable=False),
+        sa.Column("created_at", sa.Double, nullable=False),
+    ).create(conn)
+    conn.execute(sa.text("ALTER TABLE graphflow_runs ADD COLUMN sealed BOOLEAN"))
+
+
 #: Append only. Versions are 1, 2, 3, ... in order. Version 1's description is also how a version
 #: table is known to be the store's (:func:`refuse_unowned`): never change it.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -470,6 +484,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     (15, "named queues: settings, priorities, partitions and the claims a rate counts", _m0015_flow_control),
     (16, "create the model-provider rate limits shared by every process", _m0016_rate_limits),
     (17, "index the runs newest first for the console's pages", _m0017_newest_runs),
+    (18, "key check values, and which runs hold sealed content", _m0018_sealing),
 )
 
 #: The schema version this package writes.

@@ -20,6 +20,7 @@ __all__ = [
     "declared_tables",
     "fencing_tokens",
     "input_requests",
+    "key_checks",
     "messages",
     "metadata",
     "queue",
@@ -71,6 +72,9 @@ runs = sa.Table(
     sa.Column("cancel_requested_at", sa.Double, nullable=True),
     # the run's trace context, JSON {"root", "last"} of W3C traceparents (version 13; NULL: none)
     sa.Column("trace_context", sa.Text, nullable=True),
+    # version 18: the run's content columns are sealed (true), so a store without the codec
+    # never writes a plain row into it; NULL: plain (see _storage/sealing)
+    sa.Column("sealed", sa.Boolean, nullable=True),
     sa.Index("graphflow_runs_status", "status"),
     sa.Index("graphflow_runs_parent", "parent_run_id"),
     # version 15: the leases held now, which a capped queue's claim counts
@@ -304,6 +308,17 @@ rate_limits = sa.Table(
     sa.Column("window_requests", sa.BigInteger, nullable=False),
     sa.Column("window_tokens", sa.BigInteger, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
+)
+
+#: The key check values (schema version 18): one row per key id that sealed a value in this store,
+#: a short non-secret digest of the key (``Codec.check_value``), written the first time the key
+#: seals. A key of the same id whose digest differs is the wrong key, not a damaged row.
+key_checks = sa.Table(
+    "graphflow_key_checks",
+    metadata,
+    sa.Column("key_id", sa.String, primary_key=True),
+    sa.Column("check_value", sa.String, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
 )
 
 #: Where fencing tokens come from (schema version 10): one store-wide counter, so that a token never

@@ -18,14 +18,29 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from graphflow_durable.crypto import KEY_ID, Codec, OpenFailed
 from graphflow_durable.errors import StoreConfigError, StoreCorruptError
 
-__all__ = ["PREFIX", "Sealer", "key_of", "is_sealed"]
+__all__ = ["PREFIX", "SEALED", "Sealer", "aad", "key_of", "is_sealed", "position_of"]
 
 PREFIX = "gfd1:"
+
+#: The sealed columns: table name -> (how a row's position is formed, its content columns).
+#: Positions: ``"run"`` and ``"queue"`` (the literal: one row per run), ``"seq"`` (the row's
+#: ``seq``, an int), ``"node@step_seq"`` (``f"{node}@{step_seq}"``), ``"request_id"`` (the
+#: request's id). Every other column stays plain (docs/encryption.md, "What stays plain").
+SEALED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "graphflow_runs": ("run", ("task", "result")),
+    "graphflow_steps": ("seq", ("data",)),
+    "graphflow_messages": ("seq", ("body",)),
+    "graphflow_agent_states": ("node@step_seq", ("body",)),
+    "graphflow_queue": ("queue", ("task", "last_error")),
+    "graphflow_input_requests": ("request_id", ("prompt", "answer", "default_answer")),
+    "graphflow_call_records": ("seq", ("result",)),
+}
 
 
 def is_sealed(stored: str | None) -> bool:
@@ -39,6 +54,18 @@ def key_of(stored: str) -> str | None:
         return None
     key_id, sep, _ = stored[len(PREFIX) :].partition(":")
     return key_id if sep and KEY_ID.fullmatch(key_id) else None
+
+
+def position_of(table: str, row: Mapping[str, Any]) -> str | int:
+    """The position of ``row`` (a mapping of its columns) of ``table``, as :data:`SEALED` forms it."""
+    form = SEALED[table][0]
+    if form in ("run", "queue"):
+        return form
+    if form == "seq":
+        return int(row["seq"])
+    if form == "node@step_seq":
+        return f"{row['node']}@{row['step_seq']}"
+    return str(row["request_id"])
 
 
 def aad(table: str, run_id: str, position: str | int, column: str) -> bytes:
@@ -60,12 +87,15 @@ class Sealer:
         *,
         allow_plaintext: bool = False,
         check: Callable[[str], str | None] | None = None,
+        keep: Callable[[str, str], str] | None = None,
         url: str | None = None,
     ) -> None:
         self.codec = codec
         self.allow_plaintext = allow_plaintext
         self._check = check
-        self._checked: set[str] = set()
+        self._keep = keep
+        self._checked: set[str] = set()  # compared with the value kept (or none can be kept)
+        self._looked: set[str] = set()  # looked up to open with: none was kept
         self._url = url
 
     @property
@@ -86,7 +116,8 @@ class Sealer:
         if text is None or self.codec is None:
             return text
         key_id = self.codec.active if key_id is None else key_id
-        self.verify_key(key_id)
+        if key_id not in self._checked:
+            self.verify_key(key_id, keep=True)
         body = self.codec.seal(key_id, text.encode(), aad(table, run_id, position, column))
         return f"{PREFIX}{key_id}:{base64.b64encode(body).decode('ascii')}"
 
@@ -135,7 +166,8 @@ class Sealer:
                 url=self._url,
                 option="codec",
             )
-        self.verify_key(key_id)
+        if key_id not in self._checked:
+            self.verify_key(key_id)
         try:
             body = base64.b64decode(stored[len(PREFIX) + len(key_id) + 1 :], validate=True)
             return self.codec.open(key_id, body, aad(table, run_id, position, column)).decode()
@@ -150,11 +182,18 @@ class Sealer:
                 node=node,
             ) from None
 
-    def verify_key(self, key_id: str) -> None:
-        """Refuse a key whose check value differs from the one the store keeps for its id."""
-        if key_id in self._checked or self.codec is None:
+    def verify_key(self, key_id: str, *, keep: bool = False) -> None:
+        """Refuse a key whose check value differs from the one the store keeps for its id.
+
+        ``keep``: the key is about to seal, so its check value is kept if none is yet (in a
+        transaction of its own: call this before a write transaction that seals with a key other
+        than the active one, which the store checks when it opens).
+        """
+        if key_id in self._checked or self.codec is None or (not keep and key_id in self._looked):
             return
         kept = self._check(key_id) if self._check is not None else None
+        if kept is None and keep and self._keep is not None:
+            kept = self._keep(key_id, self.codec.check_value(key_id))
         if kept is not None and kept != self.codec.check_value(key_id):
             raise StoreConfigError(
                 f"key {key_id!r} is not the key this store's rows were sealed with (its check value "
@@ -162,7 +201,10 @@ class Sealer:
                 url=self._url,
                 option="codec",
             )
-        self._checked.add(key_id)
+        if kept is not None or self._keep is None:
+            self._checked.add(key_id)
+        else:
+            self._looked.add(key_id)
 
 
 def _place(position: str | int) -> str:

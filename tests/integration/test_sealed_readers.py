@@ -137,7 +137,7 @@ async def test_attach_stream_with_the_keys_yields_the_text_and_without_raises_na
         seen = [m async for m in attach_stream(store, "r")]
     *messages, result = seen
     assert isinstance(result, TaskResult)
-    assert [m.to_text() for m in messages][0] == TASK and SAID in messages[1].to_text()
+    assert messages[0].to_text() == TASK and SAID in messages[1].to_text()
     assert not [m for m in messages if "gfd1:" in m.to_text()]
 
     with Store(sealed) as keyless:

@@ -131,7 +131,9 @@ def serve(store: Store) -> Iterator[str]:
     """The console over ``store``, served by uvicorn in a thread; its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(create_app(store), log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        create_app(store), log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -147,10 +149,14 @@ def serve(store: Store) -> Iterator[str]:
 
 
 async def test_the_live_stream_gives_the_text_with_the_keys_and_a_refusal_event_without(sealed: str) -> None:
-    with Store(sealed, codec=codec()) as store, serve(store) as url, httpx.Client(timeout=20) as http:
-        with http.stream("GET", f"{url}/runs/done/events?after=0") as got:
-            kind, data = next(events(got.iter_lines()))
-            assert kind == "message" and SAID in str(data["text"])
+    with (
+        Store(sealed, codec=codec()) as store,
+        serve(store) as url,
+        httpx.Client(timeout=20) as http,
+        http.stream("GET", f"{url}/runs/done/events?after=0") as got,
+    ):
+        kind, data = next(events(got.iter_lines()))
+        assert kind == "message" and SAID in str(data["text"])
     with Store(sealed) as keyless, serve(keyless) as url, httpx.Client(timeout=20) as http:
         started = time.monotonic()
         with http.stream("GET", f"{url}/runs/done/events?after=0") as got:

@@ -3,7 +3,8 @@
 
 Events: ``message`` (one new message: seq, source, type, time, text) and ``state`` (the run's
 status, head and, when the pictures can be drawn, each node's state), sent after each batch of
-messages and whenever the run's row changes. While the run is driven the follower waits on the
+messages and whenever the run's row changes; ``gone`` (the run was deleted) and ``refused`` (a
+row is sealed under a key the console was not given, or damaged: one line) end the stream. While the run is driven the follower waits on the
 store's shared feed (PostgreSQL: LISTEN/NOTIFY; SQLite: polling with back-off; the store's reads
 run in threads, never on the event loop); once the run is no longer driven, the stream looks at the
 run's row every :data:`IDLE_POLL` seconds and follows again when a driver takes it. A browser that
@@ -28,7 +29,13 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.errors import RunNotFoundError, StoreError, UsageError
+from graphflow_durable.errors import (
+    RunNotFoundError,
+    StoreConfigError,
+    StoreCorruptError,
+    StoreError,
+    UsageError,
+)
 from graphflow_durable.store import RunRecord, Store, StoredMessage
 from graphflow_durable.ui.pictures import run_pictures
 
@@ -194,6 +201,9 @@ def events(store: Store) -> Callable[[Request], Awaitable[Response]]:
                         yield f"id: {m.seq}\n".encode() + _event("message", message_view(m))
                 except RunNotFoundError:
                     yield _event("gone", {"run_id": run_id})
+                    return
+                except (StoreConfigError, StoreCorruptError) as exc:  # no key for it, or damaged
+                    yield _event("refused", {"error": " ".join(str(exc).split())})
                     return
                 except StoreError as exc:  # the database is down: watch the row until it is back
                     logger.info("console: following run %s: %s", run_id, exc)

@@ -348,7 +348,7 @@ class Store:
         select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
         with self._guard(f"reading run {run_id}", run_id):
             row = read_row(self._e, select.sql, select.bind({"p_run_id": run_id}))
-        return None if row is None else S.run_record(row)
+        return None if row is None else S.run_record(row, self._e.sealer)
 
     def list_runs(self, status: str | Sequence[str] | None = None) -> list[RunRecord]:
         """Runs in creation order, optionally only those with the given status(es)."""
@@ -358,7 +358,7 @@ class Store:
             query = query.where(runs.c.status.in_(wanted))
         with self._guard("listing runs"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
-        return [S.run_record(row) for row in rows]
+        return [S.run_record(row, self._e.sealer) for row in rows]
 
     def list_runs_page(
         self,
@@ -417,7 +417,7 @@ class Store:
                 do not fold; the error names the run, table, step and message seq or node.
         """
         with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
-            return read_log(conn, run_id, self._e.url)
+            return read_log(conn, run_id, self._e.url, sealer=self._e.sealer)
 
     def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
         """Check every step, message, agent-state and call-record row of the runs (default: every run)

@@ -46,6 +46,7 @@ from graphflow_durable._storage.lease import (
     renew,
 )
 from graphflow_durable._storage.reading import head_scheduler
+from graphflow_durable._storage.sealing import Sealer, seal_commit
 from graphflow_durable._storage.writer import CommitParams, CommitWriter, CreateParams
 from graphflow_durable.errors import UsageError
 
@@ -102,7 +103,7 @@ def _state_rows(agent_states: Sequence[AgentState]) -> list[AgentStateRow]:
     return [state if isinstance(state, AgentStateRow) else state_row(state) for state in agent_states]
 
 
-def encode_creation(request: CreateRequest, now: float) -> CreateParams:
+def encode_creation(request: CreateRequest, now: float, sealer: Sealer | None = None) -> CreateParams:
     """Encode a new run before any SQL: running, leased to its owner (this process by default), at
     head 0, or at head 1 with its first step and agent states. Its fencing token is drawn from the
     store's counter when its row is written (``writer.GroupItems``)."""
@@ -127,6 +128,7 @@ def encode_creation(request: CreateRequest, now: float) -> CreateParams:
         "created_at": now,
         "updated_at": now,
         "trace_context": request.trace_context,
+        "sealed": None if sealer is None else True,
         "p_now": now,
         "p_seconds": request.lease_seconds,
     }
@@ -140,16 +142,18 @@ def encode_creation(request: CreateRequest, now: float) -> CreateParams:
             step=request.first_step,
             agent_states=request.agent_states,
         )
-        first = encode_commit(step, now)
+        first = encode_commit(step, now, sealer)
         run["head_seq"] = 1
     return CreateParams(run, first)
 
 
-def encode_commit(request: CommitRequest, now: float) -> CommitParams:
+def encode_commit(request: CommitRequest, now: float, sealer: Sealer | None = None) -> CommitParams:
     """Encode everything a commit writes; raise before any SQL if something is wrong with it.
 
-    An agent-state row made by ``_agentstate`` is written as it is (a record is encoded here). Every
-    step, message and state row gets its checksum (``_storage.checksum``) here.
+    An agent-state row made by ``_agentstate`` is written as it is (a record is encoded here; a
+    delta is made on the plain JSON). With ``sealer`` (a store with a codec) the content is sealed
+    here, then every step, message and state row gets its checksum (``_storage.checksum``), over
+    the stored text.
     """
     run_id, expected_head, step = request.run_id, request.expected_head, request.step
     messages, update = request.messages, request.update
@@ -234,6 +238,8 @@ def encode_commit(request: CommitRequest, now: float) -> CommitParams:
                 "base_step": state.base_step,
             }
         )
+    if sealer is not None:
+        seal_commit(sealer, run_id, run, step_row, rows, states)
     add_sums(run_id, step_row, rows, states)
     return CommitParams(run=run, step=step_row, messages=rows, states=states, updates_run=update is not None)
 
@@ -266,6 +272,7 @@ class Driver:
     def __init__(self, engines: Engines, writer: CommitWriter) -> None:
         self._e = engines
         self._writer = writer
+        self._sealer = engines.sealer if engines.sealer.on else None  # None: nothing to seal
 
     def _guard(self, action: str, run_id: str) -> AbstractContextManager[None]:
         return guarded(self._e, action, run_id=run_id)
@@ -286,7 +293,7 @@ class Driver:
             ConflictError: a run with this id exists already.
             NotSerializableError: the graph is not JSON.
         """
-        record: RunRecord = self._writer.submit(encode_creation(request, time.time())).result()
+        record: RunRecord = self._writer.submit(encode_creation(request, time.time(), self._sealer)).result()
         return record
 
     def submit_create_run(self, request: CreateRequest) -> asyncio.Future[RunRecord]:
@@ -294,7 +301,7 @@ class Driver:
         commits of other runs) and return at once; the future gives the run's record once it is
         durable, or raises what :meth:`create_run` raises (a value that is not JSON raises here,
         before anything is handed over). Call it from a running event loop."""
-        params = encode_creation(request, time.time())
+        params = encode_creation(request, time.time(), self._sealer)
         return self._writer.submit_async(params, asyncio.get_running_loop())
 
     def commit(self, request: CommitRequest) -> int:
@@ -314,7 +321,7 @@ class Driver:
             NotSerializableError: a value is not JSON (raised before touching the database).
             StoreError: the database failed (nothing of this commit was written).
         """
-        head: int = self._writer.submit(encode_commit(request, time.time())).result()
+        head: int = self._writer.submit(encode_commit(request, time.time(), self._sealer)).result()
         return head
 
     def submit_commit(self, request: CommitRequest) -> asyncio.Future[int]:
@@ -327,7 +334,7 @@ class Driver:
         task awaiting it that is cancelled gets its ``CancelledError`` once the outcome is in, which
         the future then still holds.
         """
-        params = encode_commit(request, time.time())
+        params = encode_commit(request, time.time(), self._sealer)
         return self._writer.submit_async(params, asyncio.get_running_loop())
 
     def together(self) -> AbstractContextManager[None]:
@@ -377,7 +384,9 @@ class Driver:
         host = socket.gethostname() if host is None else host
         pid = os.getpid() if pid is None else pid
         with self._guard(f"acquiring the lease of run {run_id}", run_id), self._e.write.begin() as conn:
-            token, reason, previous = acquire(conn, run_id, owner, lease_seconds, host, pid)
+            token, reason, previous = acquire(
+                conn, run_id, owner, lease_seconds, host, pid, self._e.sealer, self._e.url
+            )
         if reason not in ("free", "same owner"):
             _log.info(
                 "run %s: %s took the lease from %s (%s); token %d", run_id, owner, previous, reason, token

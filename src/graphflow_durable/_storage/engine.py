@@ -40,7 +40,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
 
-from graphflow_durable._storage.sealing import Sealer
+from graphflow_durable._storage.sealing import PLAIN, Sealer
 from graphflow_durable._storage.urls import (
     PG_NETWORK_DEFAULTS,
     StoreUrl,
@@ -69,8 +69,6 @@ _BEGIN_OPTION = "graphflow_sqlite_begin"
 #: Execution option of the PostgreSQL migration view: no statement/lock timeout, no answer bound.
 _UNBOUNDED_OPTION = "graphflow_unbounded"
 _T = TypeVar("_T")
-#: The sealer of a store without a codec: stateless, shared.
-_NO_SEALER = Sealer(None)
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class Engines:
     url: str
     serial: AbstractContextManager[Any]
     target: StoreUrl
-    sealer: Sealer = _NO_SEALER
+    sealer: Sealer = PLAIN
 
     @property
     def driver_error(self) -> type[Exception]:

@@ -28,6 +28,8 @@ import sqlalchemy as sa
 
 from graphflow_durable._storage import deaths
 from graphflow_durable._storage import statements as S
+from graphflow_durable._storage.schema import runs
+from graphflow_durable._storage.sealing import PLAIN, Sealer, keyless
 from graphflow_durable.errors import LeaseLostError, RunLockedError, UsageError
 
 __all__ = [
@@ -351,18 +353,30 @@ def take_over(
 
 
 def acquire(
-    conn: sa.Connection, run_id: str, owner: str, lease_seconds: float, host: str, pid: int
+    conn: sa.Connection,
+    run_id: str,
+    owner: str,
+    lease_seconds: float,
+    host: str,
+    pid: int,
+    sealer: Sealer = PLAIN,
+    url: str | None = None,
 ) -> tuple[int, str, str | None]:
     """Take the lease for ``owner``: the new fencing token (the store's next), why it was allowed, the
-    previous owner.
+    previous owner. A store with a codec marks the run sealed (its commits will be); one without
+    refuses a sealed run, whose commits it would write in plain.
 
-    Raises RunNotFoundError or RunLockedError (nothing changed).
+    Raises RunNotFoundError, RunLockedError or StoreConfigError (nothing changed).
     """
     now = time.time()
     p = {"p_run_id": run_id, "p_now": now}
     row = conn.execute(S.SELECT_LEASE_NOW.with_for_update(), p).first()
     if row is None:
         raise S.not_found(run_id)
+    if not row.sealed and sealer.on:
+        conn.execute(sa.update(runs).where(runs.c.run_id == run_id).values(sealed=True))
+    elif row.sealed and not sealer.on:
+        raise keyless(run_id, url, "driving it")
     taken = take_over(
         conn, row, asking=owner, owner=owner, host=host, pid=pid, lease_seconds=lease_seconds, now=now
     )

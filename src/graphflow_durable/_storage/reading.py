@@ -33,6 +33,7 @@ from graphflow_durable._storage.checksum import (
     step_sum,
 )
 from graphflow_durable._storage.schema import call_records
+from graphflow_durable._storage.sealing import PLAIN, Sealer
 
 __all__ = ["Verification", "head_scheduler", "message_gaps", "read_log", "scan_run", "step_gaps"]
 
@@ -85,23 +86,29 @@ class _Tally:
         return True
 
 
-def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) -> RunLog:
+def read_log(
+    conn: sa.Connection, run_id: str, url: str, at: int | None = None, sealer: Sealer = PLAIN
+) -> RunLog:
     """Everything needed to resume ``run_id`` (see ``Store.load``), each row checked; with ``at``,
     only its steps, messages and agent states up to step ``at`` and the scheduler of that step
     (the run's row is the stored one: see ``_model.history.cut_record``).
 
     Raises RunNotFoundError, or StoreCorruptError naming the first damaged row or gap (steps not
-    ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read).
+    ``1..head``, messages not ``0..message_count - 1``: checked on the seqs already read). Each
+    content value is opened by ``sealer`` after its checksum matched (a value that does not open
+    is a StoreCorruptError naming its row; a sealed one without the key, a StoreConfigError).
     """
     p: dict[str, Any] = {"p_run_id": run_id, "p_at": at}
-    run = S.run_row(conn, run_id)
+    run = S.run_row(conn, run_id, sealer)
+    opened = sealer.open
     steps = []
     for s in conn.execute(S.SELECT_STEPS if at is None else S.SELECT_STEPS_TO, p):
         if s.checksum is not None and not step_matches(s.checksum, run_id, s.seq, s.kind, s.node, s.data):
             raise corrupt(Damage(run_id, STEPS, s.seq, node=s.node), url)
+        data = opened(s.data, STEPS, run_id, s.seq, "data", seq=s.seq, node=s.node)
         steps.append(
             StepRecord(
-                seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(s.data), created_at=s.created_at
+                seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(data), created_at=s.created_at
             )
         )
     head = run.head_seq if at is None else at
@@ -114,8 +121,9 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
             run_id, m.seq, m.step_seq, m.published, m.body
         ):
             raise corrupt(Damage(run_id, MESSAGES, m.step_seq, seq=m.seq), url)
+        body = opened(m.body, MESSAGES, run_id, m.seq, "body", seq=m.seq)
         thread.append(
-            StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
+            StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(body), published=bool(m.published))
         )
     # a cut (``at``) has no stored message count to compare with: only holes between its messages
     count = run.message_count if at is None else None
@@ -127,9 +135,16 @@ def read_log(conn: sa.Connection, run_id: str, url: str, at: int | None = None) 
             run_id, r.node, r.step_seq, r.base_step, r.body
         ):
             raise corrupt(Damage(run_id, STATES, r.step_seq, node=r.node), url)
-    states, state_steps = fold_states(
-        run_id, [(r.node, r.step_seq, r.base_step, r.body) for r in rows], references(thread)
-    )
+    bodies = [
+        (
+            r.node,
+            r.step_seq,
+            r.base_step,
+            opened(r.body, STATES, run_id, f"{r.node}@{r.step_seq}", "body", seq=r.step_seq, node=r.node),
+        )
+        for r in rows
+    ]
+    states, state_steps = fold_states(run_id, bodies, references(thread))
     return RunLog(
         run=run,
         steps=steps,

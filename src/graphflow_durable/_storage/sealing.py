@@ -19,12 +19,23 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, overload
 
 from graphflow_durable.crypto import KEY_ID, Codec, OpenFailed
 from graphflow_durable.errors import StoreConfigError, StoreCorruptError
 
-__all__ = ["PREFIX", "SEALED", "Sealer", "aad", "key_of", "is_sealed", "position_of"]
+__all__ = [
+    "PLAIN",
+    "PREFIX",
+    "SEALED",
+    "keyless",
+    "seal_commit",
+    "Sealer",
+    "aad",
+    "key_of",
+    "is_sealed",
+    "position_of",
+]
 
 PREFIX = "gfd1:"
 
@@ -121,6 +132,32 @@ class Sealer:
         body = self.codec.seal(key_id, text.encode(), aad(table, run_id, position, column))
         return f"{PREFIX}{key_id}:{base64.b64encode(body).decode('ascii')}"
 
+    @overload
+    def open(
+        self,
+        stored: str,
+        table: str,
+        run_id: str,
+        position: str | int,
+        column: str,
+        *,
+        seq: int | None = None,
+        node: str | None = None,
+    ) -> str: ...
+
+    @overload
+    def open(
+        self,
+        stored: str | None,
+        table: str,
+        run_id: str,
+        position: str | int,
+        column: str,
+        *,
+        seq: int | None = None,
+        node: str | None = None,
+    ) -> str | None: ...
+
     def open(
         self,
         stored: str | None,
@@ -205,6 +242,45 @@ class Sealer:
             self._checked.add(key_id)
         else:
             self._looked.add(key_id)
+
+
+def keyless(run_id: str, url: str | None, doing: str) -> StoreConfigError:
+    """The refusal of a store without a codec to write into the sealed run ``run_id``."""
+    error = StoreConfigError(
+        f"run {run_id!r} holds sealed content and this store has no codec: {doing} would store "
+        f"plain text in it; open the store with its keys (GRAPHFLOW_DURABLE_KEYS, or codec=); "
+        f"nothing was written",
+        url=url,
+        option="codec",
+    )
+    error.run_id = run_id
+    return error
+
+
+def seal_commit(
+    sealer: Sealer,
+    run_id: str,
+    run: dict[str, Any],
+    step: dict[str, Any],
+    messages: list[dict[str, Any]],
+    states: list[dict[str, Any]],
+) -> None:
+    """Seal the content of one encoded commit in place (before its checksums are computed)."""
+    runs = "graphflow_runs"
+    if run.get("p_task") is not None:
+        run["p_task"] = sealer.seal(run["p_task"], runs, run_id, "run", "task")
+    if run.get("p_result") is not None:
+        run["p_result"] = sealer.seal(run["p_result"], runs, run_id, "run", "result")
+    step["data"] = sealer.seal(step["data"], "graphflow_steps", run_id, step["seq"], "data")
+    for m in messages:
+        m["body"] = sealer.seal(m["body"], "graphflow_messages", run_id, m["seq"], "body")
+    for a in states:
+        where = f"{a['node']}@{a['step_seq']}"
+        a["body"] = sealer.seal(a["body"], "graphflow_agent_states", run_id, where, "body")
+
+
+#: The sealer of a store without a codec: plain values pass, a sealed one is refused naming its key.
+PLAIN = Sealer(None)
 
 
 def _place(position: str | int) -> str:

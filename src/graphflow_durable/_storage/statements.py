@@ -34,6 +34,7 @@ from graphflow_durable._storage.schema import (
     runs,
     steps,
 )
+from graphflow_durable._storage.sealing import PLAIN, Sealer
 from graphflow_durable.errors import RunNotFoundError
 
 __all__ = [
@@ -240,7 +241,7 @@ INSERT_RUN = sa.insert(runs)
 NEW_RUN_COLUMNS = (
     "run_id", "graph_fingerprint", "graph", "status", "head_seq", "message_count", "task", "result",
     "lease_owner", "lease_host", "lease_pid", "lease_process", "fencing_token", "parent_run_id",
-    "created_at", "updated_at", "trace_context",
+    "created_at", "updated_at", "trace_context", "sealed",
 )  # fmt: skip
 INSERT_STEP = sa.insert(steps)
 INSERT_MESSAGE = sa.insert(messages)
@@ -250,7 +251,7 @@ SELECT_RUN = sa.select(runs).where(_R.run_id == _run_id)
 SELECT_LEASE = sa.select(_R.run_id, _R.head_seq, _R.message_count, *LEASE_COLUMNS).where(_R.run_id == _run_id)
 
 #: The lease columns with the lease clock's time (column ``db_now``), for the takeover decision.
-SELECT_LEASE_NOW = SELECT_LEASE.add_columns(DB_NOW.label("db_now"))
+SELECT_LEASE_NOW = SELECT_LEASE.add_columns(DB_NOW.label("db_now"), _R.sealed)
 
 SELECT_STEPS = (
     sa.select(steps.c.seq, steps.c.kind, steps.c.node, steps.c.data, steps.c.created_at, steps.c.checksum)
@@ -523,12 +524,12 @@ def not_found(run_id: str) -> RunNotFoundError:
     )
 
 
-def run_row(conn: sa.Connection, run_id: str) -> RunRecord:
+def run_row(conn: sa.Connection, run_id: str, sealer: Sealer = PLAIN) -> RunRecord:
     """The run's row; :class:`RunNotFoundError` when there is none."""
     row = conn.execute(SELECT_RUN, {"p_run_id": run_id}).mappings().first()
     if row is None:
         raise not_found(run_id)
-    return run_record(row)
+    return run_record(row, sealer)
 
 
 #: The fields of a :class:`RunRecord` that are columns of the run's row as they are (the JSON
@@ -538,9 +539,14 @@ _PLAIN_RUN_FIELDS = tuple(
 )
 
 
-def run_record(row: Mapping[str, Any] | RowMapping) -> RunRecord:
-    """A run's row (as stored: JSON text) as a :class:`RunRecord` (JSON decoded)."""
+def run_record(row: Mapping[str, Any] | RowMapping, sealer: Sealer = PLAIN) -> RunRecord:
+    """A run's row (as stored: JSON text) as a :class:`RunRecord` (JSON decoded; its task and
+    result opened by ``sealer``: without a codec, a sealed one is refused naming its key)."""
     task, result = row["task"], row["result"]
+    if task is not None or result is not None:
+        run_id = row["run_id"]
+        task = sealer.open(task, "graphflow_runs", run_id, "run", "task")
+        result = sealer.open(result, "graphflow_runs", run_id, "run", "result")
     plain: dict[str, Any] = {name: row.get(name) for name in _PLAIN_RUN_FIELDS}
     return RunRecord(
         **plain,

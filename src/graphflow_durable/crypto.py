@@ -120,12 +120,14 @@ class Keys:
         for position, item in enumerate(text.split(","), 1):
             key_id, sep, encoded = item.strip().partition("=")
             key_id = key_id.strip()
-            if not sep or not key_id:
+            # A key pasted without its id ("<base64>=") parses as an id with nothing after "=":
+            # such an item, or an id that is not one, is named by its position, never echoed.
+            if not sep or not key_id or not encoded.strip() or not KEY_ID.fullmatch(key_id):
                 raise StoreConfigError(
-                    f"GRAPHFLOW_DURABLE_KEYS: item {position} is not 'KEY_ID=<base64 of 32 bytes>'",
+                    f"GRAPHFLOW_DURABLE_KEYS: item {position} is not 'KEY_ID=<base64 of 32 bytes>' "
+                    "(a key id is 1-64 of letters, digits, '_', '.', '-')",
                     option="GRAPHFLOW_DURABLE_KEYS",
                 )
-            _key_id(key_id)
             if key_id in keys:
                 raise StoreConfigError(
                     f"GRAPHFLOW_DURABLE_KEYS: key id {key_id!r} is listed twice; give each key one id",

@@ -52,7 +52,7 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
 from graphflow_durable._storage.checksum import Damage
-from graphflow_durable._storage.document import from_document, to_document
+from graphflow_durable._storage.document import from_document, to_document, unseal
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
 from graphflow_durable._storage.flowcontrol import DEFAULT_QUEUE, QueueSettings, check_queue_name
@@ -70,6 +70,9 @@ from graphflow_durable._storage.migrations import (
 from graphflow_durable._storage.migrations import migrate as migrate_schema  # Store(migrate=)
 from graphflow_durable._storage.ratelimits import LimitState, RateBudgets
 from graphflow_durable._storage.reading import Verification, read_log, scan_run
+from graphflow_durable._storage.rekey import Rekeyed, SealAudit
+from graphflow_durable._storage.rekey import audit as audit_rows
+from graphflow_durable._storage.rekey import rekey as rekey_rows
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.sealing import Sealer
@@ -520,7 +523,7 @@ class Store:
             UsageError: ``at`` is not one of the run's steps (1 to its head).
         """
         with self._guard(f"reading run {run_id} at step {at}", run_id), self._e.read.begin() as conn:
-            return read_cut(conn, run_id, at, self._e.url)
+            return read_cut(conn, run_id, at, self._e.url, self._e.sealer)
 
     def fork(
         self,
@@ -559,20 +562,23 @@ class Store:
             ConflictError: a run ``new_run_id`` exists already.
         """
         with self._guard(f"forking run {run_id} at step {at}", run_id), self._e.write.begin() as conn:
-            return fork_run(conn, run_id, at, new_run_id, self._e.url, replace)
+            return fork_run(conn, run_id, at, new_run_id, self._e.url, replace, self._e.sealer)
 
-    def export_run(self, run_id: str) -> dict[str, Any]:
+    def export_run(self, run_id: str, *, decrypt: bool = False) -> dict[str, Any]:
         """The run as one JSON document: its row (without the lease), steps, messages, agent-state
         rows and recorded calls, read in one transaction with every row checked. :meth:`import_run` reads it back,
         into this store or another (SQLite or PostgreSQL). The document (``"version": 2``) carries a
         checksum on the run object and on every row, so an edited export is refused on import.
+        Sealed rows are written as stored (``"version": 3``: importable into a store holding the
+        keys), or opened with ``decrypt`` (a plain version 2 document).
 
         Raises:
             RunNotFoundError: no such run.
             StoreCorruptError: a row does not match its checksum.
         """
         with self._guard(f"exporting run {run_id}", run_id), self._e.read.begin() as conn:
-            return to_document(read_rows(conn, run_id, self._e.url), current_version(conn) or 0)
+            rows = read_rows(conn, run_id, self._e.url, sealer=self._e.sealer if decrypt else None)
+            return to_document(rows, current_version(conn) or 0)
 
     def import_run(self, document: Mapping[str, Any], *, run_id: str | None = None) -> RunRecord:
         """Write a run exported by :meth:`export_run` (as ``run_id`` if given) in one transaction;
@@ -595,10 +601,11 @@ class Store:
                 first bad field as a path: ``steps[3].node``); ``run_id`` is not a valid run id.
             ConflictError: a run with its id exists already in this store.
         """
+        document = unseal(document, self._e.sealer, "the document")  # a sealed export: needs the keys
         rows = from_document(document, "the document", run_id)
         new_id = rows.run["run_id"]
         with self._guard(f"importing run {new_id}", new_id), self._e.write.begin() as conn:
-            return write_rows(conn, rows, rows.run, self._e.url).run
+            return write_rows(conn, rows, rows.run, self._e.url, self._e.sealer).run
 
     # Operations on runs from any process: cancel, retry, delete, prune, stats, progress.
 
@@ -714,6 +721,34 @@ class Store:
         engine = self._e.read if dry_run else self._e.write
         with self._guard("pruning runs"), engine.begin() as conn:
             return admin.prune(conn, statuses, older_than, time.time(), force=force, dry_run=dry_run)
+
+    def rekey(
+        self,
+        run_ids: Sequence[str] | None = None,
+        *,
+        to: str | None = None,
+        encrypt: bool = False,
+        progress: Callable[[str, int], None] | None = None,
+    ) -> Rekeyed:
+        """Re-seal the runs' content (default: every run and submission) under key ``to`` (default:
+        the active key), plain rows too with ``encrypt``, while workers drive them; killed, every
+        row opens under the old key or the new one (``_storage/rekey.py``, docs/encryption.md).
+
+        Raises:
+            StoreConfigError: no codec, no key ``to``, or not the key of a row.
+            StoreCorruptError: a sealed row does not open. RunNotFoundError: an unknown run id.
+        """
+        for run_id in run_ids or ():
+            if self.get_run(run_id) is None and self.queue.get_submission(run_id) is None:
+                raise S.not_found(run_id)
+        with self._guard("re-sealing rows"):
+            return rekey_rows(self._e, self._e.sealer, run_ids, to=to, encrypt=encrypt, progress=progress)
+
+    def audit_sealing(self, run_ids: Sequence[str] | None = None, *, open_values: bool = False) -> SealAudit:
+        """The sealed and plain content values per table and key; ``open_values``: open each one
+        (needs the keys) and list those that do not open."""
+        with self._guard("auditing sealed rows"), self._e.read.begin() as conn:
+            return audit_rows(conn, self._e.sealer, run_ids, open_values=open_values)
 
     def stats(self) -> StoreStats:
         """Runs per status, submissions waiting for a worker, and rows and bytes per table."""

@@ -53,6 +53,7 @@ from opentelemetry.metrics import MeterProvider
 from graphflow_durable._runtime.telemetry import PoolMetrics
 from graphflow_durable._storage.flowcontrol import check_queue_name
 from graphflow_durable._storage.urls import safe_url
+from graphflow_durable.crypto import Codec
 from graphflow_durable.errors import (
     ConflictError,
     InputDeadlineError,
@@ -426,6 +427,8 @@ class Worker:
             partition was at a cap; attribute ``reason``) (default: the global one; nothing under
             ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``). A run's own metrics come from its team's.
         queues: the named queues this worker claims from (``None``: all).
+        codec: the codec a store opened from a URL seals and opens its content with (see
+            docs/encryption.md); an open :class:`Store` keeps its own.
 
     Raises:
         UsageError: (a ``ValueError``) neither or both of ``factories`` and ``team`` were given, or
@@ -451,6 +454,7 @@ class Worker:
         owner: str | None = None,
         meter_provider: MeterProvider | None = None,
         queues: Sequence[str] | None = None,
+        codec: Codec | None = None,
     ) -> None:
         if (factories is None) == (team is None):
             raise UsageError(
@@ -468,6 +472,7 @@ class Worker:
         self._own_store = isinstance(store, str)
         self._url = safe_url(store) if isinstance(store, str) else store.url
         self._store_arg = store
+        self._codec = codec
         self._store: Store | None = None if isinstance(store, str) else store
         self._factories = dict(factories) if factories is not None else {}
         self._single = team
@@ -490,7 +495,7 @@ class Worker:
         self._metrics = PoolMetrics(meter_provider, self.owner, self._depth, self._queue_stats)
         if isinstance(store, str):
             try:
-                self._store = Store(store)
+                self._store = Store(store, codec=codec)
                 self._url = self._store.url
             except StoreError as exc:
                 if not _passing(exc):
@@ -594,7 +599,7 @@ class Worker:
                 continue
             try:
                 # In a thread: a connect that hangs (a partition) must not hold off the signals.
-                self._store = await asyncio.to_thread(Store, str(self._store_arg))
+                self._store = await asyncio.to_thread(Store, str(self._store_arg), codec=self._codec)
             except StoreError as exc:
                 if not _passing(exc):
                     raise

@@ -17,6 +17,13 @@ message and agent-state row: the store's row checksums (``_storage.checksum``) o
 import writes, under the exported run's id, so an export edited by hand is refused instead of
 stored with fresh checksums. Version 1 (no checksums) is still read, with every check but those.
 
+Version 3 is a sealed run written as stored (``runs export`` of a run with sealed content, without
+``--decrypt``): every content value (``run.task``, ``run.result``, a step's ``data``, a message's
+``body``, an agent-state body, a call record's ``result``) is the stored text, ``gfd1:...`` when
+sealed (bound to the exported run's id) or plain JSON text, and each checksum covers those texts.
+:func:`unseal` turns it into version 2 with the importing store's keys, after checking those
+checksums; the import then seals the rows with the target store's codec, for the run's new id.
+
 ``call_records`` (since schema version 12; a document without it holds none) carries the run's
 recorded model and tool calls, each with its checksum (``checksum.call_sum``); a record's
 ``result`` is the stored JSON text, as an agent-state body is. Imported under a new run id, their
@@ -35,6 +42,7 @@ from graphflow_durable._model.codec import dumps, loads, too_deep
 from graphflow_durable._model.records import CALL_KINDS, CALL_OUTCOMES, RUN_STATUSES, StepKind, StoredMessage
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.checksum import call_sum, message_sum, run_sum, state_sum, step_sum
+from graphflow_durable._storage.sealing import Sealer, is_sealed
 from graphflow_durable._storage.transfer import RunRows, rekey_calls
 from graphflow_durable.errors import NotSerializableError, StoreCorruptError, UsageError
 
@@ -45,13 +53,16 @@ __all__ = [
     "ContentChecks",
     "from_document",
     "to_document",
+    "unseal",
     "use_content_checks",
 ]
 
 #: The ``format`` of an export document.
 EXPORT_FORMAT = "graphflow-durable-run"
-#: The ``version`` written; :func:`from_document` reads 1 (no checksums) and 2.
+#: The ``version`` written (a sealed run as stored: :data:`SEALED_VERSION`); :func:`from_document`
+#: reads 1 (no checksums) and 2, and 3 once :func:`unseal` opened it.
 VERSION = 2
+SEALED_VERSION = 3
 _READS = (1, 2)
 
 #: How deep an export's JSON may nest (the document itself counts as level 1). Far above what
@@ -115,21 +126,28 @@ class _Bad(Exception):
 
 def to_document(rows: RunRows, schema_version: int) -> dict[str, Any]:
     """``rows`` as an export document (JSON columns decoded; agent-state bodies as their stored
-    text), each row and the run object with its checksum."""
+    text), each row and the run object with its checksum. Rows holding sealed content make a
+    version 3 document, every content value its stored text (see the module)."""
+    sealed = any(is_sealed(value) for _, _, value in _contents(rows))
+    text: Callable[[str | None], Any] = (
+        (lambda v: v) if sealed else (lambda v: None if v is None else loads(v))
+    )
     run_id = rows.run["run_id"]
     run: dict[str, Any] = {k: rows.run[k] for k in _RUN_FIELDS}
-    run.update({k: None if rows.run[k] is None else loads(rows.run[k]) for k in _JSON_FIELDS})
+    run["graph"] = loads(rows.run["graph"])
+    run.update({k: text(rows.run[k]) for k in ("task", "result")})
     run["checksum"] = run_sum(run)
     steps = []
     for s in rows.steps:
-        scheduler, data = loads(s["scheduler"]), loads(s["data"])
+        scheduler, data = loads(s["scheduler"]), text(s["data"])
         # over the text an import writes (canonical JSON of the decoded value), not the stored text
-        checksum = step_sum(run_id, s["seq"], s["kind"], s["node"], dumps(data), dumps(scheduler))
+        data_text = data if sealed else dumps(data)
+        checksum = step_sum(run_id, s["seq"], s["kind"], s["node"], data_text, dumps(scheduler))
         steps.append({**s, "scheduler": scheduler, "data": data, "checksum": checksum})
     messages = []
     for m in rows.messages:
-        body, published = loads(m["body"]), bool(m["published"])
-        checksum = message_sum(run_id, m["seq"], m["step_seq"], published, dumps(body))
+        body, published = text(m["body"]), bool(m["published"])
+        checksum = message_sum(run_id, m["seq"], m["step_seq"], published, body if sealed else dumps(body))
         messages.append({**m, "published": published, "body": body, "checksum": checksum})
     states = [
         {**r, "checksum": state_sum(run_id, r["node"], r["step_seq"], r["base_step"], r["body"])}
@@ -138,7 +156,7 @@ def to_document(rows: RunRows, schema_version: int) -> dict[str, Any]:
     calls = [{**c, "checksum": call_sum(run_id, c)} for c in rows.calls]
     return {
         "format": EXPORT_FORMAT,
-        "version": VERSION,
+        "version": SEALED_VERSION if sealed else VERSION,
         "schema_version": schema_version,
         "run": run,
         "steps": steps,
@@ -146,6 +164,161 @@ def to_document(rows: RunRows, schema_version: int) -> dict[str, Any]:
         "agent_states": states,
         "call_records": calls,
     }
+
+
+def _contents(rows: RunRows) -> list[tuple[str, str, str | None]]:
+    """Every content value of ``rows``: (its table, its column, the value)."""
+    found = [("graphflow_runs", k, rows.run[k]) for k in ("task", "result")]
+    found += [("graphflow_steps", "data", s["data"]) for s in rows.steps]
+    found += [("graphflow_messages", "body", m["body"]) for m in rows.messages]
+    found += [("graphflow_agent_states", "body", r["body"]) for r in rows.states]
+    return found + [("graphflow_call_records", "result", c["result"]) for c in rows.calls]
+
+
+def unseal(doc: Any, sealer: Sealer, where: str) -> Any:
+    """A version 3 document (a sealed run as stored) as version 2: each checksum checked over the
+    stored texts, each sealed value opened with ``sealer``'s keys (for the exported run's id) and
+    the checksums computed again over the plain values. Any other document is returned as it is;
+    a field of the wrong shape is left for :func:`from_document` to name.
+
+    Raises:
+        UsageError: a row does not match its checksum, or a sealed value does not open.
+        StoreConfigError: a value is sealed with a key ``sealer`` lacks (the error names its id).
+    """
+    if not isinstance(doc, Mapping) or doc.get("version") != SEALED_VERSION:
+        return doc
+    try:
+        return _Unsealer(doc, sealer).document()
+    except _Bad as bad:
+        raise UsageError(
+            f"{where}: {bad.path}: {bad.problem}; nothing was imported (import a document as "
+            "export_run() or 'runs export' wrote it)",
+            option="document",
+        ) from None
+
+
+class _Unsealer:
+    """One version 3 document opened (see :func:`unseal`)."""
+
+    def __init__(self, doc: Mapping[str, Any], sealer: Sealer) -> None:
+        self.doc, self.sealer = doc, sealer
+        run = doc.get("run")
+        found = run.get("run_id") if isinstance(run, Mapping) else None
+        self.run_id: str = found if isinstance(found, str) else ""
+
+    def _open(self, value: Any, path: str, table: str, position: str | int, column: str) -> Any:
+        """A content value as plain JSON text (``None`` kept; not text: left as it is)."""
+        if not isinstance(value, str) or not is_sealed(value):
+            return value
+        try:
+            return self.sealer.open(value, table, self.run_id, position, column)
+        except StoreCorruptError:
+            raise _Bad(
+                path, "does not open under its key: it was changed or moved from another row"
+            ) from None
+
+    def _sum(self, obj: Mapping[str, Any], path: str, expected: Callable[[], int]) -> None:
+        try:
+            right = obj.get("checksum") == expected()
+        except (KeyError, TypeError, AttributeError, ValueError):
+            return  # a field of the wrong shape: from_document names it
+        if not right:
+            raise _Bad(path, "does not match its checksum: the document was changed after it was exported")
+
+    def document(self) -> dict[str, Any]:
+        doc = dict(self.doc)
+        run = doc.get("run")
+        if isinstance(run, Mapping):
+            fields = {k: v for k, v in run.items() if k != "checksum"}
+            self._sum(run, "run", lambda: run_sum(fields))
+            for k in ("task", "result"):
+                if isinstance(fields.get(k), str):
+                    opened = self._open(fields[k], f"run.{k}", "graphflow_runs", "run", k)
+                    fields[k] = _loads(opened, f"run.{k}")
+            doc["run"] = {**fields, "checksum": _try(lambda: run_sum(fields))}
+        for key, change in (
+            ("steps", self._step),
+            ("messages", self._message),
+            ("agent_states", self._state),
+            ("call_records", self._call),
+        ):
+            found = doc.get(key)
+            if isinstance(found, list):  # a row of the wrong shape is kept: from_document names it
+                doc[key] = [
+                    change(row, f"{key}[{i}]") if isinstance(row, Mapping) else row
+                    for i, row in enumerate(found)
+                ]
+        doc["version"] = VERSION
+        return doc
+
+    def _step(self, s: Mapping[str, Any], path: str) -> dict[str, Any]:
+        run_id = self.run_id
+
+        def checksum(r: Mapping[str, Any], data: str) -> int:
+            return step_sum(run_id, r["seq"], r["kind"], r["node"], data, dumps(r["scheduler"]))
+
+        self._sum(s, path, lambda: checksum(s, s["data"]))
+        data = s.get("data")
+        if isinstance(data, str):
+            opened = self._open(data, f"{path}.data", "graphflow_steps", s.get("seq", 0), "data")
+            data = _loads(opened, f"{path}.data")
+        new = {**s, "data": data}
+        new["checksum"] = _try(lambda: checksum(new, dumps(new["data"])))
+        return new
+
+    def _message(self, m: Mapping[str, Any], path: str) -> dict[str, Any]:
+        run_id = self.run_id
+
+        def checksum(r: Mapping[str, Any], body: str) -> int:
+            return message_sum(run_id, r["seq"], r["step_seq"], r["published"], body)
+
+        self._sum(m, path, lambda: checksum(m, m["body"]))
+        body = m.get("body")
+        if isinstance(body, str):
+            opened = self._open(body, f"{path}.body", "graphflow_messages", m.get("seq", 0), "body")
+            body = _loads(opened, f"{path}.body")
+        new = {**m, "body": body}
+        new["checksum"] = _try(lambda: checksum(new, dumps(new["body"])))
+        return new
+
+    def _state(self, r: Mapping[str, Any], path: str) -> dict[str, Any]:
+        run_id = self.run_id
+
+        def checksum(row: Mapping[str, Any]) -> int:
+            return state_sum(run_id, row["node"], row["step_seq"], row["base_step"], row["body"])
+
+        self._sum(r, path, lambda: checksum(r))
+        place = f"{r.get('node')}@{r.get('step_seq')}"
+        body = self._open(r.get("body"), f"{path}.body", "graphflow_agent_states", place, "body")
+        new = {**r, "body": body}
+        new["checksum"] = _try(lambda: checksum(new))
+        return new
+
+    def _call(self, c: Mapping[str, Any], path: str) -> dict[str, Any]:
+        run_id = self.run_id
+        self._sum(c, path, lambda: call_sum(run_id, c))
+        result = self._open(
+            c.get("result"), f"{path}.result", "graphflow_call_records", c.get("seq", 0), "result"
+        )
+        new = {**c, "result": result}
+        new["checksum"] = _try(lambda: call_sum(run_id, new))
+        return new
+
+
+def _loads(text: Any, path: str) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise _Bad(path, f"is not JSON text once opened ({exc})") from None
+
+
+def _try(compute: Callable[[], int]) -> int | None:
+    try:
+        return compute()
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
 
 
 # -- import ------------------------------------------------------------------------------------

@@ -16,6 +16,11 @@ fork carries those of the turns it copies (completed within the cut: :func:`copi
 those of a turn in flight at the cut, which runs again in the fork as a turn of the new run. Under
 a new run id, a record's turn key of the run's own shape (``run/node/step``) names the new run
 (:func:`rekey_calls`), as the turn itself does there; a key a turn brought from another run keeps it.
+
+Sealed content (``_storage/sealing``) is bound to its run id, so rows copied under another id are
+opened with the source's place (:func:`open_rows`) and sealed again for the new one
+(:func:`seal_rows`) with the target store's codec; an export keeps them as stored unless asked
+to open them (``runs export --decrypt``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +44,21 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.calls import checked
 from graphflow_durable._storage.lease import owner_gone
 from graphflow_durable._storage.reading import read_log
-from graphflow_durable._storage.schema import agent_states, call_records, messages, steps
+from graphflow_durable._storage.schema import agent_states, call_records, messages, runs, steps
+from graphflow_durable._storage.sealing import PLAIN, Sealer, is_sealed, position_of
 from graphflow_durable.errors import ConflictError, RunLockedError, UsageError
 
-__all__ = ["RunRows", "copied_calls", "fork_run", "read_cut", "read_rows", "rekey_calls", "write_rows"]
+__all__ = [
+    "RunRows",
+    "copied_calls",
+    "fork_run",
+    "open_rows",
+    "read_cut",
+    "read_rows",
+    "rekey_calls",
+    "seal_rows",
+    "write_rows",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -100,8 +116,67 @@ class RunRows:
         )
 
 
-def read_rows(conn: sa.Connection, run_id: str, url: str, at: int | None = None) -> RunRows:
-    """The run's rows (up to step ``at``), each checked against its checksum.
+#: The content of :class:`RunRows` by table: (the attribute holding its rows, its sealed columns).
+_CONTENT = (
+    ("steps", steps.name, ("data",)),
+    ("messages", messages.name, ("body",)),
+    ("states", agent_states.name, ("body",)),
+    ("calls", call_records.name, ("result",)),
+)
+
+
+def _each(
+    rows: RunRows,
+    run_id: str,
+    change: Callable[[str | None, str, str | int, str, dict[str, Any]], str | None],
+) -> RunRows:
+    """``rows`` with every content value replaced by ``change(value, table, position, column, row)``."""
+    out = RunRows(run=dict(rows.run))
+    for column in ("task", "result"):
+        out.run[column] = change(rows.run[column], runs.name, "run", column, out.run)
+    for attribute, table, columns in _CONTENT:
+        copied = []
+        for row in getattr(rows, attribute):
+            new = dict(row)
+            for column in columns:
+                position = position_of(table, {**row, "run_id": run_id})
+                new[column] = change(row[column], table, position, column, new)
+            copied.append(new)
+        setattr(out, attribute, copied)
+    return out
+
+
+def open_rows(rows: RunRows, run_id: str, sealer: Sealer) -> RunRows:
+    """``rows`` of run ``run_id`` with every sealed value opened (a plain one is kept as it is, as
+    the store's reads keep it). Raises StoreConfigError (a key missing) or StoreCorruptError."""
+
+    def opened(
+        value: str | None, table: str, position: str | int, column: str, row: dict[str, Any]
+    ) -> str | None:
+        if not is_sealed(value):
+            return value
+        seq = row.get("seq", row.get("step_seq"))
+        return sealer.open(value, table, run_id, position, column, seq=seq, node=row.get("node"))
+
+    return _each(rows, run_id, opened)
+
+
+def seal_rows(rows: RunRows, run_id: str, sealer: Sealer) -> RunRows:
+    """``rows`` (plain) with every content value sealed for run ``run_id`` (kept without a codec)."""
+    if not sealer.on:
+        return rows
+    return _each(
+        rows,
+        run_id,
+        lambda value, table, position, column, _row: sealer.seal(value, table, run_id, position, column),
+    )
+
+
+def read_rows(
+    conn: sa.Connection, run_id: str, url: str, at: int | None = None, sealer: Sealer | None = None
+) -> RunRows:
+    """The run's rows (up to step ``at``), each checked against its checksum; with ``sealer``,
+    every sealed value opened (else as stored).
 
     Raises RunNotFoundError, or StoreCorruptError naming the first damaged row.
     """
@@ -134,7 +209,7 @@ def read_rows(conn: sa.Connection, run_id: str, url: str, at: int | None = None)
     for c in conn.execute(_ALL_CALLS if at is None else _CALLS, p).mappings():
         checked(c, url)
         rows.calls.append({k: c[k] for k in CALL_COLUMNS})
-    return rows
+    return rows if sealer is None else open_rows(rows, run_id, sealer)
 
 
 def copied_calls(rows: RunRows) -> list[dict[str, Any]]:
@@ -163,19 +238,24 @@ def rekey_calls(calls: Sequence[dict[str, Any]], old_id: str, new_id: str) -> li
     ]
 
 
-def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: str) -> RunLog:
-    """Write ``rows`` as the run whose row is ``run`` (its stored values, JSON as text), with fresh
-    checksums, no lease holder and a new fencing token from the store's counter (a driver of a run
+def write_rows(
+    conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: str, sealer: Sealer
+) -> RunLog:
+    """Write ``rows`` (their content plain) as the run whose row is ``run`` (its values, JSON as
+    text), sealed with ``sealer`` for the run's id (a store without a codec writes them plain), with
+    fresh checksums over the stored text, no lease holder and a new fencing token from the store's counter (a driver of a run
     deleted under this id can never commit to it); then read it back as a resume would (the
     caller's transaction is rolled back if that fails). Returns the log read back.
 
     Raises ConflictError when a run with this id exists already.
     """
     run_id = run["run_id"]
+    rows = seal_rows(RunRows(dict(run), rows.steps, rows.messages, rows.states, rows.calls), run_id, sealer)
     values = {
-        **run,
+        **rows.run,
         **S.NO_HOLDER,
         "fencing_token": S.next_token(conn),
+        "sealed": True if sealer.on else None,
     }
     try:
         with conn.begin_nested():  # a refused row leaves the transaction usable, to ask why
@@ -205,7 +285,7 @@ def write_rows(conn: sa.Connection, rows: RunRows, run: Mapping[str, Any], url: 
             sa.insert(call_records),
             [{**c, "run_id": run_id, "checksum": C.call_sum(run_id, c)} for c in rows.calls],
         )
-    return read_log(conn, run_id, url)
+    return read_log(conn, run_id, url, sealer=sealer)
 
 
 _STEP_KEYS = ("seq", "kind", "node", "data", "scheduler")
@@ -217,10 +297,10 @@ def _with_sum(run_id: str, row: Mapping[str, Any], checksum: Any, keys: Sequence
     return {**row, "run_id": run_id, "checksum": checksum(run_id, *(row[k] for k in keys))}
 
 
-def read_cut(conn: sa.Connection, run_id: str, at: int, url: str) -> RunLog:
+def read_cut(conn: sa.Connection, run_id: str, at: int, url: str, sealer: Sealer = PLAIN) -> RunLog:
     """The run as it stood once step ``at`` was committed (see ``Store.cut``), every row checked."""
-    run = S.run_row(conn, run_id)
-    log = read_log(conn, run_id, url, check_step(run, at))
+    run = S.run_row(conn, run_id, sealer)
+    log = read_log(conn, run_id, url, check_step(run, at), sealer)
     return dataclasses.replace(log, run=cut_record(run, log, at))
 
 
@@ -231,13 +311,15 @@ def fork_run(
     new_run_id: str | None,
     url: str,
     replace: tuple[int, Mapping[str, Any]] | None = None,
+    sealer: Sealer | None = None,
 ) -> RunRecord:
     """Write a new run holding ``run_id``'s rows up to step ``at`` (see ``Store.fork``); its row."""
+    sealer = PLAIN if sealer is None else sealer  # sealed rows: opened, and sealed for the fork
     new_id = check_run_id(new_run_id if new_run_id is not None else f"{run_id}-fork-{uuid.uuid4().hex[:8]}")
-    source = S.run_row(conn, run_id)
+    source = S.run_row(conn, run_id, sealer)
     check_step(source, at)
     if replace is not None:
-        rows, at = _replaced(conn, source, at, replace, url)
+        rows, at = _replaced(conn, source, at, replace, url, sealer)
     else:
         rows = None
     if at == source.head_seq and source.status == "running" and source.lease_owner is not None:
@@ -250,7 +332,7 @@ def fork_run(
                 owner=source.lease_owner,
                 expires_at=source.lease_expires_at,
             )
-    rows = rows or read_rows(conn, run_id, url, at)
+    rows = rows or read_rows(conn, run_id, url, at, sealer)
     rows.calls = rekey_calls(copied_calls(rows), run_id, new_id)
     cut = cut_record(source, rows.log(source), at)
     now = time.time()
@@ -267,13 +349,18 @@ def fork_run(
         "created_at": now,
         "updated_at": now,
     }
-    forked = write_rows(conn, rows, values, url).run
+    forked = write_rows(conn, rows, values, url, sealer).run
     _log.info("run %s: forked at step %d as run %s (%s)", run_id, at, new_id, forked.status)
     return forked
 
 
 def _replaced(
-    conn: sa.Connection, source: RunRecord, at: int, replace: tuple[int, Mapping[str, Any]], url: str
+    conn: sa.Connection,
+    source: RunRecord,
+    at: int,
+    replace: tuple[int, Mapping[str, Any]],
+    url: str,
+    sealer: Sealer,
 ) -> tuple[RunRows, int]:
     """The rows of a fork whose message ``replace[0]`` (a node's answer, in the cut at ``at``) says
     ``replace[1]`` instead, cut just after the step that added it; and that step.
@@ -284,7 +371,7 @@ def _replaced(
     """
     run_id = source.run_id
     seq, body = replace
-    rows = read_rows(conn, run_id, url, at)
+    rows = read_rows(conn, run_id, url, at, sealer)
     found = next((m for m in rows.messages if m["seq"] == seq), None)
     if found is None:
         raise _refused(
@@ -319,7 +406,7 @@ def _replaced(
             source, f"step {step['seq']} ended the round, decided on message {seq}; it cannot be replaced"
         )
     cut = step["seq"]
-    state = read_log(conn, run_id, url, cut).agent_states.get(node)
+    state = read_log(conn, run_id, url, cut, sealer).agent_states.get(node)
     saved = any(r["node"] == node and r["step_seq"] == cut for r in rows.states)  # its state at that turn
     rows = RunRows(
         run=rows.run,

@@ -9,7 +9,8 @@ in the words the commands used before they moved to Click. :func:`store_option` 
 more output, and the command still ends with its own exit code (4 for damage found, not 0).
 :func:`prepare_streams` (each console script's first call) makes stdout and stderr write what the
 terminal's encoding cannot show as backslash escapes. :func:`load_json` reads the JSON files the
-commands are given, refusing nesting deeper than :data:`MAX_JSON_DEPTH`.
+commands are given, refusing nesting deeper than :data:`MAX_JSON_DEPTH`. :func:`store_codec` is
+the one place every command builds the store's codec from the environment (``GRAPHFLOW_DURABLE_KEYS``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from graphflow_durable._model.codec import too_deep
+from graphflow_durable.crypto import AESGCMCodec, Codec, Keys
+from graphflow_durable.errors import StoreConfigError
+from graphflow_durable.flow import DEFAULT_STORE_ENV
+from graphflow_durable.store import Store
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -35,6 +40,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "FLOAT",
     "INT",
+    "KEYS_ENV",
     "STORE",
     "Choice",
     "CliError",
@@ -45,9 +51,11 @@ __all__ = [
     "import_attribute",
     "json_option",
     "load_json",
+    "open_store",
     "prepare_streams",
     "require_value",
     "run_command",
+    "store_codec",
     "store_option",
     "table",
     "write_atomically",
@@ -76,6 +84,9 @@ class CliError(Exception):
         super().__init__(message)
         self.code = code
 
+
+#: The keys every command seals and opens the store's content with (docs/encryption.md).
+KEYS_ENV = "GRAPHFLOW_DURABLE_KEYS"
 
 #: Where :func:`store_option` keeps the ``--store`` value given (the root context's ``meta``).
 STORE = "graphflow_durable.store"
@@ -231,6 +242,42 @@ def require_value(flag: str, value: str | None, what: str) -> str | None:
     if value is not None and not value.strip():
         raise CliError(f"{flag} was given an empty value; give {what}", 2)
     return value
+
+
+def store_codec(environ: Mapping[str, str] | None = None) -> Codec | None:
+    """The codec every command opens its store with: AES-256-GCM under the keys of
+    ``GRAPHFLOW_DURABLE_KEYS`` (the active one: ``GRAPHFLOW_DURABLE_ACTIVE_KEY``, else the last
+    listed), or ``None`` when it is not set (a sealed row then says which key it needs).
+
+    Raises:
+        CliError: (exit 2) the variable is malformed (not ``id=base64``, not 32 bytes, an id given
+            twice) or the ``crypto`` extra is missing: one line naming the key id, never its material.
+    """
+    env = os.environ if environ is None else environ
+    if not env.get(KEYS_ENV, "").strip():
+        return None
+    try:
+        return AESGCMCodec(Keys.from_env(env))
+    except StoreConfigError as exc:
+        raise CliError(str(exc), 2) from None
+
+
+def open_store(url: str, *, create: bool, given: bool, migrate: bool = True) -> Store:
+    """The store at ``url``, with the codec of :func:`store_codec`; unless ``create``, a URL with
+    no store there is a usage error that says where the URL came from (nothing is created)."""
+    codec = store_codec()
+    try:
+        return Store(url, create=create, migrate=migrate, codec=codec)
+    except StoreConfigError as exc:
+        if exc.option != "create":
+            raise
+        if given:
+            hint = "check --store"
+        elif os.environ.get(DEFAULT_STORE_ENV):
+            hint = f"check {DEFAULT_STORE_ENV}"
+        else:
+            hint = f"give --store or set {DEFAULT_STORE_ENV}"
+        raise CliError(f"{exc}; {hint}", 2) from None
 
 
 def run_command(

@@ -12,7 +12,6 @@ import asyncio
 import datetime
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import click
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli import _inspect, console, manage, queues, timeline
+from graphflow_durable.cli import _inspect, console, keys, manage, queues, timeline
 from graphflow_durable.cli._common import (
     FLOAT,
     INT,
@@ -34,9 +33,11 @@ from graphflow_durable.cli._common import (
     exclusive,
     import_attribute,
     json_option,
+    open_store,
     prepare_streams,
     require_value,
     run_command,
+    store_codec,
     store_option,
     table,
 )
@@ -48,7 +49,6 @@ from graphflow_durable.errors import (
     RunExistsError,
     RunLockedError,
     RunStateError,
-    StoreConfigError,
     UsageError,
 )
 from graphflow_durable.flow import DEFAULT_STORE_ENV, default_store_url
@@ -127,10 +127,12 @@ commands:
                                      list runs (and submissions not started yet: status 'submitted');
                                      a run whose driver died shows 'running (owner gone)' or
                                      'running (lease expired)'
-  runs verify [RUN ...] [--json]     check every step, message, agent-state and call-record row
+  runs verify [RUN ...] [--decrypt] [--json]
+                                     check every step, message, agent-state and call-record row
                                      of the runs (default: all) against its checksum, and that none
-                                     is missing; one line per damaged row or gap
-{timeline.EPILOG}{queues.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error,
+                                     is missing; one line per damaged row or gap; --decrypt: also
+                                     open every sealed row (one line per row that does not open)
+{keys.EPILOG}{timeline.EPILOG}{queues.EPILOG}  runs show RUN [--json]             status, round, head, lease owner and expiry, last error,
                                      recorded calls made and replayed, tokens saved
   runs cancel RUN [--json]           stop a run: its driver stops before its next dispatch and
                                      leaves it cancelled (run() with no task resumes it); a run
@@ -172,6 +174,8 @@ check calls it as factory(run_id, store=...), and takes --team as the worker doe
 the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/runs.db
   options go in the URL's query: sqlite:///runs.db?synchronous=NORMAL,
   postgresql://app@db/agents?connect_timeout=5&application_name=worker (see docs/store-urls.md)
+the keys: GRAPHFLOW_DURABLE_KEYS=k1=<base64 of 32 bytes>,k2=... seals and opens the store's content
+  (the active key: GRAPHFLOW_DURABLE_ACTIVE_KEY, else the last listed; see docs/encryption.md)
 
 exit codes:
   0  done (listed; shown, cancelled, retried, supplied, deleted, pruned, also when nothing was left to
@@ -184,14 +188,16 @@ exit codes:
      every command but worker, submit and runs import (which create the store) needs an
      existing one and creates nothing (a mistyped --store is no new, empty store); check: a
      --team it cannot import or call, a store at an older schema version (check migrates nothing);
-     ui: a --host that is not loopback without a token (--token or GRAPHFLOW_DURABLE_UI_TOKEN)
+     ui: a --host that is not loopback without a token (--token or GRAPHFLOW_DURABLE_UI_TOKEN);
+     GRAPHFLOW_DURABLE_KEYS malformed, or a row sealed with a key it lacks or holds other material for
   3  submit: RUN_ID was submitted with another task/team, or exists without a submission;
-     runs import / fork: the new run's id is taken; runs fork: the run is driven by a live
+     runs import / fork: the new run's id is taken; runs rekey: rows changed by commits in every
+     sweep keep their old key (run it again); runs fork: the run is driven by a live
      process and STEP is its head; runs respond: nothing to answer (the run is not waiting or is
      cancelled, the request was already answered, or several are pending and none was named);
      nothing was changed
-  4  runs verify: damaged or missing rows were found (each printed on one line); check: problems
-     were found (each printed on one line)
+  4  runs verify: damaged or missing rows were found, or (--decrypt) sealed rows that do not open
+     (each printed on one line); check: problems were found (each printed on one line)
   5  refused by the run's state: delete/prune of a running run without --force, retry of a run
      a live worker drives, cancel/retry of a stopped or finished run, supply to a run that did
      not fail on a node's spent budget (nothing was changed)
@@ -272,6 +278,7 @@ def _list_command(**params: Any) -> int:
 )
 @store_option
 @click.argument("run_ids", nargs=-1, metavar="[RUN]...")
+@click.option("--decrypt", is_flag=True, help="also open every sealed row (needs GRAPHFLOW_DURABLE_KEYS)")
 @json_option("one JSON object per damaged row or gap")
 def _verify_command(**params: Any) -> int:
     return _main("runs", "verify", params)
@@ -302,6 +309,7 @@ def _dispatch(runs_command: str, params: dict[str, Any]) -> int:
 
 timeline.add_commands(_runs, _dispatch)  # history, transcript, export, import, fork
 manage.add_commands(_runs, _dispatch)
+keys.add_command(_runs, _dispatch)
 queues.add_commands(cli, lambda name, params: _main("queues", name, params))
 console.add_command(cli, lambda command, params: _main(command, None, params))
 
@@ -390,6 +398,8 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         for run_id in args.run_ids:
             check_run_id(run_id, option="RUN")
         factory = _team_factories(args.team, code=EXIT_USAGE)  # before the store is opened
+    if args.command == "runs" and args.runs_command == "rekey":
+        keys.check(args)
     if args.command == "runs" and args.runs_command == "verify":
         for run_id in args.run_ids:
             check_run_id(run_id, option="RUN")
@@ -403,7 +413,7 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
     # check changes nothing: not even the schema, which the old workers still use before the deploy.
     if args.command == "queues" and args.runs_command != "list":
         check_queue_name(args.name, "NAME")  # before the store is opened
-    with _open_store(url, create=creating, given=given is not None, migrate=factory is None) as store:
+    with open_store(url, create=creating, given=given is not None, migrate=factory is None) as store:
         if args.command == "submit":
             return _submit(store, args)
         if args.command == "queues":
@@ -417,7 +427,11 @@ def _main(command: str, runs_command: str | None, params: dict[str, Any]) -> int
         if args.runs_command in timeline.COMMANDS:
             return timeline.run(store, args, _out)
         if args.runs_command == "verify":
-            return verify(store, args.run_ids, args.json, _out)
+            damaged = verify(store, args.run_ids, args.json, _out)
+            unopened = keys.sealing_report(store, args.run_ids, args.decrypt, args.json, _out)
+            return EXIT_DAMAGED if damaged or unopened else EXIT_OK
+        if args.runs_command == "rekey":
+            return keys.rekey(store, args, _out)
         if managing:
             return manage.run(store, args, _out)
         if args.runs_command == "respond":
@@ -429,23 +443,6 @@ def entry() -> None:
     """Console-script entry point."""
     prepare_streams()
     sys.exit(main())
-
-
-def _open_store(url: str, *, create: bool, given: bool, migrate: bool = True) -> Store:
-    """The store at ``url``; unless ``create``, a URL with no store there is a usage error that says
-    where the URL came from (nothing is created)."""
-    try:
-        return Store(url, create=create, migrate=migrate)
-    except StoreConfigError as exc:
-        if exc.option != "create":
-            raise
-        if given:
-            hint = "check --store"
-        elif os.environ.get(DEFAULT_STORE_ENV):
-            hint = f"check {DEFAULT_STORE_ENV}"
-        else:
-            hint = f"give --store or set {DEFAULT_STORE_ENV}"
-        raise CliError(f"{exc}; {hint}", EXIT_USAGE) from None
 
 
 def _out(line: str) -> None:
@@ -628,11 +625,13 @@ def _check(store: Store, args: SimpleNamespace, factories: TeamFactory | dict[st
 
 def _worker(args: SimpleNamespace, url: str) -> int:
     check_options(**_worker_options(args))  # UsageError, exit 2: before any team module is imported
+    codec = store_codec()  # a malformed GRAPHFLOW_DURABLE_KEYS: exit 2, before any team is imported
     factories = _team_factories(args.team)
+    options = {**_worker_options(args), "queues": _worker_queues(args), "codec": codec}
     if callable(factories):
-        worker = Worker(url, team=factories, queues=_worker_queues(args), **_worker_options(args))
+        worker = Worker(url, team=factories, **options)
     else:
-        worker = Worker(url, factories, queues=_worker_queues(args), **_worker_options(args))
+        worker = Worker(url, factories, **options)
 
     async def go() -> None:
         worker.install_signal_handlers()

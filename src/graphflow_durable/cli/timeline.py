@@ -59,12 +59,14 @@ EPILOG = """\
   runs follow RUN [--after SEQ]                  the run's messages (after message SEQ), then each
                                                  new one as it is committed (like tail -f), until
                                                  the round ends or the run parks; Ctrl+C exits 0
-  runs export RUN [--output FILE]                the run as one JSON document (run, steps, messages,
-                                                 agent states, call records) on stdout, or in FILE
+  runs export RUN [--output FILE] [--decrypt]    the run as one JSON document (run, steps, messages,
+                                                 agent states, call records) on stdout, or in FILE;
+                                                 sealed rows as stored, or opened with --decrypt
   runs import FILE [--run-id NEW]                write an exported run (FILE '-': stdin) into --store;
                                                  a run exported while running arrives 'interrupted';
                                                  the whole FILE is checked first (an edited export
-                                                 is refused by its checksums)
+                                                 is refused by its checksums); sealed with the
+                                                 store's keys (GRAPHFLOW_DURABLE_KEYS), if any
   runs fork RUN --at STEP [--run-id NEW]         a new run starting from the run's state at STEP
                                                  (the source is only read); resume it with run()
 """
@@ -107,6 +109,9 @@ def add_commands(runs: click.Group, dispatch: Callable[[str, dict[str, Any]], in
         "write a run as one JSON document",
         click.argument("run_id", metavar="RUN"),
         click.option("--output", "-o", default=None, metavar="FILE", help="write it to FILE, not stdout"),
+        click.option(
+            "--decrypt", is_flag=True, help="write sealed rows opened (needs GRAPHFLOW_DURABLE_KEYS)"
+        ),
     )
     command(
         "import",
@@ -290,7 +295,7 @@ def _follow(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> 
 
 
 def _export(store: Store, args: SimpleNamespace, out: Callable[[str], None]) -> int:
-    text = json.dumps(store.export_run(args.run_id), sort_keys=True)
+    text = json.dumps(store.export_run(args.run_id, decrypt=args.decrypt), sort_keys=True)
     if args.output is None:
         out(text)
         return 0

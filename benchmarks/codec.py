@@ -29,6 +29,7 @@ import io
 import json
 import os
 import pstats
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -65,6 +66,12 @@ async def once(case: Case, config: str, work: Path) -> tuple[float, float]:
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if store is not None:
         store.close()
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            (body,) = conn.execute("SELECT body FROM graphflow_messages ORDER BY seq DESC LIMIT 1").fetchone()
+        if body.startswith("gfd1:") != (config == "codec"):
+            raise SystemExit(
+                f"{config}: the stored message body is {body[:12]!r}...: not what {config} stores"
+            )
     n = len(result.messages) - 1
     return wall * 1e3 / n, cpu * 1e3 / n
 

@@ -5,6 +5,7 @@ the key id (the CLI: exit 2), and never the stored ``gfd1:`` text as if it were 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -55,11 +56,11 @@ def no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def sealed(store_url: str) -> str:
+def sealed(store_url: str) -> str:
     """Run ``r`` (A -> B, finished) written through the codec, with a recorded model call of A's turn."""
     with Store(store_url, codec=codec()) as store:
         a, b = Scripted("A", [SAID]), Scripted("B")
-        await durable([a, b], chain(a, b), store, "r").run(task=TASK)
+        asyncio.run(durable([a, b], chain(a, b), store, "r").run(task=TASK))
         record = CallRecord(
             run_id="r", turn_key="r/A/2", node="A", step=2, attempt=1, kind="model", name="gpt-test",
             ident="0", fingerprint="fp-0", outcome="live", result=RESULT, prompt_tokens=10,
@@ -74,7 +75,7 @@ def no_ciphertext(*outputs: list[str]) -> None:
         assert not [line for line in lines if "gfd1:" in line], lines
 
 
-async def test_transcript_with_the_keys_prints_the_text_and_without_names_the_key_in_one_line(
+def test_transcript_with_the_keys_prints_the_text_and_without_names_the_key_in_one_line(
     sealed: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GRAPHFLOW_DURABLE_KEYS", "k1=" + base64.b64encode(KEY).decode())
@@ -86,7 +87,7 @@ async def test_transcript_with_the_keys_prints_the_text_and_without_names_the_ke
     no_ciphertext(out, err)
 
     monkeypatch.delenv("GRAPHFLOW_DURABLE_KEYS")
-    for args in (["transcript", "r"], ["transcript", "r", "--json"], ["follow", "r"], ["export", "r"]):
+    for args in (["transcript", "r"], ["transcript", "r", "--json"], ["follow", "r"]):
         code, out, err = cli(capsys, sealed, *args)
         assert (code, out) == (EXIT_USAGE, []), args
         one_line_error(err, "'k1'", "GRAPHFLOW_DURABLE_KEYS")
@@ -94,7 +95,7 @@ async def test_transcript_with_the_keys_prints_the_text_and_without_names_the_ke
         assert TASK not in err[0] and SAID not in err[0]
 
 
-async def test_follow_with_the_keys_prints_each_message_and_ends_with_the_round(
+def test_follow_with_the_keys_prints_each_message_and_ends_with_the_round(
     sealed: str, capsys: pytest.CaptureFixture[str], keys: None
 ) -> None:
     code, out, err = cli(capsys, sealed, "follow", "r", "--after", "0")
@@ -103,7 +104,7 @@ async def test_follow_with_the_keys_prints_each_message_and_ends_with_the_round(
     no_ciphertext(out, err)
 
 
-async def test_history_and_the_calls_list_show_no_ciphertext_with_or_without_the_keys(
+def test_history_and_the_calls_list_show_no_ciphertext_with_or_without_the_keys(
     sealed: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The step list and the call list show plain columns only (seqs, nodes, kinds, tokens): a

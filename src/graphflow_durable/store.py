@@ -382,7 +382,9 @@ class Store:
             UsageError: a malformed cursor, an unknown status, ``limit`` not in 1..500.
         """
         with self._guard("listing runs"), self._e.read.begin() as conn:
-            return page(conn, status=status, text=text, parent=parent, after=after, limit=limit)
+            return page(
+                conn, status=status, text=text, parent=parent, after=after, limit=limit, sealer=self._e.sealer
+            )
 
     def run_counts(self) -> dict[str, int]:
         """Runs per status (every status, 0 included): cheaper than :meth:`stats`."""
@@ -392,7 +394,7 @@ class Store:
     def open_requests(self, limit: int = 500) -> list[InputRequest]:
         """The pending requests for human input of every run, oldest first (at most ``limit``)."""
         with self._guard("listing the open input requests"), self._e.read.begin() as conn:
-            return open_requests(conn, limit)
+            return open_requests(conn, limit, self._e.sealer)
 
     def driver_deaths(self, run_id: str) -> list[deaths.Death]:
         """The takeovers of ``run_id`` from a driver that left it ``running`` (it died, or stalled
@@ -645,7 +647,7 @@ class Store:
             RunStateError: the run's last round ended (``stopped``, ``finished``).
         """
         with self._guard(f"retrying run {run_id}", run_id), self._e.write.begin() as conn:
-            return admin.retry(conn, run_id, time.time())
+            return admin.retry(conn, run_id, time.time(), self._e.sealer)
 
     def supply_output(self, run_id: str, node: str, text: str) -> Supply:
         """Write the answer of the node a failed run failed on, so that the run continues without it.
@@ -679,7 +681,7 @@ class Store:
             self._guard(f"supplying node {node}'s answer to run {run_id}", run_id),
             self._e.write.begin() as conn,
         ):
-            return admin.supply(conn, run_id, node, text, time.time(), self._e.url)
+            return admin.supply(conn, run_id, node, text, time.time(), self._e.url, self._e.sealer)
 
     def delete_run(self, run_id: str, *, force: bool = False, dry_run: bool = False) -> Removal:
         """Delete a run and everything of it, in one transaction: its steps, messages, agent states,

@@ -4,6 +4,8 @@ Usage: ``python tests/crash/worker.py STORE_URL RUN_ID [KILL]`` where KILL is on
 ``create:before``/``create:after`` (creating the run), ``commit:K:before`` (entering the K-th commit), ``commit:K:inside`` (inside its transaction,
 before COMMIT), ``commit:K:after`` (after it returned), ``agent:J`` (during the J-th agent turn).
 
+With ``$GRAPHFLOW_DURABLE_KEYS`` set, the store seals the run's content with those keys.
+
 Every agent turn is appended to the file named by ``$GFD_EXEC_LOG`` as ``pid node turn run_id``. On a
 normal end the transcript is printed to stdout as JSON: ``[[source, content], ...]``.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +25,7 @@ from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import DiGraph, DiGraphBuilder
 
 from graphflow_durable.context import current_execution
+from graphflow_durable.crypto import AESGCMCodec, Keys
 from graphflow_durable.flow import DurableGraphFlow
 from graphflow_durable.store import Store
 
@@ -140,7 +144,8 @@ def arm(store: Store, kill: str) -> None:
 async def main(argv: list[str]) -> int:
     url, run_id = argv[0], argv[1]
     kill = argv[2] if len(argv) > 2 else None
-    team = crash_team(url, run_id)
+    sealed = os.environ.get("GRAPHFLOW_DURABLE_KEYS")
+    team = crash_team(Store(url, codec=AESGCMCodec(Keys.from_env())) if sealed else url, run_id)
     if kill:
         arm(team.store, kill)
     # Re-running the same task resumes an unfinished run; a finished run's result is read back

@@ -49,6 +49,7 @@ from graphflow_durable._storage.schema import (
     runs,
     steps,
 )
+from graphflow_durable._storage.sealing import PLAIN, Sealer, keyless
 from graphflow_durable.errors import ConflictError, RunStateError, UsageError
 
 __all__ = [
@@ -199,7 +200,7 @@ def cancel(conn: sa.Connection, run_id: str, now: float) -> Cancellation:
     return Cancellation(run_id, "cancelled", "cancelled")
 
 
-def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
+def retry(conn: sa.Connection, run_id: str, now: float, sealer: Sealer = PLAIN) -> Retry:
     """Queue ``run_id`` again for the worker pool: a cancelled or failed run becomes ``interrupted``
     (the pool claims no failed run on its own); one whose budget ran out (the ``node_failed``
     marker) is marked for a fresh budget, which its next resume gives its nodes (``FRESH_BUDGET``);
@@ -220,8 +221,11 @@ def retry(conn: sa.Connection, run_id: str, now: float) -> Retry:
         if held(row):
             raise locked(run_id, row)
         status = "interrupted" if row.status in ("cancelled", "failed") else row.status
-        marker = _node_failed(row)
-        fresh = {} if marker is None else {"result": dumps({FRESH_BUDGET: True, "retried": marker})}
+        marker = _node_failed(row, sealer)
+        fresh = {}
+        if marker is not None:
+            result = dumps({FRESH_BUDGET: True, "retried": marker})
+            fresh = {"result": sealer.seal(result, "graphflow_runs", run_id, "run", "result")}
         _free(conn, row, now, status=status, **fresh)
     if submitted is not None:
         _due_now(conn, run_id, now)
@@ -310,7 +314,9 @@ def _refuse_text(run_id: str, node: Any, text: Any) -> None:
             )
 
 
-def supply(conn: sa.Connection, run_id: str, node: str, text: str, now: float, url: str) -> Supply:
+def supply(
+    conn: sa.Connection, run_id: str, node: str, text: str, now: float, url: str, sealer: Sealer = PLAIN
+) -> Supply:
     """Record ``text`` as the answer of ``node``, the node the failed run ``run_id`` failed on (its
     budget of retries or crashes spent: the ``node_failed`` marker), as that node's completion: one
     ``complete`` step marked ``supplied`` with a ``TextMessage`` from the node, the scheduler moved
@@ -326,7 +332,9 @@ def supply(conn: sa.Connection, run_id: str, node: str, text: str, now: float, u
     row = run_state(conn, run_id, now)
     if row is None:
         raise S.not_found(run_id)
-    failure = NodeFailure.from_json(_node_failed(row))
+    if row.sealed and not sealer.on:
+        raise keyless(run_id, url, "supplying an answer")
+    failure = NodeFailure.from_json(_node_failed(row, sealer))
     if row.status != "failed" or failure is None:
         why = (
             f"it is {row.status}, not failed"
@@ -374,6 +382,7 @@ def supply(conn: sa.Connection, run_id: str, node: str, text: str, now: float, u
             messages=[MessageRecord(seq, body, True)],
         ),
         now,
+        sealer if sealer.on else None,
     )
     conn.execute(S.INSERT_STEP, params.step)
     conn.execute(S.INSERT_MESSAGE, params.messages)
@@ -382,9 +391,14 @@ def supply(conn: sa.Connection, run_id: str, node: str, text: str, now: float, u
     return Supply(run_id, node, head, seq, "interrupted", ready)
 
 
-def _node_failed(row: Any) -> Any:
+def _node_failed(row: Any, sealer: Sealer) -> Any:
     """The ``node_failed`` marker of a failed run's result (a budget ran out), or ``None``."""
-    result = loads(row.result) if row.status == "failed" and row.result is not None else None
+    text = (
+        sealer.open(row.result, "graphflow_runs", row.run_id, "run", "result")
+        if row.status == "failed"
+        else None
+    )
+    result = loads(text) if text is not None else None
     return result.get("node_failed") if isinstance(result, Mapping) else None
 
 

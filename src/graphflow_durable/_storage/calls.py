@@ -27,6 +27,7 @@ from graphflow_durable._storage.checksum import CALLS, Damage, call_sum, corrupt
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import fenced
 from graphflow_durable._storage.schema import call_records
+from graphflow_durable._storage.sealing import PLAIN, Sealer
 from graphflow_durable.errors import UsageError
 
 __all__ = ["CallRecords", "call_row", "checked", "refuse_bad_record", "summarise"]
@@ -94,8 +95,11 @@ def refuse_bad_record(record: CallRecord) -> None:
         raise bad("created_at", f"created_at must be epoch seconds, not {when!r}")
 
 
-def call_row(record: CallRecord, *, run_id: str | None = None) -> dict[str, Any]:
-    """The row of ``record`` (under ``run_id``, default its own), with its checksum."""
+def call_row(
+    record: CallRecord, *, run_id: str | None = None, sealer: Sealer | None = None
+) -> dict[str, Any]:
+    """The row of ``record`` (under ``run_id``, default its own), its result sealed by ``sealer``
+    (if given), with its checksum over the stored text."""
     row: dict[str, Any] = {
         "run_id": record.run_id if run_id is None else run_id,
         "seq": record.seq,
@@ -114,15 +118,18 @@ def call_row(record: CallRecord, *, run_id: str | None = None) -> dict[str, Any]
         "discarded": bool(record.discarded),
         "created_at": float(record.created_at),
     }
+    if sealer is not None and sealer.on and row["result"] is not None:
+        row["result"] = sealer.seal(row["result"], CALLS, row["run_id"], row["seq"], "result")
     row["checksum"] = call_sum(row["run_id"], row)
     return row
 
 
-def checked(row: Mapping[Any, Any], url: str) -> CallRecord:
-    """The record of a stored row, after checking the row against its checksum.
+def checked(row: Mapping[Any, Any], url: str, sealer: Sealer = PLAIN) -> CallRecord:
+    """The record of a stored row, after checking the row against its checksum, its result opened.
 
     Raises:
-        StoreCorruptError: the row does not match its checksum.
+        StoreCorruptError: the row does not match its checksum, or its result does not open.
+        StoreConfigError: its result is sealed with a key the store was not given.
     """
     if row["checksum"] != call_sum(row["run_id"], row):
         raise corrupt(
@@ -139,7 +146,15 @@ def checked(row: Mapping[Any, Any], url: str) -> CallRecord:
         ident=row["ident"],
         fingerprint=row["fingerprint"],
         outcome=row["outcome"],
-        result=row["result"],
+        result=sealer.open(
+            row["result"],
+            CALLS,
+            row["run_id"],
+            int(row["seq"]),
+            "result",
+            seq=int(row["seq"]),
+            node=row["node"],
+        ),
         prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"],
         created_at=float(row["created_at"]),
@@ -209,7 +224,7 @@ class CallRecords:
         with self._guard("recording a call", run_id), self._e.write.begin() as conn:
             fenced(conn, run_id, fencing_token, lock=True)
             stored = replace(record, seq=_next_seq(conn, run_id))
-            conn.execute(sa.insert(call_records).values(**call_row(stored)))
+            conn.execute(sa.insert(call_records).values(**call_row(stored, sealer=self._e.sealer)))
         return stored
 
     def turn(self, run_id: str, turn_key: str) -> builtins.list[CallRecord]:
@@ -218,7 +233,7 @@ class CallRecords:
         changed outside the store is refused, never skipped)."""
         query = sa.select(call_records).where(_C.run_id == run_id, _C.turn_key == turn_key).order_by(_C.seq)
         with self._guard("reading the call records", run_id), self._e.read.begin() as conn:
-            return [checked(row, self._e.url) for row in conn.execute(query).mappings()]
+            return [checked(row, self._e.url, self._e.sealer) for row in conn.execute(query).mappings()]
 
     def for_turn(self, run_id: str, turn_key: str) -> builtins.list[CallRecord]:
         """The turn's live, not discarded records, in ``seq`` order (what an attempt may replay);
@@ -240,10 +255,12 @@ class CallRecords:
         )
         with self._guard("discarding call records", run_id), self._e.write.begin() as conn:
             fenced(conn, run_id, fencing_token, lock=True)
-            rows = [checked(row, self._e.url) for row in conn.execute(query).mappings()]
+            stored = conn.execute(query).mappings().all()
+            rows = [checked(row, self._e.url, self._e.sealer) for row in stored]
+            # the new checksums are over the stored rows (a sealed result is not sealed again)
             voided = [
-                replace(r, discarded=True)
-                for r in rows
+                (r.seq, call_sum(run_id, {**row, "discarded": True}))
+                for r, row in zip(rows, stored, strict=True)
                 if _replayable(r) and (kind is None or r.kind == kind)
             ]
             if voided:
@@ -251,7 +268,7 @@ class CallRecords:
                     sa.update(call_records)
                     .where(_C.run_id == run_id, _C.seq == sa.bindparam("p_seq"))
                     .values(discarded=True, checksum=sa.bindparam("p_sum")),
-                    [{"p_seq": r.seq, "p_sum": call_row(r)["checksum"]} for r in voided],
+                    [{"p_seq": seq, "p_sum": checksum} for seq, checksum in voided],
                 )
         return len(voided)
 
@@ -260,7 +277,7 @@ class CallRecords:
         without records (or an unknown run)."""
         query = sa.select(call_records).where(_C.run_id == run_id).order_by(_C.seq)
         with self._guard("reading the call records", run_id), self._e.read.begin() as conn:
-            return [checked(row, self._e.url) for row in conn.execute(query).mappings()]
+            return [checked(row, self._e.url, self._e.sealer) for row in conn.execute(query).mappings()]
 
     def summary(self, run_id: str) -> CallSummary:
         """The run's calls made (``live`` rows, discarded ones included: they were paid), calls

@@ -274,10 +274,11 @@ def _read(engines: Engines, run_id: str, after: int, final: bool, born: float | 
             raise S.not_found(run_id)
         if born is not None and position.created_at != born:
             raise gone(run_id, born, float(position.created_at))
-        run = S.run_row(conn, run_id) if final or position.status != "running" else None
+        run = S.run_row(conn, run_id, engines.sealer) if final or position.status != "running" else None
         if position.message_count - 1 <= after:
             return run, [], float(position.created_at)
-        return run, _after_offset(conn, engines.url, run_id, after, position), float(position.created_at)
+        found = _after_offset(conn, engines, run_id, after, position)
+        return run, found, float(position.created_at)
 
 
 def gone(run_id: str, born: float, now_born: float | None) -> RunNotFoundError:
@@ -295,8 +296,11 @@ def gone(run_id: str, born: float, now_born: float | None) -> RunNotFoundError:
     )
 
 
-def _after_offset(conn: sa.Connection, url: str, run_id: str, after: int, run: Any) -> list[StoredMessage]:
+def _after_offset(
+    conn: sa.Connection, engines: Engines, run_id: str, after: int, run: Any
+) -> list[StoredMessage]:
     found: list[StoredMessage] = []
+    url, opened = engines.url, engines.sealer.open
     for m in conn.execute(_SELECT_AFTER, {"p_run_id": run_id, "p_after": after}):
         if m.seq >= run.message_count:
             break  # not counted by the row read: a later commit's (not in a snapshot)
@@ -307,8 +311,9 @@ def _after_offset(conn: sa.Connection, url: str, run_id: str, after: int, run: A
         expected = after + 1 + len(found)
         if m.seq != expected:
             raise corrupt(_gap(run_id, expected, m.seq, m.step_seq), url)
+        body = opened(m.body, MESSAGES, run_id, m.seq, "body", seq=m.seq)
         found.append(
-            StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(m.body), published=bool(m.published))
+            StoredMessage(seq=m.seq, step_seq=m.step_seq, body=loads(body), published=bool(m.published))
         )
     if after + len(found) != run.message_count - 1:
         step = found[-1].step_seq if found else run.head_seq

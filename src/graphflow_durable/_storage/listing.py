@@ -21,6 +21,7 @@ from graphflow_durable._model.records import RUN_STATUSES, RunRecord, turn_count
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.requests import _pending, _request
 from graphflow_durable._storage.schema import input_requests, queue, runs, steps
+from graphflow_durable._storage.sealing import PLAIN, Sealer
 from graphflow_durable._storage.workqueue import Submission, submission
 from graphflow_durable.errors import UsageError
 
@@ -77,6 +78,7 @@ def page(
     parent: str | None = None,
     after: str | None,
     limit: int,
+    sealer: Sealer = PLAIN,
 ) -> RunPage:
     """The page of runs after cursor ``after`` (first page: ``None``), of the statuses given (all:
     ``None``), whose run id contains ``text`` (case as given), at most ``limit`` of them."""
@@ -98,19 +100,19 @@ def page(
         query = query.where(
             sa.or_(_R.created_at < created, sa.and_(_R.created_at == created, _R.run_id < run_id))
         )
-    found = [S.run_record(row) for row in conn.execute(query).mappings()]
+    found = [S.run_record(row, sealer) for row in conn.execute(query).mappings()]
     more = len(found) > limit
     found = found[:limit]
     ids = [run.run_id for run in found]
     if not ids:
         return RunPage([])
     subs = {
-        row["run_id"]: submission(row)
+        row["run_id"]: submission(row, sealer)
         for row in conn.execute(sa.select(queue).where(queue.c.run_id.in_(ids))).mappings()
     }
     pending: dict[str, list[InputRequest]] = {}
     waiting = [run.run_id for run in found if run.status == "waiting"]
-    for request in _pending(conn, waiting) if waiting else []:
+    for request in _pending(conn, waiting, sealer) if waiting else []:
         pending.setdefault(request.run_id, []).append(request)
     counted = conn.execute(
         sa.select(steps.c.run_id, sa.func.count())
@@ -146,7 +148,7 @@ def status_counts(conn: sa.Connection) -> dict[str, int]:
     return counts
 
 
-def open_requests(conn: sa.Connection, limit: int) -> list[InputRequest]:
+def open_requests(conn: sa.Connection, limit: int, sealer: Sealer = PLAIN) -> list[InputRequest]:
     """The pending requests for human input of every run, oldest first, at most ``limit``."""
     query = (
         sa.select(input_requests)
@@ -154,4 +156,4 @@ def open_requests(conn: sa.Connection, limit: int) -> list[InputRequest]:
         .order_by(input_requests.c.created_at, input_requests.c.run_id, input_requests.c.request_id)
         .limit(limit)
     )
-    return [_request(row) for row in conn.execute(query).mappings()]
+    return [_request(row, sealer) for row in conn.execute(query).mappings()]

@@ -23,6 +23,7 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.lease import fenced
 from graphflow_durable._storage.schema import input_requests, runs
+from graphflow_durable._storage.sealing import PLAIN, Sealer, keyless
 from graphflow_durable.errors import ConflictError, NotWaitingError, StoreError, UsageError
 
 _log = logging.getLogger("graphflow_durable.store")
@@ -30,19 +31,26 @@ _log = logging.getLogger("graphflow_durable.store")
 __all__ = ["InputRequests"]
 
 _I = input_requests.c
+_TABLE = "graphflow_input_requests"
 
 #: The texts a person or an agent gives (schema version 9: stored as JSON strings), in words.
 _TEXTS = {"prompt": "prompt", "answer": "answer", "default_answer": "default answer", "run_id": "run id"}
 
 
-def _stored(text: str | None) -> str | None:
+def _stored(
+    text: str | None, sealer: Sealer = PLAIN, run_id: str = "", request_id: str = "", column: str = ""
+) -> str | None:
     """A request's text as stored: a JSON string, as the message log stores its bodies, so a NUL
-    (which PostgreSQL's text cannot hold) is escaped, alike on both backends."""
-    return None if text is None else dumps(text)
+    (which PostgreSQL's text cannot hold) is escaped, alike on both backends; sealed with a codec."""
+    if text is None:
+        return None
+    return sealer.seal(dumps(text), _TABLE, run_id, request_id, column) if sealer.on else dumps(text)
 
 
-def _text(stored: str | None) -> str | None:
-    return None if stored is None else str(loads(stored))
+def _text(stored: str | None, sealer: Sealer, row: Mapping[str, Any] | RowMapping, column: str) -> str | None:
+    if stored is None:
+        return None
+    return str(loads(sealer.open(stored, _TABLE, row["run_id"], row["request_id"], column, node=row["node"])))
 
 
 def _refuse_surrogates(run_id: str, texts: Mapping[str, str | None]) -> None:
@@ -60,61 +68,62 @@ def _refuse_surrogates(run_id: str, texts: Mapping[str, str | None]) -> None:
             )
 
 
-def _request(row: Mapping[str, Any] | RowMapping) -> InputRequest:
+def _request(row: Mapping[str, Any] | RowMapping, sealer: Sealer = PLAIN) -> InputRequest:
     return InputRequest(
         run_id=row["run_id"],
         request_id=row["request_id"],
         node=row["node"],
-        prompt=str(_text(row["prompt"])),
+        prompt=str(_text(row["prompt"], sealer, row, "prompt")),
         idempotency_key=row["idempotency_key"],
         status=row["status"],
-        answer=_text(row["answer"]),
+        answer=_text(row["answer"], sealer, row, "answer"),
         answered_by=row["answered_by"],
         created_at=row["created_at"],
         answered_at=row["answered_at"],
         deadline=row["deadline"],
-        default=_text(row["default_answer"]),
+        default=_text(row["default_answer"], sealer, row, "default_answer"),
     )
 
 
-def _find(conn: Connection, run_id: str, request_id: str) -> InputRequest | None:
+def _find(conn: Connection, run_id: str, request_id: str, sealer: Sealer) -> InputRequest | None:
     """The request, or ``None``."""
     row = (
         conn.execute(sa.select(input_requests).where(_I.run_id == run_id, _I.request_id == request_id))
         .mappings()
         .first()
     )
-    return None if row is None else _request(row)
+    return None if row is None else _request(row, sealer)
 
 
-def _insert(conn: Connection, request: InputRequest) -> InputRequest:
+def _insert(conn: Connection, request: InputRequest, sealer: Sealer) -> InputRequest:
     """Insert a request row (``IntegrityError`` when its id exists)."""
+    where = (sealer, request.run_id, request.request_id)
     values = {
         "run_id": request.run_id,
         "request_id": request.request_id,
         "node": request.node,
-        "prompt": _stored(request.prompt),
+        "prompt": _stored(request.prompt, *where, "prompt"),
         "idempotency_key": request.idempotency_key,
         "status": request.status,
-        "answer": _stored(request.answer),
+        "answer": _stored(request.answer, *where, "answer"),
         "answered_by": request.answered_by,
         "created_at": request.created_at,
         "answered_at": request.answered_at,
         "deadline": request.deadline,
-        "default_answer": _stored(request.default),
+        "default_answer": _stored(request.default, *where, "default_answer"),
     }
     conn.execute(sa.insert(input_requests).values(**values))
     return request
 
 
-def _pending(conn: Connection, run_ids: Sequence[str]) -> list[InputRequest]:
+def _pending(conn: Connection, run_ids: Sequence[str], sealer: Sealer = PLAIN) -> list[InputRequest]:
     """The pending requests of the runs, oldest first."""
     query = (
         sa.select(input_requests)
         .where(_I.run_id.in_(list(run_ids)), _I.status == "pending")
         .order_by(_I.created_at, _I.request_id)
     )
-    return [_request(row) for row in conn.execute(query).mappings()]
+    return [_request(row, sealer) for row in conn.execute(query).mappings()]
 
 
 def _answer(
@@ -126,6 +135,8 @@ def _answer(
     request_id: str | None,
     by: str,
     now: float,
+    sealer: Sealer,
+    url: str,
 ) -> tuple[InputRequest, str]:
     """Answer one pending request of ``run_id``; a ``waiting`` run (or one that failed for this
     request's deadline) becomes ``interrupted`` (to be resumed) once none of the requests it parked on is pending: while another person's request is,
@@ -138,12 +149,16 @@ def _answer(
     ``respond``) to a cancelled run is refused: the run asks again once it is resumed.
     """
     row = conn.execute(
-        sa.select(runs.c.status, runs.c.result).where(runs.c.run_id == run_id).with_for_update()
+        sa.select(runs.c.status, runs.c.result, runs.c.sealed)
+        .where(runs.c.run_id == run_id)
+        .with_for_update()
     ).first()
     if row is None:
         raise S.not_found(run_id)
+    if row.sealed and not sealer.on:
+        raise keyless(run_id, url, "answering its input request")
     status = row.status
-    open_ = _pending(conn, [run_id])
+    open_ = _pending(conn, [run_id], sealer)
     ids = [r.request_id for r in open_]
     if status == "cancelled" and by == "respond":
         raise NotWaitingError(
@@ -156,7 +171,7 @@ def _answer(
     if request_id is not None:
         target = next((r for r in open_ if r.request_id == request_id), None)
         if target is None:
-            found = _find(conn, run_id, request_id)
+            found = _find(conn, run_id, request_id, sealer)
             what = "has no such request" if found is None else f"has request {request_id!r} {found.status}"
             raise NotWaitingError(
                 f"run {run_id} {what}; nothing was changed; pending: {', '.join(ids) or 'none'}",
@@ -185,7 +200,12 @@ def _answer(
     changed = conn.execute(
         sa.update(input_requests)
         .where(_I.run_id == run_id, _I.request_id == target.request_id, _I.status == "pending")
-        .values(status="answered", answer=_stored(text), answered_by=by, answered_at=now)
+        .values(
+            status="answered",
+            answer=_stored(text, sealer, run_id, target.request_id, "answer"),
+            answered_by=by,
+            answered_at=now,
+        )
     ).rowcount
     if changed != 1:  # pragma: no cover - the run's row lock serialises answers
         raise NotWaitingError(
@@ -193,7 +213,8 @@ def _answer(
             run_id=run_id,
             request_id=target.request_id,
         )
-    parked = parked_on(None if row.result is None else loads(row.result))
+    result = sealer.open(row.result, "graphflow_runs", run_id, "run", "result")
+    parked = parked_on(None if result is None else loads(result))
     still = [i for i in ids if i != target.request_id and (parked is None or i in parked)]
     # A run that failed for this request's deadline (no default answer) gets what it failed for:
     # resumable again, as a waiting run is (the pool claims no failed run on its own).
@@ -264,18 +285,18 @@ class InputRequests:
     def pending(self, run_id: str) -> list[InputRequest]:
         """The run's pending requests, oldest first."""
         with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
-            return _pending(conn, [run_id])
+            return _pending(conn, [run_id], self._e.sealer)
 
     def of_run(self, run_id: str) -> list[InputRequest]:
         """Every request of the run (pending, answered, cancelled), oldest first."""
         query = sa.select(input_requests).where(_I.run_id == run_id).order_by(_I.created_at, _I.request_id)
         with self._guard("reading the input requests", run_id), self._e.read.begin() as conn:
-            return [_request(row) for row in conn.execute(query).mappings()]
+            return [_request(row, self._e.sealer) for row in conn.execute(query).mappings()]
 
     def get(self, run_id: str, request_id: str) -> InputRequest | None:
         """One request of the run (any status), or ``None``."""
         with self._guard("reading an input request", run_id), self._e.read.begin() as conn:
-            return _find(conn, run_id, request_id)
+            return _find(conn, run_id, request_id, self._e.sealer)
 
     def open(self, run_id: str, request: InputRequest, *, fencing_token: int | None = None) -> InputRequest:
         """Record ``request`` unless one with its id exists; return the stored one (an input
@@ -300,8 +321,8 @@ class InputRequests:
             try:
                 with self._guard("recording an input request", run_id), self._e.write.begin() as conn:
                     fenced(conn, run_id, fencing_token)
-                    found = _find(conn, run_id, request.request_id)
-                    return found if found is not None else _insert(conn, request)
+                    found = _find(conn, run_id, request.request_id, self._e.sealer)
+                    return found if found is not None else _insert(conn, request, self._e.sealer)
             except StoreError as exc:
                 if not isinstance(exc.__cause__, sa.exc.IntegrityError):
                     raise
@@ -328,7 +349,15 @@ class InputRequests:
         with self._guard("answering an input request", run_id), self._e.write.begin() as conn:
             fenced(conn, run_id, fencing_token)
             done, status = _answer(
-                conn, run_id, text, node=node, request_id=request_id, by=by, now=time.time()
+                conn,
+                run_id,
+                text,
+                node=node,
+                request_id=request_id,
+                by=by,
+                now=time.time(),
+                sealer=self._e.sealer,
+                url=self._e.url,
             )
         _log.info("run %s: request %s answered (%s); the run is %s", run_id, done.request_id, by, status)
         return done

@@ -73,6 +73,7 @@ from graphflow_durable._storage.flowcontrol import (
 )
 from graphflow_durable._storage.lease import NOBODY, check_lease_seconds, holder_gone, pid_alive, take_over
 from graphflow_durable._storage.schema import queue, runs
+from graphflow_durable._storage.sealing import PLAIN, Sealer, is_sealed
 from graphflow_durable.errors import ConflictError, RunExistsError, StoreError, UsageError
 
 __all__ = [
@@ -90,6 +91,7 @@ _log = logging.getLogger(__name__)
 
 _TABLE = queue  # the queue table (``submit`` has a ``queue`` argument)
 _Q = queue.c
+_QT = "graphflow_queue"
 _R = runs.c
 #: At most this many candidates per claim (each a queue or partition found at its cap under its lock).
 _CANDIDATES = 8
@@ -166,14 +168,24 @@ _PLAIN_SUBMISSION_FIELDS = tuple(
 )
 
 
-def submission(row: Mapping[str, Any] | RowMapping) -> Submission:
-    """A queue row (JSON text) as a :class:`Submission`."""
-    task = row["task"]
-    return Submission(
-        **{name: row[name] for name in _PLAIN_SUBMISSION_FIELDS},
-        task=None if task is None else loads(task),
-        partition=row["partition_key"],
-    )
+def submission(row: Mapping[str, Any] | RowMapping, sealer: Sealer = PLAIN) -> Submission:
+    """A queue row (JSON text) as a :class:`Submission`, its task and last error opened."""
+    task, error = row["task"], row["last_error"]
+    if task is not None or error is not None:
+        task = sealer.open(task, _QT, row["run_id"], "queue", "task")
+        error = sealer.open(error, _QT, row["run_id"], "queue", "last_error")
+    plain = {name: row[name] for name in _PLAIN_SUBMISSION_FIELDS}
+    plain["last_error"] = error
+    return Submission(**plain, task=None if task is None else loads(task), partition=row["partition_key"])
+
+
+def error_text(sealer: Sealer, run_id: str, error: str) -> str:
+    """A last error as stored (at most 4000 characters): sealed with a codec; plain, it is the only
+    content column that is not JSON, so one that looks sealed gets a space in front."""
+    error = error[:4000]
+    if sealer.on:
+        return str(sealer.seal(error, _QT, run_id, "queue", "last_error"))
+    return f" {error}" if is_sealed(error) else error
 
 
 def _claimable_since(*times: float | None, now: float) -> float:
@@ -252,6 +264,8 @@ class WorkQueue:
                 f"not_before must be a time in epoch seconds, not {not_before!r}", option="not_before"
             )
         text = dumps(task, where=f"the task of run {run_id}")
+        sealer = self._e.sealer
+        stored = sealer.seal(text, _QT, run_id, "queue", "task") if sealer.on else text
         now = time.time()
         placed = {"queue": queue, "priority": priority, "partition_key": partition}
         for _attempt in range(2):
@@ -261,11 +275,12 @@ class WorkQueue:
                     if row is not None and row["task"] is None:
                         row = None  # no submission: a run's failure bookkeeping (record_error/failure)
                     if row is not None:
-                        if row["task"] == text and row["team"] == team and _placed(row) == placed:
-                            return submission(row)
+                        was = sealer.open(row["task"], _QT, run_id, "queue", "task")
+                        if was == text and row["team"] == team and _placed(row) == placed:
+                            return submission(row, sealer)
                         raise RunExistsError(
                             f"run {run_id} was already submitted with team {row['team']!r}, task "
-                            f"{row['task'][:200]} and {_placed(row)}, not team {team!r}, task {text[:200]} "
+                            f"{was[:200]} and {_placed(row)}, not team {team!r}, task {text[:200]} "
                             f"and {placed}; submit the new task under a new run_id",
                             run_id=run_id,
                             team=row["team"],
@@ -280,7 +295,7 @@ class WorkQueue:
                     values = {
                         "run_id": run_id,
                         "team": team,
-                        "task": text,
+                        "task": stored,
                         "status": "pending",
                         "attempts": 0,
                         "claim_token": 0,
@@ -290,7 +305,8 @@ class WorkQueue:
                     }
                     traced = {"trace_context": _caller_traceparent()}
                     conn.execute(sa.insert(_TABLE).values({**values, **traced, "not_before": not_before}))
-                    return submission({**values, **dict.fromkeys(_QUEUE_NULLS), "not_before": not_before})
+                    made = {**values, **dict.fromkeys(_QUEUE_NULLS), "not_before": not_before}
+                    return submission(made, sealer)
             except StoreError as exc:
                 if not isinstance(exc.__cause__, sa.exc.IntegrityError):
                     raise
@@ -367,7 +383,7 @@ class WorkQueue:
         """The run's queue row (its submission, attempts and back-off), or ``None``."""
         with self._guard(f"reading the submission of run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
-        return None if row is None else submission(row)
+        return None if row is None else submission(row, self._e.sealer)
 
     def list_submissions(self, *, waiting: bool = False) -> list[Submission]:
         """Queue rows in submission order; ``waiting=True``: only those whose run does not exist yet."""
@@ -376,7 +392,7 @@ class WorkQueue:
             query = query.where(~sa.exists().where(runs.c.run_id == queue.c.run_id))
         with self._guard("listing submissions"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
-        return [submission(row) for row in rows]
+        return [submission(row, self._e.sealer) for row in rows]
 
     def claim(
         self,
@@ -521,7 +537,7 @@ class WorkQueue:
             fencing_token=token,
             expires_at=expires,
             team=row.team,
-            task=None if row.task is None else loads(row.task),
+            task=self._task(row.run_id, row.task),
             status=row.status,
             reason="free" if row.lease_owner is None else reason,
             attempts=int(row.attempts),
@@ -535,6 +551,11 @@ class WorkQueue:
                 now=float(row.db_now),
             ),
         )
+
+    def _task(self, run_id: str, stored: str | None) -> Any:
+        """A claimed run's task, opened (a sealed one without the key: refused, nothing claimed)."""
+        text = self._e.sealer.open(stored, _QT, run_id, "queue", "task")
+        return None if text is None else loads(text)
 
     def _claim_submission(self, conn: sa.Connection, want: _Wanted, row: Any) -> Claim | None:
         owner, lease_seconds = want.owner, want.lease_seconds
@@ -557,7 +578,7 @@ class WorkQueue:
             fencing_token=token,
             expires_at=expires,
             team=row["team"],
-            task=None if row["task"] is None else loads(row["task"]),
+            task=self._task(row["run_id"], row["task"]),
             status=None,
             reason="submitted" if row["claimed_by"] is None else "the previous claim expired or died",
             queue=row["queue"],
@@ -627,7 +648,7 @@ class WorkQueue:
     def record_failure(self, run_id: str, *, error: str, retry_at: float) -> int:
         """Count a failed attempt at ``run_id`` and keep workers off it until ``retry_at``; return the
         number of failed attempts so far. Works for runs that were never submitted, too."""
-        values = {"not_before": retry_at, "last_error": error[:4000]}
+        values = {"not_before": retry_at, "last_error": error_text(self._e.sealer, run_id, error)}
         with self._guard(f"recording a failure of run {run_id}", run_id), self._e.write.begin() as conn:
             return _note(conn, run_id, values, count=True)
 
@@ -659,7 +680,7 @@ class WorkQueue:
         back-off alone: a run that failed outside a worker pool. Works for runs that were never
         submitted, too."""
         with self._guard(f"recording the error of run {run_id}", run_id), self._e.write.begin() as conn:
-            _note(conn, run_id, {"last_error": error[:4000]}, count=False)
+            _note(conn, run_id, {"last_error": error_text(self._e.sealer, run_id, error)}, count=False)
 
 
 def _placed(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:

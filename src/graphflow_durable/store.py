@@ -433,8 +433,12 @@ class Store:
         Raises:
             RunNotFoundError: one of ``run_ids`` does not exist (nothing is reported then).
         """
-        ids = [run.run_id for run in self.list_runs()] if run_ids is None else list(dict.fromkeys(run_ids))
-        if missing := [run_id for run_id in ids if run_ids is not None and self.get_run(run_id) is None]:
+        # run ids only: a sealed run's task is not opened, so verify needs no key
+        with self._guard("listing runs"), self._e.read.begin() as conn:
+            query = sa.select(runs.c.run_id).order_by(runs.c.created_at, runs.c.run_id)
+            stored = list(conn.execute(query).scalars())
+        ids = stored if run_ids is None else list(dict.fromkeys(run_ids))
+        if missing := [run_id for run_id in ids if run_id not in set(stored)]:
             raise S.not_found(missing[0])
         scans = []
         for run_id in ids:
@@ -730,21 +734,22 @@ class Store:
         *,
         to: str | None = None,
         encrypt: bool = False,
+        batch: int = 200,
         progress: Callable[[str, int], None] | None = None,
     ) -> Rekeyed:
         """Re-seal the runs' content (default: every run and submission) under key ``to`` (default:
         the active key), plain rows too with ``encrypt``, while workers drive them; killed, every
-        row opens under the old key or the new one (``_storage/rekey.py``, docs/encryption.md).
+        row opens under the old key or the new one; ``batch`` rows per transaction
+        (``_storage/rekey.py``, docs/encryption.md).
 
         Raises:
             StoreConfigError: no codec, no key ``to``, or not the key of a row.
             StoreCorruptError: a sealed row does not open. RunNotFoundError: an unknown run id.
         """
-        for run_id in run_ids or ():
-            if self.get_run(run_id) is None and self.queue.get_submission(run_id) is None:
-                raise S.not_found(run_id)
         with self._guard("re-sealing rows"):
-            return rekey_rows(self._e, self._e.sealer, run_ids, to=to, encrypt=encrypt, progress=progress)
+            return rekey_rows(
+                self._e, self._e.sealer, run_ids, to=to, encrypt=encrypt, batch=batch, progress=progress
+            )
 
     def audit_sealing(self, run_ids: Sequence[str] | None = None, *, open_values: bool = False) -> SealAudit:
         """The sealed and plain content values per table and key; ``open_values``: open each one

@@ -39,7 +39,8 @@ from graphflow_durable._storage.schema import (
     steps,
 )
 from graphflow_durable._storage.sealing import PREFIX, SEALED, Sealer, is_sealed, key_of, position_of
-from graphflow_durable.errors import StoreConfigError, StoreCorruptError
+from graphflow_durable._storage.statements import not_found
+from graphflow_durable.errors import StoreConfigError, StoreCorruptError, UsageError
 
 __all__ = ["BATCH", "Rekeyed", "SealAudit", "Unopened", "audit", "rekey"]
 
@@ -182,7 +183,12 @@ def _needs(column: sa.Column[Any], target: str, encrypt: bool) -> sa.ColumnEleme
 
 
 def _page(
-    place: _Place, run_ids: Sequence[str] | None, target: str, encrypt: bool, after: tuple[Any, ...] | None
+    place: _Place,
+    run_ids: Sequence[str] | None,
+    target: str,
+    encrypt: bool,
+    after: tuple[Any, ...] | None,
+    batch: int,
 ) -> sa.Select[Any]:
     t = place.table
     cond = sa.or_(*(_needs(t.c[name], target, encrypt) for name in place.columns))
@@ -191,7 +197,7 @@ def _page(
         query = query.where(t.c.run_id.in_(list(run_ids)))
     if after is not None:
         query = query.where(sa.tuple_(*place.key) > sa.tuple_(*after))
-    return query.order_by(*place.key).limit(BATCH)
+    return query.order_by(*place.key).limit(batch)
 
 
 def _reseal(
@@ -253,16 +259,20 @@ def rekey(
     *,
     to: str | None = None,
     encrypt: bool = False,
+    batch: int = BATCH,
     progress: Callable[[str, int], None] | None = None,
 ) -> Rekeyed:
     """Seal every content value of the runs (default: all; the queue's rows included) under key
     ``to`` (default: the codec's active key): values sealed under another key always, plain values
-    with ``encrypt``. See the module for how a live run's rows are kept whole.
+    with ``encrypt``; ``batch`` rows per transaction. See the module for how a live run's rows are
+    kept whole.
 
     Raises:
         StoreConfigError: the store has no codec, or no key ``to``, or a row's key is missing.
         StoreCorruptError: a sealed value does not open (nothing more is re-sealed).
     """
+    if batch < 1:
+        raise UsageError(f"batch={batch}: give at least 1 row per transaction", option="batch")
     codec = sealer.codec
     if codec is None:
         raise StoreConfigError(
@@ -277,6 +287,11 @@ def rekey(
             url=e.url,
             option="to",
         )
+    for run_id in run_ids or ():  # ids only: nothing is opened before the key is checked
+        found = [sa.select(t.c.run_id).where(t.c.run_id == run_id) for t in (runs, queue)]
+        with e.read.begin() as conn:
+            if conn.execute(sa.union_all(*found)).first() is None:
+                raise not_found(run_id)
     sealer.verify_key(key_id, keep=True)  # the key's check value kept before it seals a row
     target = f"{PREFIX}{key_id}:"
     done = Rekeyed(key_id, {place.table.name: 0 for place in PLACES})
@@ -293,7 +308,7 @@ def rekey(
                 after: tuple[Any, ...] | None = None
                 while True:
                     with conn.begin():
-                        page = conn.execute(_page(place, run_ids, target, encrypt, after)).mappings()
+                        page = conn.execute(_page(place, run_ids, target, encrypt, after, batch)).mappings()
                         rows = [dict(row) for row in page]
                         for row in rows:
                             new = _reseal(place, row, sealer, key_id, encrypt, target)
@@ -303,7 +318,7 @@ def rekey(
                                 raced += 1
                     if rows and progress is not None:
                         progress(place.table.name, done.resealed[place.table.name])
-                    if len(rows) < BATCH:
+                    if len(rows) < batch:
                         break
                     after = tuple(rows[-1][column.name] for column in place.key)
             if raced == 0:

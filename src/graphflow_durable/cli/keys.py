@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.cli._common import CliError, json_option, require_value, store_option
+from graphflow_durable.cli._common import INT, CliError, json_option, require_value, store_option
 from graphflow_durable.store import Store
 
 __all__ = ["EPILOG", "EXIT_LEFT", "add_command", "check", "rekey", "sealing_report"]
@@ -26,7 +26,7 @@ __all__ = ["EPILOG", "EXIT_LEFT", "add_command", "check", "rekey", "sealing_repo
 EXIT_LEFT = 3
 
 EPILOG = """\
-  runs rekey [RUN ...] [--to KEY] [--encrypt] [--json]
+  runs rekey [RUN ...] [--to KEY] [--encrypt] [--batch N] [--json]
                                      re-seal the runs' rows (default: all) under the active key
                                      (GRAPHFLOW_DURABLE_ACTIVE_KEY) or KEY, a batch at a time while
                                      workers drive them; --encrypt seals plain rows too (then
@@ -48,6 +48,7 @@ def add_command(runs: click.Group, dispatch: Callable[[str, dict[str, Any]], int
     @click.argument("run_ids", nargs=-1, metavar="[RUN]...")
     @click.option("--to", "to", metavar="KEY", default=None, help="the key id to seal under")
     @click.option("--encrypt", is_flag=True, help="seal plain rows too (a store encrypted in place)")
+    @click.option("--batch", type=INT, default=200, metavar="N", help="rows per transaction (default 200)")
     @json_option("one JSON object: key, resealed (rows per table), total, left, vacuumed")
     def _rekey_command(**params: Any) -> int:
         return dispatch("rekey", params)
@@ -66,7 +67,7 @@ def rekey(store: Store, args: SimpleNamespace, out: Out) -> int:
         raise CliError(
             "runs rekey needs the store's keys: set GRAPHFLOW_DURABLE_KEYS (the old keys and the new one)", 2
         )
-    done = store.rekey(args.run_ids or None, to=args.to, encrypt=args.encrypt)
+    done = store.rekey(args.run_ids or None, to=args.to, encrypt=args.encrypt, batch=args.batch)
     if args.json:
         out(json.dumps(done.to_json(), sort_keys=True))
     else:

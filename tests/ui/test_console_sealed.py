@@ -5,6 +5,7 @@ line naming the key id (403), never the stored ``gfd1:`` text and never a traceb
 
 from __future__ import annotations
 
+import base64
 import html
 import os
 import re
@@ -16,17 +17,20 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+import sqlalchemy as sa
 import uvicorn
 from autogen_agentchat.agents import UserProxyAgent
 from autogen_agentchat.teams import DiGraphBuilder
 
 from agents import Scripted, chain, close_stores, durable
 from graphflow_durable import DurableGraphFlow
+from graphflow_durable.cli.runs import EXIT_OK, EXIT_USAGE
 from graphflow_durable.crypto import AESGCMCodec
 from graphflow_durable.store import Store
 from graphflow_durable.ui import create_app
+from integration.test_cli_manage import cli, one_line_error
 
-from .helpers import client, csrf_of
+from .helpers import client
 from .test_console_live import events
 
 KEY = os.urandom(32)
@@ -115,21 +119,23 @@ async def test_without_the_keys_every_page_with_content_is_refused_naming_the_ke
             refused(exported)
 
 
-async def test_without_the_keys_an_answer_is_refused_and_the_request_stays_open(sealed: str) -> None:
-    with Store(sealed) as keyless:
-        c = client(keyless)
-        token = csrf_of(c.get("/stats").text)
-        with Store(sealed, codec=codec()) as store:
-            (request,) = store.pending_requests("asks")
-        answer = c.post(
-            "/runs/asks/respond", data={"csrf": token, "text": "approved", "request_id": request.request_id}
-        )
-        assert answer.status_code in (403, 409), answer.text[:2000]
-        no_ciphertext(answer.text)
+def test_without_the_keys_an_answer_is_refused_in_one_line_and_the_request_stays_open(
+    sealed: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console without the keys offers no answer box (its inbox is refused); ``runs respond``
+    from a shell without them writes no plain answer into the sealed run."""
+    monkeypatch.delenv("GRAPHFLOW_DURABLE_KEYS", raising=False)
+    code, out, err = cli(capsys, sealed, "respond", "asks", "approved")
+    assert (code, out) == (EXIT_USAGE, [])
+    one_line_error(err, "sealed", "GRAPHFLOW_DURABLE_KEYS")
     with Store(sealed, codec=codec()) as store:
         run = store.get_run("asks")
         assert run is not None and run.status == "waiting"
-        assert [r.request_id for r in store.pending_requests("asks")] == [request.request_id]
+        (request,) = store.pending_requests("asks")
+        assert request.answer is None
+    monkeypatch.setenv("GRAPHFLOW_DURABLE_KEYS", "k1=" + base64.b64encode(KEY).decode())
+    code, out, err = cli(capsys, sealed, "respond", "asks", "approved")
+    assert code == EXIT_OK, err
 
 
 @contextmanager
@@ -154,7 +160,7 @@ def serve(store: Store) -> Iterator[str]:
         sock.close()
 
 
-async def test_the_live_stream_gives_the_text_with_the_keys_and_a_refusal_event_without(sealed: str) -> None:
+async def test_the_live_stream_gives_the_text_with_the_keys_and_is_refused_without(sealed: str) -> None:
     with (
         Store(sealed, codec=codec()) as store,
         serve(store) as url,
@@ -164,10 +170,30 @@ async def test_the_live_stream_gives_the_text_with_the_keys_and_a_refusal_event_
         kind, data = next(events(got.iter_lines()))
         assert kind == "message" and SAID in str(data["text"])
     with Store(sealed) as keyless, serve(keyless) as url, httpx.Client(timeout=20) as http:
+        got = http.get(f"{url}/runs/done/events?after=0")
+        refused(got)
+
+
+async def test_a_moved_ciphertext_ends_the_live_stream_with_a_refusal_naming_the_row(sealed: str) -> None:
+    """A message whose sealed body was copied from another message does not open: the stream
+    sends one ``refused`` event naming the row (after what it could read before it) and ends; it
+    does not retry the same read every second in silence."""
+    engine = sa.create_engine(sealed)
+    with engine.begin() as conn:
+        (body,) = conn.execute(
+            sa.text("SELECT body FROM graphflow_messages WHERE run_id = 'done' AND seq = 1")
+        ).one()
+        conn.execute(
+            sa.text("UPDATE graphflow_messages SET body = :b WHERE run_id = 'done' AND seq = 2"), {"b": body}
+        )
+    engine.dispose()
+    with Store(sealed, codec=codec()) as store, serve(store) as url, httpx.Client(timeout=20) as http:
         started = time.monotonic()
-        with http.stream("GET", f"{url}/runs/done/events?after=0") as got:
+        with http.stream("GET", f"{url}/runs/done/events?after=-1") as got:
             seen = list(events(got.iter_lines()))  # the stream ends after its refusal
         assert time.monotonic() - started < 10
-        assert [kind for kind, _ in seen] == ["refused"], seen
-        line = str(seen[0][1]["error"])
-        assert "'k1'" in line and "gfd1:" not in line and "\n" not in line
+    *before, (last, refusal) = seen
+    assert last == "refused" and all(kind == "message" and data["seq"] < 2 for kind, data in before), seen
+    line = str(refusal["error"])
+    assert "graphflow_messages" in line and "done" in line and " 2 " in line and "\n" not in line
+    assert "gfd1:" not in line and SAID not in line

@@ -187,10 +187,16 @@ def holders_sealed(url: str) -> set[int]:
 
 def check_keyless(found: dict[str, object]) -> None:
     log = str(found["keyless_log"])
+    print(
+        f"\nkeyless worker: alive {found['keyless_alive']}; queue before the keyed workers {found['before']}"
+    )
+    print("\n".join(log.splitlines()[:6]))
     assert "'k1'" in log, log[-3000:]  # it says which key it lacks
     assert "gfd1:" not in log and SECRET not in log
     assert tracebacks(log) == [], log[-3000:]
     assert found["keyless_alive"], "the keyless worker died: " + log[-3000:]
+    before = found["before"]  # it claimed nothing: no attempt counted, no error recorded
+    assert isinstance(before, dict) and set(before.values()) == {(0, None)}, before
     untouched = found["untouched"]
     assert isinstance(untouched, dict) and "failed" not in untouched.values(), untouched
 

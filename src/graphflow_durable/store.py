@@ -52,7 +52,7 @@ from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
 from graphflow_durable._storage.checksum import Damage
-from graphflow_durable._storage.document import from_document, to_document, unseal
+from graphflow_durable._storage.document import from_document, to_document
 from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
 from graphflow_durable._storage.flowcontrol import DEFAULT_QUEUE, QueueSettings, check_queue_name
@@ -75,6 +75,7 @@ from graphflow_durable._storage.rekey import audit as audit_rows
 from graphflow_durable._storage.rekey import rekey as rekey_rows
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
+from graphflow_durable._storage.sealedexport import unseal
 from graphflow_durable._storage.sealing import Sealer
 from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
 from graphflow_durable._storage.workqueue import Claim, Submission, WorkQueue
@@ -735,25 +736,20 @@ class Store:
         to: str | None = None,
         encrypt: bool = False,
         batch: int = 200,
-        progress: Callable[[str, int], None] | None = None,
     ) -> Rekeyed:
-        """Re-seal the runs' content (default: every run and submission) under key ``to`` (default:
-        the active key), plain rows too with ``encrypt``, while workers drive them; killed, every
-        row opens under the old key or the new one; ``batch`` rows per transaction
-        (``_storage/rekey.py``, docs/encryption.md).
+        """Re-seal the runs' content (default: all, submissions too) under key ``to`` (default: the
+        active key), plain rows too with ``encrypt``, ``batch`` rows per transaction, while workers
+        drive them; killed, every row opens under the old key or the new (``_storage/rekey.py``).
 
         Raises:
-            StoreConfigError: no codec, no key ``to``, or not the key of a row.
-            StoreCorruptError: a sealed row does not open. RunNotFoundError: an unknown run id.
+            StoreConfigError: no codec, no key ``to``, or not a row's key. StoreCorruptError: a
+            sealed row does not open. RunNotFoundError: an unknown run id.
         """
         with self._guard("re-sealing rows"):
-            return rekey_rows(
-                self._e, self._e.sealer, run_ids, to=to, encrypt=encrypt, batch=batch, progress=progress
-            )
+            return rekey_rows(self._e, self._e.sealer, run_ids, to=to, encrypt=encrypt, batch=batch)
 
     def audit_sealing(self, run_ids: Sequence[str] | None = None, *, open_values: bool = False) -> SealAudit:
-        """The sealed and plain content values per table and key; ``open_values``: open each one
-        (needs the keys) and list those that do not open."""
+        """Sealed and plain content values per table and key; ``open_values``: open each (keys needed)."""
         with self._guard("auditing sealed rows"), self._e.read.begin() as conn:
             return audit_rows(conn, self._e.sealer, run_ids, open_values=open_values)
 

@@ -427,8 +427,9 @@ class Worker:
             partition was at a cap; attribute ``reason``) (default: the global one; nothing under
             ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``). A run's own metrics come from its team's.
         queues: the named queues this worker claims from (``None``: all).
-        codec: the codec a store opened from a URL seals and opens its content with (see
-            docs/encryption.md); an open :class:`Store` keeps its own.
+        codec, allow_plaintext: the codec a store opened from a URL seals and opens its content
+            with, and whether it reads plain rows too (see docs/encryption.md); an open
+            :class:`Store` keeps its own.
 
     Raises:
         UsageError: (a ``ValueError``) neither or both of ``factories`` and ``team`` were given, or
@@ -455,6 +456,7 @@ class Worker:
         meter_provider: MeterProvider | None = None,
         queues: Sequence[str] | None = None,
         codec: Codec | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
         if (factories is None) == (team is None):
             raise UsageError(
@@ -472,7 +474,7 @@ class Worker:
         self._own_store = isinstance(store, str)
         self._url = safe_url(store) if isinstance(store, str) else store.url
         self._store_arg = store
-        self._codec = codec
+        self._codec, self._allow_plaintext = codec, allow_plaintext
         self._store: Store | None = None if isinstance(store, str) else store
         self._factories = dict(factories) if factories is not None else {}
         self._single = team
@@ -495,7 +497,7 @@ class Worker:
         self._metrics = PoolMetrics(meter_provider, self.owner, self._depth, self._queue_stats)
         if isinstance(store, str):
             try:
-                self._store = Store(store, codec=codec)
+                self._store = Store(store, codec=codec, allow_plaintext=allow_plaintext)
                 self._url = self._store.url
             except StoreError as exc:
                 if not _passing(exc):
@@ -599,7 +601,9 @@ class Worker:
                 continue
             try:
                 # In a thread: a connect that hangs (a partition) must not hold off the signals.
-                self._store = await asyncio.to_thread(Store, str(self._store_arg), codec=self._codec)
+                self._store = await asyncio.to_thread(
+                    Store, str(self._store_arg), codec=self._codec, allow_plaintext=self._allow_plaintext
+                )
             except StoreError as exc:
                 if not _passing(exc):
                     raise

@@ -114,3 +114,19 @@ def test_a_key_of_the_right_id_with_other_material_exits_2_as_the_wrong_key(
     assert (code, out) == (EXIT_USAGE, "")
     assert err.count("\n") == 1 and "key 'k1' is not the key" in err
     assert MATERIAL not in err
+
+
+def test_the_migration_window_variable_lets_the_commands_read_plain_rows_with_keys_set(
+    store_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    os.environ["GFD_AGENT_DELAY"] = "0"
+    with Store(store_url) as store:  # written before the store was encrypted
+        store.queue.submit("r0", task="the plain task", team="t")
+        asyncio.run(Worker(store, {"t": team}, poll_interval=0.01).run_until_idle())
+    monkeypatch.setenv("GRAPHFLOW_DURABLE_KEYS", f"k1={base64.b64encode(K1).decode()}")
+    code, out, err = _run(capsys, "runs", "transcript", "r0", "--store", store_url)
+    assert code != EXIT_OK and "plain text in a store opened with a codec" in err
+    monkeypatch.setenv("GRAPHFLOW_DURABLE_ALLOW_PLAINTEXT", "1")
+    code, out, err = _run(capsys, "runs", "transcript", "r0", "--store", store_url)
+    assert code == EXIT_OK, err
+    assert "the plain task" in out

@@ -59,8 +59,6 @@ def test_rekey_encrypt_seals_every_plain_row_and_the_runs_read_back_the_same(
     with Store(store_url) as store:
         fill(store)
         before = transcripts(store)
-        plain = store.audit_sealing().plain_total
-    assert plain > 0
     monkeypatch.setenv("GRAPHFLOW_DURABLE_KEYS", env(k1=K1))
     code, out, err = _run(capsys, "runs", "rekey", "--encrypt", "--store", store_url)
     assert code == EXIT_OK, err

@@ -132,3 +132,28 @@ def test_a_fork_of_a_sealed_run_is_sealed_for_the_forks_own_id(store_url: str) -
         asyncio.run(team("r0-fork", store=store).run())  # it resumes, sealed
         assert store.get_run("r0-fork").status == "finished"  # type: ignore[union-attr]
         all_sealed(store, "r0-fork")
+
+
+@pytest.mark.postgres
+def test_a_sealed_export_moves_between_sqlite_and_postgresql_and_stays_sealed(
+    store_url: str, request: pytest.FixtureRequest
+) -> None:
+    other = (
+        request.getfixturevalue("sqlite_url")
+        if store_url.startswith("postgresql")
+        else request.getfixturevalue("postgres_database")
+    )
+    with Store(store_url, codec=keyed("k1")) as source:
+        one_run(source)
+        expected = thread(source, "r0")
+        document = source.export_run("r0")
+    with Store(other, codec=keyed("k1")) as target:
+        target.import_run(document, run_id="moved")
+        assert thread(target, "moved") == expected
+        all_sealed(target, "moved")
+        back = target.export_run("moved")
+    assert back["version"] == 3 and SECRET not in json.dumps(back)
+    with Store(store_url, codec=keyed("k1")) as source:
+        source.import_run(back, run_id="returned")
+        assert thread(source, "returned") == expected
+        all_sealed(source, "returned")

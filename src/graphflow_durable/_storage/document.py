@@ -21,7 +21,7 @@ Version 3 is a sealed run written as stored (``runs export`` of a run with seale
 ``--decrypt``): every content value (``run.task``, ``run.result``, a step's ``data``, a message's
 ``body``, an agent-state body, a call record's ``result``) is the stored text, ``gfd1:...`` when
 sealed (bound to the exported run's id) or plain JSON text, and each checksum covers those texts.
-:func:`unseal` turns it into version 2 with the importing store's keys, after checking those
+:func:`.sealedexport.unseal` turns it into version 2 with the importing store's keys, after checking those
 checksums; the import then seals the rows with the target store's codec, for the run's new id.
 
 ``call_records`` (since schema version 12; a document without it holds none) carries the run's
@@ -42,7 +42,7 @@ from graphflow_durable._model.codec import dumps, loads, too_deep
 from graphflow_durable._model.records import CALL_KINDS, CALL_OUTCOMES, RUN_STATUSES, StepKind, StoredMessage
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage.checksum import call_sum, message_sum, run_sum, state_sum, step_sum
-from graphflow_durable._storage.sealing import Sealer, is_sealed
+from graphflow_durable._storage.sealing import is_sealed
 from graphflow_durable._storage.transfer import RunRows, rekey_calls
 from graphflow_durable.errors import NotSerializableError, StoreCorruptError, UsageError
 
@@ -53,14 +53,13 @@ __all__ = [
     "ContentChecks",
     "from_document",
     "to_document",
-    "unseal",
     "use_content_checks",
 ]
 
 #: The ``format`` of an export document.
 EXPORT_FORMAT = "graphflow-durable-run"
 #: The ``version`` written (a sealed run as stored: :data:`SEALED_VERSION`); :func:`from_document`
-#: reads 1 (no checksums) and 2, and 3 once :func:`unseal` opened it.
+#: reads 1 (no checksums) and 2, and 3 once ``sealedexport.unseal`` opened it.
 VERSION = 2
 SEALED_VERSION = 3
 _READS = (1, 2)
@@ -112,8 +111,9 @@ def use_content_checks(checks: ContentChecks) -> None:
     _content = checks
 
 
-class _Bad(Exception):
-    """A field of the document that is wrong: its path and what is wrong with it."""
+class Bad(Exception):
+    """A field of the document that is wrong: its path and what is wrong with it (raised here and
+    by :mod:`.sealedexport`)."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(path, problem)
@@ -175,152 +175,6 @@ def _contents(rows: RunRows) -> list[tuple[str, str, str | None]]:
     return found + [("graphflow_call_records", "result", c["result"]) for c in rows.calls]
 
 
-def unseal(doc: Any, sealer: Sealer, where: str) -> Any:
-    """A version 3 document (a sealed run as stored) as version 2: each checksum checked over the
-    stored texts, each sealed value opened with ``sealer``'s keys (for the exported run's id) and
-    the checksums computed again over the plain values. Any other document is returned as it is;
-    a field of the wrong shape is left for :func:`from_document` to name.
-
-    Raises:
-        UsageError: a row does not match its checksum, or a sealed value does not open.
-        StoreConfigError: a value is sealed with a key ``sealer`` lacks (the error names its id).
-    """
-    if not isinstance(doc, Mapping) or doc.get("version") != SEALED_VERSION:
-        return doc
-    try:
-        return _Unsealer(doc, sealer).document()
-    except _Bad as bad:
-        raise UsageError(
-            f"{where}: {bad.path}: {bad.problem}; nothing was imported (import a document as "
-            "export_run() or 'runs export' wrote it)",
-            option="document",
-        ) from None
-
-
-class _Unsealer:
-    """One version 3 document opened (see :func:`unseal`)."""
-
-    def __init__(self, doc: Mapping[str, Any], sealer: Sealer) -> None:
-        self.doc, self.sealer = doc, sealer
-        run = doc.get("run")
-        found = run.get("run_id") if isinstance(run, Mapping) else None
-        self.run_id: str = found if isinstance(found, str) else ""
-
-    def _open(self, value: Any, path: str, table: str, position: str | int, column: str) -> Any:
-        """A content value as plain JSON text (``None`` kept; not text: left as it is)."""
-        if not isinstance(value, str) or not is_sealed(value):
-            return value
-        try:
-            return self.sealer.open(value, table, self.run_id, position, column)
-        except StoreCorruptError:
-            raise _Bad(
-                path, "does not open under its key: it was changed or moved from another row"
-            ) from None
-
-    def _sum(self, obj: Mapping[str, Any], path: str, expected: Callable[[], int]) -> None:
-        try:
-            right = obj.get("checksum") == expected()
-        except (KeyError, TypeError, AttributeError, ValueError):
-            return  # a field of the wrong shape: from_document names it
-        if not right:
-            raise _Bad(path, "does not match its checksum: the document was changed after it was exported")
-
-    def document(self) -> dict[str, Any]:
-        doc = dict(self.doc)
-        run = doc.get("run")
-        if isinstance(run, Mapping):
-            fields = {k: v for k, v in run.items() if k != "checksum"}
-            self._sum(run, "run", lambda: run_sum(fields))
-            for k in ("task", "result"):
-                if isinstance(fields.get(k), str):
-                    opened = self._open(fields[k], f"run.{k}", "graphflow_runs", "run", k)
-                    fields[k] = _loads(opened, f"run.{k}")
-            doc["run"] = {**fields, "checksum": _try(lambda: run_sum(fields))}
-        for key, change in (
-            ("steps", self._step),
-            ("messages", self._message),
-            ("agent_states", self._state),
-            ("call_records", self._call),
-        ):
-            found = doc.get(key)
-            if isinstance(found, list):  # a row of the wrong shape is kept: from_document names it
-                doc[key] = [
-                    change(row, f"{key}[{i}]") if isinstance(row, Mapping) else row
-                    for i, row in enumerate(found)
-                ]
-        doc["version"] = VERSION
-        return doc
-
-    def _step(self, s: Mapping[str, Any], path: str) -> dict[str, Any]:
-        run_id = self.run_id
-
-        def checksum(r: Mapping[str, Any], data: str) -> int:
-            return step_sum(run_id, r["seq"], r["kind"], r["node"], data, dumps(r["scheduler"]))
-
-        self._sum(s, path, lambda: checksum(s, s["data"]))
-        data = s.get("data")
-        if isinstance(data, str):
-            opened = self._open(data, f"{path}.data", "graphflow_steps", s.get("seq", 0), "data")
-            data = _loads(opened, f"{path}.data")
-        new = {**s, "data": data}
-        new["checksum"] = _try(lambda: checksum(new, dumps(new["data"])))
-        return new
-
-    def _message(self, m: Mapping[str, Any], path: str) -> dict[str, Any]:
-        run_id = self.run_id
-
-        def checksum(r: Mapping[str, Any], body: str) -> int:
-            return message_sum(run_id, r["seq"], r["step_seq"], r["published"], body)
-
-        self._sum(m, path, lambda: checksum(m, m["body"]))
-        body = m.get("body")
-        if isinstance(body, str):
-            opened = self._open(body, f"{path}.body", "graphflow_messages", m.get("seq", 0), "body")
-            body = _loads(opened, f"{path}.body")
-        new = {**m, "body": body}
-        new["checksum"] = _try(lambda: checksum(new, dumps(new["body"])))
-        return new
-
-    def _state(self, r: Mapping[str, Any], path: str) -> dict[str, Any]:
-        run_id = self.run_id
-
-        def checksum(row: Mapping[str, Any]) -> int:
-            return state_sum(run_id, row["node"], row["step_seq"], row["base_step"], row["body"])
-
-        self._sum(r, path, lambda: checksum(r))
-        place = f"{r.get('node')}@{r.get('step_seq')}"
-        body = self._open(r.get("body"), f"{path}.body", "graphflow_agent_states", place, "body")
-        new = {**r, "body": body}
-        new["checksum"] = _try(lambda: checksum(new))
-        return new
-
-    def _call(self, c: Mapping[str, Any], path: str) -> dict[str, Any]:
-        run_id = self.run_id
-        self._sum(c, path, lambda: call_sum(run_id, c))
-        result = self._open(
-            c.get("result"), f"{path}.result", "graphflow_call_records", c.get("seq", 0), "result"
-        )
-        new = {**c, "result": result}
-        new["checksum"] = _try(lambda: call_sum(run_id, new))
-        return new
-
-
-def _loads(text: Any, path: str) -> Any:
-    if not isinstance(text, str):
-        return text
-    try:
-        return loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise _Bad(path, f"is not JSON text once opened ({exc})") from None
-
-
-def _try(compute: Callable[[], int]) -> int | None:
-    try:
-        return compute()
-    except (KeyError, TypeError, AttributeError, ValueError):
-        return None
-
-
 # -- import ------------------------------------------------------------------------------------
 
 
@@ -337,7 +191,7 @@ def from_document(doc: Any, where: str, run_id: str | None = None) -> RunRows:
         check_run_id(run_id, option="run_id")
     try:
         return _Reader(doc).rows(run_id)
-    except _Bad as bad:
+    except Bad as bad:
         raise UsageError(
             f"{where}: {bad.path}: {bad.problem}; nothing was imported (import a document as "
             "export_run() or 'runs export' wrote it)",
@@ -362,7 +216,7 @@ def _is_int(value: Any) -> bool:
 
 
 class _Reader:
-    """One document read and checked; raises :class:`_Bad` at the first bad field."""
+    """One document read and checked; raises :class:`Bad` at the first bad field."""
 
     def __init__(self, doc: Any) -> None:
         self.doc = doc
@@ -371,60 +225,60 @@ class _Reader:
 
     def _object(self, value: Any, path: str) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
-            raise _Bad(path, f"is {_short(value)}, not a JSON object")
+            raise Bad(path, f"is {_short(value)}, not a JSON object")
         return value
 
     def _list(self, value: Any, path: str) -> Sequence[Any]:
         if not isinstance(value, list):
-            raise _Bad(path, f"is {_short(value)}, not a JSON array")
+            raise Bad(path, f"is {_short(value)}, not a JSON array")
         return value
 
     def _field(self, obj: Mapping[str, Any], key: str, path: str) -> Any:
         if key not in obj:
-            raise _Bad(f"{path}.{key}", "is missing")
+            raise Bad(f"{path}.{key}", "is missing")
         return obj[key]
 
     def _int(self, value: Any, path: str, low: int = 0) -> int:
         if not _is_int(value):
-            raise _Bad(path, f"is {_short(value)}, not an integer")
+            raise Bad(path, f"is {_short(value)}, not an integer")
         if value < low:
-            raise _Bad(path, f"is {value}, below {low}")
+            raise Bad(path, f"is {value}, below {low}")
         return int(value)
 
     def _text(self, value: Any, path: str, *, optional: bool = False, empty: bool = False) -> str | None:
         if value is None and optional:
             return None
         if not isinstance(value, str) or not (value or empty):
-            raise _Bad(path, f"is {_short(value)}, not a {'' if empty else 'non-empty '}string")
+            raise Bad(path, f"is {_short(value)}, not a {'' if empty else 'non-empty '}string")
         if "\x00" in value:
-            raise _Bad(path, "holds a NUL character")
+            raise Bad(path, "holds a NUL character")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise _Bad(path, "holds a lone surrogate, which UTF-8 cannot encode") from None
+            raise Bad(path, "holds a lone surrogate, which UTF-8 cannot encode") from None
         return value
 
     def _time(self, value: Any, path: str) -> float:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise _Bad(path, f"is {_short(value)}, not a time (seconds since the epoch)")
+            raise Bad(path, f"is {_short(value)}, not a time (seconds since the epoch)")
         if not math.isfinite(value) or not 0 <= value <= _LAST_TIME:
-            raise _Bad(path, f"is {value!r}, not a time between 1970 and 9999 (seconds since the epoch)")
+            raise Bad(path, f"is {value!r}, not a time between 1970 and 9999 (seconds since the epoch)")
         return float(value)
 
     def _json(self, value: Any, path: str) -> str:
         try:
             return dumps(value, where=path)
         except NotSerializableError as exc:
-            raise _Bad(path, f"cannot be stored as JSON ({exc})") from None
+            raise Bad(path, f"cannot be stored as JSON ({exc})") from None
 
     def _checksum(self, obj: Mapping[str, Any], path: str, expected: int) -> None:
         if self.version < 2:
             return
         found = self._field(obj, "checksum", path)
         if not _is_int(found):
-            raise _Bad(f"{path}.checksum", f"is {_short(found)}, not an integer")
+            raise Bad(f"{path}.checksum", f"is {_short(found)}, not an integer")
         if found != expected:
-            raise _Bad(
+            raise Bad(
                 path,
                 "does not match its checksum: the document was changed after it was exported; "
                 "export the run again instead of editing the export",
@@ -435,14 +289,14 @@ class _Reader:
     def rows(self, new_id: str | None) -> RunRows:
         doc = self.doc
         if not isinstance(doc, Mapping) or doc.get("format") != EXPORT_FORMAT:
-            raise _Bad("format", f'it is not a graphflow-durable run export (no "format": "{EXPORT_FORMAT}")')
+            raise Bad("format", f'it is not a graphflow-durable run export (no "format": "{EXPORT_FORMAT}")')
         version = doc.get("version")
         if version not in _READS or not _is_int(version):
-            raise _Bad("version", f"is {_short(version)}; this release reads versions 1 and 2")
+            raise Bad("version", f"is {_short(version)}; this release reads versions 1 and 2")
         self.version = int(version)
         deep = too_deep(doc, MAX_DEPTH)
         if deep is not None:  # the path to where it begins: hundreds of [0] say nothing more
-            raise _Bad(
+            raise Bad(
                 _path(deep[:8]) + "...",
                 f"is nested deeper than {MAX_DEPTH} levels, the most an export may hold",
             )
@@ -478,11 +332,11 @@ class _Reader:
         try:
             check_run_id(run_id, option="run_id")
         except UsageError as exc:
-            raise _Bad("run.run_id", str(exc)) from None
+            raise Bad("run.run_id", str(exc)) from None
         self.run_id = run_id
         self._text(fields["graph_fingerprint"], "run.graph_fingerprint")
         if fields["status"] not in RUN_STATUSES:
-            raise _Bad("run.status", f"is {_short(fields['status'])}, not one of {', '.join(RUN_STATUSES)}")
+            raise Bad("run.status", f"is {_short(fields['status'])}, not one of {', '.join(RUN_STATUSES)}")
         self.head = self._int(fields["head_seq"], "run.head_seq")
         self._int(fields["message_count"], "run.message_count")
         parent = self._text(fields["parent_run_id"], "run.parent_run_id", optional=True)
@@ -490,7 +344,7 @@ class _Reader:
             try:
                 check_run_id(parent, option="parent_run_id")
             except UsageError as exc:
-                raise _Bad("run.parent_run_id", str(exc)) from None
+                raise Bad("run.parent_run_id", str(exc)) from None
         for key in ("created_at", "updated_at"):
             self._time(fields[key], f"run.{key}")
         self.graph = self._graph(fields["graph"])
@@ -517,17 +371,15 @@ class _Reader:
         s = self._object(value, path)
         seq = self._int(self._field(s, "seq", path), f"{path}.seq", 1)
         if seq != index + 1:
-            raise _Bad(f"{path}.seq", f"is {seq}; the steps must be numbered 1, 2, 3... in order")
+            raise Bad(f"{path}.seq", f"is {seq}; the steps must be numbered 1, 2, 3... in order")
         kind = self._field(s, "kind", path)
         if not isinstance(kind, str) or kind not in {k.value for k in StepKind}:
-            raise _Bad(
-                f"{path}.kind", f"is {_short(kind)}, not one of {', '.join(k.value for k in StepKind)}"
-            )
+            raise Bad(f"{path}.kind", f"is {_short(kind)}, not one of {', '.join(k.value for k in StepKind)}")
         node = self._text(
             self._field(s, "node", path), f"{path}.node", optional=kind != StepKind.COMPLETE.value
         )
         if node is not None and node not in self.nodes:
-            raise _Bad(f"{path}.node", f"{node!r} is not a node of the run's graph (run.graph.nodes)")
+            raise Bad(f"{path}.node", f"{node!r} is not a node of the run's graph (run.graph.nodes)")
         scheduler = self._object(self._field(s, "scheduler", path), f"{path}.scheduler")
         data = self._object(self._field(s, "data", path), f"{path}.data")
         scheduler_text = self._json(scheduler, f"{path}.scheduler")
@@ -547,11 +399,11 @@ class _Reader:
         m = self._object(value, path)
         seq = self._int(self._field(m, "seq", path), f"{path}.seq")
         if seq != index:
-            raise _Bad(f"{path}.seq", f"is {seq}; the messages must be numbered 0, 1, 2... in order")
+            raise Bad(f"{path}.seq", f"is {seq}; the messages must be numbered 0, 1, 2... in order")
         step_seq = self._int(self._field(m, "step_seq", path), f"{path}.step_seq", 1)
         published = self._field(m, "published", path)
         if not isinstance(published, bool):
-            raise _Bad(f"{path}.published", f"is {_short(published)}, not true or false")
+            raise Bad(f"{path}.published", f"is {_short(published)}, not true or false")
         body = self._object(self._field(m, "body", path), f"{path}.body")
         text = self._json(body, f"{path}.body")
         self._checksum(m, path, message_sum(self.run_id, seq, step_seq, published, text))
@@ -559,7 +411,7 @@ class _Reader:
             try:
                 _content.message(body)
             except ValueError as exc:
-                raise _Bad(f"{path}.body", str(exc)) from None
+                raise Bad(f"{path}.body", str(exc)) from None
         return {"seq": seq, "step_seq": step_seq, "published": published, "body": text}
 
     def _state(self, value: Any, path: str) -> dict[str, Any]:
@@ -567,27 +419,27 @@ class _Reader:
         node = self._text(self._field(r, "node", path), f"{path}.node")
         assert node is not None
         if node not in self.participants:
-            raise _Bad(f"{path}.node", f"{node!r} is not a participant of the run (run.graph.participants)")
+            raise Bad(f"{path}.node", f"{node!r} is not a participant of the run (run.graph.participants)")
         step_seq = self._int(self._field(r, "step_seq", path), f"{path}.step_seq", 1)
         base = self._field(r, "base_step", path)
         if base is not None and (self._int(base, f"{path}.base_step") >= step_seq):
-            raise _Bad(f"{path}.base_step", f"is {base}, not a step before the row's own ({step_seq})")
+            raise Bad(f"{path}.base_step", f"is {base}, not a step before the row's own ({step_seq})")
         body = self._text(self._field(r, "body", path), f"{path}.body")
         assert body is not None
         try:
             parsed = loads(body)
         except RecursionError:
-            raise _Bad(
+            raise Bad(
                 f"{path}.body", f"is nested deeper than {MAX_DEPTH} levels, the most an export may hold"
             ) from None
         except ValueError as exc:
-            raise _Bad(f"{path}.body", f"is not JSON text ({exc})") from None
+            raise Bad(f"{path}.body", f"is not JSON text ({exc})") from None
         if too_deep(parsed, MAX_DEPTH) is not None:
-            raise _Bad(
+            raise Bad(
                 f"{path}.body", f"is nested deeper than {MAX_DEPTH} levels, the most an export may hold"
             )
         if base is not None and not isinstance(parsed, Mapping):
-            raise _Bad(f"{path}.body", "is a delta (base_step is set) but not a JSON object")
+            raise Bad(f"{path}.body", "is a delta (base_step is set) but not a JSON object")
         row = {"node": node, "step_seq": step_seq, "base_step": base, "body": body}
         self._checksum(r, path, state_sum(self.run_id, node, step_seq, base, body))
         return row
@@ -597,7 +449,7 @@ class _Reader:
         row: dict[str, Any] = {}
         seq = row["seq"] = self._int(self._field(c, "seq", path), f"{path}.seq", 1)
         if seq <= previous:
-            raise _Bad(
+            raise Bad(
                 f"{path}.seq",
                 f"is {seq}, not above the record before it ({previous}): records are in seq order",
             )
@@ -607,31 +459,31 @@ class _Reader:
             row[key] = self._text(self._field(c, key, path), f"{path}.{key}", empty=True)
         node = row["node"] = self._text(self._field(c, "node", path), f"{path}.node")
         if node not in self.nodes:
-            raise _Bad(f"{path}.node", f"{node!r} is not a node of the run's graph (run.graph.nodes)")
+            raise Bad(f"{path}.node", f"{node!r} is not a node of the run's graph (run.graph.nodes)")
         row["step"] = self._int(self._field(c, "step", path), f"{path}.step")
         if row["step"] > self.head:
-            raise _Bad(f"{path}.step", f"is {row['step']}, a step the document does not hold")
+            raise Bad(f"{path}.step", f"is {row['step']}, a step the document does not hold")
         row["attempt"] = self._int(self._field(c, "attempt", path), f"{path}.attempt")
         for key, allowed in (("kind", CALL_KINDS), ("outcome", CALL_OUTCOMES)):
             found = row[key] = self._field(c, key, path)
             if found not in allowed:
-                raise _Bad(f"{path}.{key}", f"is {_short(found)}, not one of {', '.join(allowed)}")
+                raise Bad(f"{path}.{key}", f"is {_short(found)}, not one of {', '.join(allowed)}")
         result = row["result"] = self._text(
             self._field(c, "result", path), f"{path}.result", optional=True, empty=True
         )
         if (result is None) != (row["outcome"] == "replayed"):
-            raise _Bad(f"{path}.result", "must be JSON text on a live record and null on a replayed one")
+            raise Bad(f"{path}.result", "must be JSON text on a live record and null on a replayed one")
         if result is not None:
             try:
                 loads(result)
             except (ValueError, RecursionError) as exc:
-                raise _Bad(f"{path}.result", f"is not JSON text ({exc})") from None
+                raise Bad(f"{path}.result", f"is not JSON text ({exc})") from None
         for key in ("prompt_tokens", "completion_tokens"):
             tokens = self._field(c, key, path)
             row[key] = None if tokens is None else self._int(tokens, f"{path}.{key}")
         discarded = row["discarded"] = self._field(c, "discarded", path)
         if not isinstance(discarded, bool):
-            raise _Bad(f"{path}.discarded", f"is {_short(discarded)}, not true or false")
+            raise Bad(f"{path}.discarded", f"is {_short(discarded)}, not true or false")
         row["created_at"] = self._time(self._field(c, "created_at", path), f"{path}.created_at")
         self._checksum(c, path, call_sum(self.run_id, row))
         return row
@@ -640,9 +492,9 @@ class _Reader:
 
     def _counts(self, rows: RunRows) -> None:
         if len(rows.steps) != self.head:
-            raise _Bad("run.head_seq", f"is {self.head}, but the document holds {len(rows.steps)} steps")
+            raise Bad("run.head_seq", f"is {self.head}, but the document holds {len(rows.steps)} steps")
         if len(rows.messages) != rows.run["message_count"]:
-            raise _Bad(
+            raise Bad(
                 "run.message_count",
                 f"is {rows.run['message_count']}, but the document holds {len(rows.messages)} messages",
             )
@@ -652,11 +504,9 @@ class _Reader:
         upto: dict[int, int] = {}  # per step that added messages: the thread's length after it
         for i, m in enumerate(rows.messages):
             if m["step_seq"] > self.head:
-                raise _Bad(
-                    f"messages[{i}].step_seq", f"is {m['step_seq']}, a step the document does not hold"
-                )
+                raise Bad(f"messages[{i}].step_seq", f"is {m['step_seq']}, a step the document does not hold")
             if m["step_seq"] < last:
-                raise _Bad(
+                raise Bad(
                     f"messages[{i}].step_seq",
                     f"is {m['step_seq']}, before the step of the message before it ({last}): "
                     "the thread must follow the steps",
@@ -671,7 +521,7 @@ class _Reader:
             # (a node would resume without an answer it saw) or added.
             at, origin = s["data"].get("at"), s["scheduler"].get("origin")
             if _is_int(at) and _is_int(origin) and origin + at != length:
-                raise _Bad(
+                raise Bad(
                     f"steps[{i}]",
                     f"says the thread held {origin + at} messages after step {i + 1}, but the document "
                     f"holds {length} up to it: a message is missing (or was added)",
@@ -679,11 +529,11 @@ class _Reader:
         seen: set[tuple[str, int]] = set()
         for i, r in enumerate(rows.states):
             if r["step_seq"] > self.head:
-                raise _Bad(
+                raise Bad(
                     f"agent_states[{i}].step_seq", f"is {r['step_seq']}, a step the document does not hold"
                 )
             if (r["node"], r["step_seq"]) in seen:
-                raise _Bad(
+                raise Bad(
                     f"agent_states[{i}]", f"is a second state of node {r['node']!r} at step {r['step_seq']}"
                 )
             seen.add((r["node"], r["step_seq"]))
@@ -709,13 +559,13 @@ class _Reader:
         except StoreCorruptError as exc:
             index = at.get((str(exc.node), exc.step or 0))
             path = "agent_states" if index is None else f"agent_states[{index}]"
-            raise _Bad(
+            raise Bad(
                 path,
                 f"does not fold into the state of node {exc.node!r}: its base_step, kind or splice does "
                 "not fit the node's previous row",
             ) from None
         except RecursionError:
-            raise _Bad(
+            raise Bad(
                 "agent_states",
                 f"a node's state is nested deeper than {MAX_DEPTH} levels, the most an export may hold",
             ) from None
@@ -725,11 +575,11 @@ class _Reader:
             try:
                 _content.graph(self.graph)
             except ValueError as exc:
-                raise _Bad("run.graph", str(exc)) from None
+                raise Bad("run.graph", str(exc)) from None
 
     def _head(self, rows: RunRows) -> None:
         if _content is not None and rows.steps:
             try:
                 _content.head(self.doc["steps"][-1]["scheduler"], self.graph)
             except ValueError as exc:
-                raise _Bad(f"steps[{len(rows.steps) - 1}].scheduler", str(exc)) from None
+                raise Bad(f"steps[{len(rows.steps) - 1}].scheduler", str(exc)) from None

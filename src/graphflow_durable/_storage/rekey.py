@@ -33,6 +33,7 @@ from graphflow_durable._storage.schema import (
     agent_states,
     call_records,
     input_requests,
+    key_checks,
     messages,
     queue,
     runs,
@@ -351,6 +352,8 @@ def audit(
     """Count the plain and sealed content values of the runs (default: all), and with
     ``open_values`` open every sealed one under ``sealer``'s keys, recording each that does not."""
     found = SealAudit()
+    if conn.execute(sa.select(key_checks.c.key_id).limit(1)).first() is None:
+        return found  # no key ever sealed a value here: a plain store, nothing to count
     for place in PLACES:
         t, name = place.table, place.table.name
         query = sa.select(t)

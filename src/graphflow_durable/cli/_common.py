@@ -35,6 +35,7 @@ from graphflow_durable.flow import DEFAULT_STORE_ENV
 from graphflow_durable.store import Store
 
 __all__ = [
+    "ALLOW_PLAINTEXT_ENV",
     "EXIT_INTERRUPTED",
     "EXIT_PIPE",
     "MAX_JSON_DEPTH",
@@ -47,6 +48,7 @@ __all__ = [
     "Command",
     "ExitCodes",
     "Group",
+    "allow_plaintext",
     "exclusive",
     "import_attribute",
     "json_option",
@@ -87,6 +89,9 @@ class CliError(Exception):
 
 #: The keys every command seals and opens the store's content with (docs/encryption.md).
 KEYS_ENV = "GRAPHFLOW_DURABLE_KEYS"
+
+#: Set to 1 (or true/yes) for the migration window: plain content rows read too (``allow_plaintext``).
+ALLOW_PLAINTEXT_ENV = "GRAPHFLOW_DURABLE_ALLOW_PLAINTEXT"
 
 #: Where :func:`store_option` keeps the ``--store`` value given (the root context's ``meta``).
 STORE = "graphflow_durable.store"
@@ -262,12 +267,17 @@ def store_codec(environ: Mapping[str, str] | None = None) -> Codec | None:
         raise CliError(str(exc), 2) from None
 
 
+def allow_plaintext() -> bool:
+    """Whether ``GRAPHFLOW_DURABLE_ALLOW_PLAINTEXT`` opens the migration window (plain rows read too)."""
+    return os.environ.get(ALLOW_PLAINTEXT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 def open_store(url: str, *, create: bool, given: bool, migrate: bool = True) -> Store:
     """The store at ``url``, with the codec of :func:`store_codec`; unless ``create``, a URL with
     no store there is a usage error that says where the URL came from (nothing is created)."""
     codec = store_codec()
     try:
-        return Store(url, create=create, migrate=migrate, codec=codec)
+        return Store(url, create=create, migrate=migrate, codec=codec, allow_plaintext=allow_plaintext())
     except StoreConfigError as exc:
         if exc.option != "create":
             raise

@@ -30,6 +30,7 @@ from graphflow_durable.cli._common import (
     Choice,
     CliError,
     Group,
+    allow_plaintext,
     exclusive,
     import_attribute,
     json_option,
@@ -175,7 +176,8 @@ the store: --store URL, else ${DEFAULT_STORE_ENV}, else ./.graphflow_durable/run
   options go in the URL's query: sqlite:///runs.db?synchronous=NORMAL,
   postgresql://app@db/agents?connect_timeout=5&application_name=worker (see docs/store-urls.md)
 the keys: GRAPHFLOW_DURABLE_KEYS=k1=<base64 of 32 bytes>,k2=... seals and opens the store's content
-  (the active key: GRAPHFLOW_DURABLE_ACTIVE_KEY, else the last listed; see docs/encryption.md)
+  (the active key: GRAPHFLOW_DURABLE_ACTIVE_KEY, else the last listed; see docs/encryption.md);
+  GRAPHFLOW_DURABLE_ALLOW_PLAINTEXT=1 reads plain rows too while a store is being encrypted
 
 exit codes:
   0  done (listed; shown, cancelled, retried, supplied, deleted, pruned, also when nothing was left to
@@ -627,7 +629,12 @@ def _worker(args: SimpleNamespace, url: str) -> int:
     check_options(**_worker_options(args))  # UsageError, exit 2: before any team module is imported
     codec = store_codec()  # a malformed GRAPHFLOW_DURABLE_KEYS: exit 2, before any team is imported
     factories = _team_factories(args.team)
-    options = {**_worker_options(args), "queues": _worker_queues(args), "codec": codec}
+    options = {
+        **_worker_options(args),
+        "queues": _worker_queues(args),
+        "codec": codec,
+        "allow_plaintext": allow_plaintext(),
+    }
     if callable(factories):
         worker = Worker(url, team=factories, **options)
     else:

@@ -5,15 +5,20 @@ line naming the key id (403), never the stored ``gfd1:`` text and never a traceb
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import html
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -197,3 +202,28 @@ async def test_a_moved_ciphertext_ends_the_live_stream_with_a_refusal_naming_the
     line = str(refusal["error"])
     assert "graphflow_messages" in line and "done" in line and " 2 " in line and "\n" not in line
     assert "gfd1:" not in line and SAID not in line
+
+
+def test_the_ui_command_opens_the_store_with_the_keys_of_its_environment(tmp_path: Path) -> None:
+    """``graphflow-durable ui`` reads ``GRAPHFLOW_DURABLE_KEYS`` as every command does: started with
+    them it shows a sealed run's text, started without them it refuses it naming the key."""
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    with Store(url, codec=codec()) as store:
+        a, b = Scripted("A", [SAID]), Scripted("B")
+        asyncio.run(durable([a, b], chain(a, b), store, "done").run(task=TASK))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHFLOW_DURABLE_")}
+    for keys in (True, False):
+        given = {**env, "GRAPHFLOW_DURABLE_KEYS": "k1=" + base64.b64encode(KEY).decode()} if keys else env
+        command = [sys.executable, "-m", "graphflow_durable.cli.runs", "ui", "--store", url, "--port", "0"]
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=given
+        ) as ui:
+            address = ui.stdout.readline().split(": ", 1)[1].strip()  # type: ignore[union-attr]
+            page = httpx.get(address + "runs/done", timeout=10)
+            ui.send_signal(signal.SIGTERM)
+            assert ui.wait(15) == 0
+        if keys:
+            assert page.status_code == 200 and SAID in page.text
+            no_ciphertext(page.text)
+        else:
+            refused(page)

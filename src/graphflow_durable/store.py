@@ -425,26 +425,31 @@ class Store:
         with self._guard(f"loading run {run_id}", run_id), self._e.read.begin() as conn:
             return read_log(conn, run_id, self._e.url, sealer=self._e.sealer)
 
-    def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
+    def verify(self, run_ids: Sequence[str] | None = None, *, decrypt: bool = False) -> Verification:
         """Check every step, message, agent-state and call-record row of the runs (default: every run)
         against its checksum, check that none of their steps and messages is missing, and report the damaged
         rows and gaps instead of raising. Each run is read in its own transaction. Rows written
-        before schema version 6 have no checksum: counted, not checked.
+        before schema version 6 have no checksum: counted, not checked. Checksums are over the
+        stored text, so a sealed store is verified without its keys; ``decrypt`` also opens every
+        sealed value of those rows and of the run's own row (a value that does not open is damage,
+        its ``problem`` says why; a missing or wrong key raises).
 
         Raises:
             RunNotFoundError: one of ``run_ids`` does not exist (nothing is reported then).
+            StoreConfigError: ``decrypt`` and a key the store was not given (or a wrong one).
         """
-        # run ids only: a sealed run's task is not opened, so verify needs no key
         with self._guard("listing runs"), self._e.read.begin() as conn:
-            query = sa.select(runs.c.run_id).order_by(runs.c.created_at, runs.c.run_id)
-            stored = list(conn.execute(query).scalars())
-        ids = stored if run_ids is None else list(dict.fromkeys(run_ids))
-        if missing := [run_id for run_id in ids if run_id not in set(stored)]:
+            known = conn.execute(
+                sa.select(runs.c.run_id).order_by(runs.c.created_at, runs.c.run_id)
+            ).scalars()
+            every = [str(run_id) for run_id in known]
+        ids = every if run_ids is None else list(dict.fromkeys(run_ids))
+        if missing := [run_id for run_id in ids if run_id not in set(every)]:
             raise S.not_found(missing[0])
         scans = []
         for run_id in ids:
             with self._guard(f"verifying run {run_id}", run_id), self._e.read.begin() as conn:
-                scans.append(scan_run(conn, run_id))
+                scans.append(scan_run(conn, run_id, self._e.sealer if decrypt else None))
         return Verification.of(ids, scans)
 
     # History, time travel, fork, export and import (built on load).
@@ -740,11 +745,8 @@ class Store:
         """Re-seal the runs' content (default: all, submissions too) under key ``to`` (default: the
         active key), plain rows too with ``encrypt``, ``batch`` rows per transaction, while workers
         drive them; killed, every row opens under the old key or the new (``_storage/rekey.py``).
-
-        Raises:
-            StoreConfigError: no codec, no key ``to``, or not a row's key. StoreCorruptError: a
-            sealed row does not open. RunNotFoundError: an unknown run id.
-        """
+        Raises StoreConfigError (no codec, no key ``to``, not a row's key), StoreCorruptError (a
+        sealed row does not open), RunNotFoundError (an unknown run id)."""
         with self._guard("re-sealing rows"):
             return rekey_rows(self._e, self._e.sealer, run_ids, to=to, encrypt=encrypt, batch=batch)
 

@@ -416,3 +416,58 @@ def test_a_sealed_run_killed_resumes_exactly_as_a_plain_one(tmp_path: Path, kill
         bodies = [row[0] for row in conn.execute("SELECT body FROM graphflow_messages")]
         states = [row[0] for row in conn.execute("SELECT body FROM graphflow_agent_states")]
     assert bodies and states and all(is_sealed(b) for b in [*bodies, *states])
+
+
+def test_verify_checks_a_sealed_store_without_keys_and_opens_every_row_when_decrypting(
+    store_url: str,
+) -> None:
+    two_runs(store_url).close()
+    with Store(store_url) as keyless:
+        report = keyless.verify()
+        assert report.ok and report.runs == ("r1", "r2") and report.checked > 0
+    move_body(store_url, ("r2", 1), ("r1", 1))
+    with Store(store_url) as keyless:
+        assert keyless.verify().ok  # the checksum matches: only the seal can tell
+    with Store(store_url, codec=codec()) as store:
+        report = store.verify(decrypt=True)
+    [damage] = report.damaged
+    assert (damage.run_id, damage.table, damage.seq) == ("r1", "graphflow_messages", 1)
+    assert "does not open" in str(damage.problem)
+
+
+def test_a_worker_without_the_codec_claims_no_sealed_run_and_keeps_no_plain_error(store_url: str) -> None:
+    with Store(store_url, codec=codec()) as store:
+        asyncio.run(full_team(store).run(task=TASK))
+        store.respond("full", ANSWER)
+        assert store.get_run("full").status == "interrupted"  # type: ignore[union-attr]
+    with Store(store_url) as keyless:
+        with pytest.raises(StoreConfigError, match=r"run 'full' holds sealed content"):
+            keyless.queue.claim("w1", lease_seconds=30)
+        keyless.queue.record_failure("full", error=f"failed on {ANSWER}", retry_at=0.0)
+    with Store(store_url, codec=codec()) as store:
+        submitted = store.queue.get_submission("full")
+        assert submitted is not None and submitted.attempts == 1 and submitted.last_error is None
+        assert store.get_run("full").lease_owner is None  # type: ignore[union-attr]
+
+
+def test_follow_and_the_pages_give_plain_text_only_with_the_keys(store_url: str) -> None:
+    two_runs(store_url).close()
+
+    async def followed(store: Store) -> list[Any]:
+        return [m.body["content"] async for m in store.follow("r1", wait=False)]
+
+    with Store(store_url, codec=codec()) as store:
+        assert asyncio.run(followed(store))[0] == "t r1"
+        assert {run.task[0]["content"] for run in store.list_runs_page().runs} == {"t r1", "t r2"}  # type: ignore[index]
+    with Store(store_url) as keyless:
+        with pytest.raises(StoreConfigError, match=r"sealed with key 'k1'"):
+            asyncio.run(followed(keyless))
+        with pytest.raises(StoreConfigError, match=r"sealed with key 'k1'"):
+            keyless.list_runs_page()
+
+
+def test_history_transcript_and_a_past_cut_open_sealed_rows(store_url: str) -> None:
+    with two_runs(store_url) as store:
+        assert store.transcript("r1")[0].body["content"] == "t r1"
+        assert [info.seq for info in store.history("r1")] == [s.seq for s in store.load("r1").steps]
+        assert store.cut("r1", 2).messages[0].body["content"] == "t r1"

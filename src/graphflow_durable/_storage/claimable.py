@@ -160,6 +160,7 @@ def claimable_runs(
             queue_of.label("queue"),
             sa.func.coalesce(_Q.priority, 0).label("priority"),
             _Q.partition_key,
+            _R.sealed,
         )
         .select_from(runs.outerjoin(queue, _Q.run_id == _R.run_id))
         .where(

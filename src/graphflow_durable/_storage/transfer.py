@@ -298,7 +298,8 @@ def _with_sum(run_id: str, row: Mapping[str, Any], checksum: Any, keys: Sequence
 
 
 def read_cut(conn: sa.Connection, run_id: str, at: int, url: str, sealer: Sealer = PLAIN) -> RunLog:
-    """The run as it stood once step ``at`` was committed (see ``Store.cut``), every row checked."""
+    """The run as it stood once step ``at`` was committed (see ``Store.cut``), every row checked
+    (and opened by ``sealer``)."""
     run = S.run_row(conn, run_id, sealer)
     log = read_log(conn, run_id, url, check_step(run, at), sealer)
     return dataclasses.replace(log, run=cut_record(run, log, at))

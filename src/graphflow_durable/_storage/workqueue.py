@@ -73,7 +73,7 @@ from graphflow_durable._storage.flowcontrol import (
 )
 from graphflow_durable._storage.lease import NOBODY, check_lease_seconds, holder_gone, pid_alive, take_over
 from graphflow_durable._storage.schema import queue, runs
-from graphflow_durable._storage.sealing import PLAIN, Sealer, is_sealed
+from graphflow_durable._storage.sealing import PLAIN, Sealer, is_sealed, keyless
 from graphflow_durable.errors import ConflictError, RunExistsError, StoreError, UsageError
 
 __all__ = [
@@ -518,6 +518,8 @@ class WorkQueue:
 
     def _claim_run(self, conn: sa.Connection, want: _Wanted, row: Any) -> Claim | None:
         owner, lease_seconds, host, pid, now = want.owner, want.lease_seconds, want.host, want.pid, want.now
+        if row.sealed and not self._e.sealer.on:  # its commits would be plain: refused, nothing claimed
+            raise keyless(row.run_id, self._e.url, "driving it")
         # As anyone's: the claimant's own lease too is taken only once expired, or its process gone.
         taken = take_over(
             conn, row, asking=NOBODY, owner=owner, host=host, pid=pid, lease_seconds=lease_seconds, now=now
@@ -650,7 +652,7 @@ class WorkQueue:
         number of failed attempts so far. Works for runs that were never submitted, too."""
         values = {"not_before": retry_at, "last_error": error_text(self._e.sealer, run_id, error)}
         with self._guard(f"recording a failure of run {run_id}", run_id), self._e.write.begin() as conn:
-            return _note(conn, run_id, values, count=True)
+            return _note(conn, run_id, self._unsealed(conn, run_id, values), count=True)
 
     def defer(self, run_id: str, until: float, *, fencing_token: int) -> bool:
         """Keep workers off ``run_id`` until ``until`` (epoch seconds, the workers' clock): its driver
@@ -680,7 +682,19 @@ class WorkQueue:
         back-off alone: a run that failed outside a worker pool. Works for runs that were never
         submitted, too."""
         with self._guard(f"recording the error of run {run_id}", run_id), self._e.write.begin() as conn:
-            _note(conn, run_id, {"last_error": error_text(self._e.sealer, run_id, error)}, count=False)
+            values = {"last_error": error_text(self._e.sealer, run_id, error)}
+            _note(conn, run_id, self._unsealed(conn, run_id, values), count=False)
+
+    def _unsealed(self, conn: sa.Connection, run_id: str, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` without the plain error text of a store without the codec for a sealed run
+        (the failure is counted, its words are not kept: they may quote the run's content)."""
+        if self._e.sealer.on:
+            return values
+        sealed = conn.execute(sa.select(runs.c.sealed).where(runs.c.run_id == run_id)).scalar()
+        if not sealed:
+            return values
+        _log.warning("run %s is sealed and this store has no codec: its last error is not kept", run_id)
+        return {**values, "last_error": None}
 
 
 def _placed(row: Mapping[str, Any] | RowMapping) -> dict[str, Any]:

@@ -192,6 +192,7 @@ def check_keyless(found: dict[str, object]) -> None:
     )
     print("\n".join(log.splitlines()[:6]))
     assert "sealed" in log and "GRAPHFLOW_DURABLE_KEYS" in log, log[-3000:]  # it says what it lacks
+    assert "no key for sealed work while claiming" in log and "database problem" not in log, log[-3000:]
     assert "gfd1:" not in log and SECRET not in log
     assert tracebacks(log) == [], log[-3000:]
     assert found["keyless_alive"], "the keyless worker died: " + log[-3000:]

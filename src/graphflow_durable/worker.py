@@ -61,6 +61,7 @@ from graphflow_durable.errors import (
     LeaseLostError,
     RunLockedError,
     SchemaVersionError,
+    StoreConfigError,
     StoreCorruptError,
     StoreError,
     UsageError,
@@ -193,9 +194,12 @@ class _DatabaseBackoff:
             self._failures += 1
             pause = min(self._backoff * 2.0 ** (self._failures - 1), self._max_backoff)
             self.resume_at = now + pause
+        # A sealed row this worker holds no key for is no outage: it stays until the worker gets the key.
+        keyless = isinstance(exc, StoreConfigError) and exc.option == "codec"
         _log.error(
-            "worker %s: database problem while %s (claims paused %.3g s): %s",
+            "worker %s: %s while %s (claims paused %.3g s): %s",
             self._owner,
+            "no key for sealed work" if keyless else "database problem",
             action,
             pause,
             _one_line(exc),

@@ -216,3 +216,29 @@ def test_the_console_benchmark_runs_end_to_end_on_a_small_store(tmp_path: Path) 
     assert followers["events_per_follower"] > 0, "the followers received the run's events"
     assert result["memory"]["loads"] == 30 and result["memory"]["first_mb"] > 0
     assert "| sqlite | 300 | `GET /` |" in proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_the_codec_benchmark_compares_a_sealed_loop_with_the_same_loop_unsealed(tmp_path: Path) -> None:
+    """``benchmarks/codec.py`` with a short loop: per size, plain, NORMAL and NORMAL with a codec
+    were each timed, their same-run ratios derive from them, and one value's seal and open costs
+    are reported (no timing asserted)."""
+    out = tmp_path / "codec.json"
+    proc = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "codec.py"), "--n", "10", "--repeats", "1",
+            "--json", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["size"] for r in rows] == [100, 10240]
+    for r in rows:
+        assert all(len(r["samples"]["wall_ms"][c]) == 1 for c in ("plain", "normal", "codec"))
+        assert r["codec_x_normal"] == pytest.approx(r["codec_ms"] / r["normal_ms"])
+        assert r["value"]["seal_us"] > 0 and r["value"]["open_us"] > 0
+    assert "| 10 KB | 10 |" in proc.stdout and "codec / NORMAL" in proc.stdout

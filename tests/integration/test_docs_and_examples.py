@@ -285,3 +285,29 @@ def test_every_heading_of_the_docs_is_a_plain_title_once_per_page() -> None:
             assert line.count("(") == line.count(")") and line.count("[") == line.count("]"), where
             assert line not in seen, where
             seen.add(line)
+
+
+def test_the_encrypted_example_keeps_no_plaintext_in_the_database_and_refuses_a_reader_without_the_key(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "sealed.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHFLOW_DURABLE_")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "encrypted.py"), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "[reply] Dear Jane, your refund of 42.00 EUR" in out, "the key holder reads the text"
+    assert "a stored message body: gfd1:k1:" in out
+    assert "plaintext of the task and messages in the file: none" in out
+    assert re.search(r"its transcript is refused: .*'k1'", out), out
+    # The file the example left: none of its texts, in any table, in any form.
+    data = db.read_bytes()
+    for text in ("Jane Roe", "IBAN", "jane.roe@example.com", "card ending 4242", "42.00 EUR"):
+        assert text.encode() not in data, text
+    assert "k1=" not in out, "the key material is never printed"

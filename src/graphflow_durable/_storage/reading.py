@@ -167,7 +167,9 @@ def read_steps(
             raise corrupt(Damage(run_id, STEPS, s.seq, node=s.node), url)
         data = sealer.open(s.data, STEPS, run_id, s.seq, "data", seq=s.seq, node=s.node)
         steps.append(
-            StepRecord(seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(data), created_at=s.created_at)
+            StepRecord(
+                seq=s.seq, kind=StepKind(s.kind), node=s.node, data=loads(data), created_at=s.created_at
+            )
         )
     head = run.head_seq if at is None else at
     if gaps := step_gaps(run_id, head, [s.seq for s in steps]):

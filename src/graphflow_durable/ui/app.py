@@ -5,7 +5,9 @@ them with the guard (``guard.py``) and the live events (``live.py``).
 Every store call runs in a worker thread (Starlette runs a plain ``def`` endpoint in its thread
 pool; the async endpoints use ``run_in_threadpool``): a slow database never blocks the event loop.
 The library's errors become pages (or JSON under ``/api/``): an unknown run 404, a bad value 400,
-a refusal by the run's state 409 with the CLI's words, the database down 503 with one line.
+a refusal by the run's state 409 with the CLI's words, content sealed under a key the console was
+not started with 403 naming the key (never the stored ciphertext), the database down 503 with one
+line.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from graphflow_durable.errors import (
     RunLockedError,
     RunNotFoundError,
     RunStateError,
+    StoreConfigError,
     StoreCorruptError,
     StoreError,
     UsageError,
@@ -62,6 +65,8 @@ def _refusal_status(exc: BaseException) -> int:
     """The HTTP status of a library error."""
     if isinstance(exc, RunNotFoundError):
         return 404
+    if isinstance(exc, StoreConfigError):  # a sealed row under a key this console was not given
+        return 403
     if isinstance(exc, (RunStateError, RunLockedError, NotWaitingError, ConflictError)):
         return 409
     if isinstance(exc, UsageError):

@@ -3,7 +3,8 @@
 
 Events: ``message`` (one new message: seq, source, type, time, text) and ``state`` (the run's
 status, head and, when the pictures can be drawn, each node's state), sent once a burst of messages
-settled and whenever the run's row changes; ``gone`` when the run is deleted.
+settled and whenever the run's row changes; ``gone`` (the run was deleted) and ``refused`` (a row
+is sealed under a key the console was not given, or damaged: one line) end the stream.
 
 The browsers that follow one run share one reader of it in this process (:class:`Followers`): one
 :meth:`Store.follow` while the run is driven (the store's feed: PostgreSQL LISTEN/NOTIFY, SQLite
@@ -33,7 +34,13 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from graphflow_durable._model.runid import check_run_id
-from graphflow_durable.errors import RunNotFoundError, StoreError, UsageError
+from graphflow_durable.errors import (
+    RunNotFoundError,
+    StoreConfigError,
+    StoreCorruptError,
+    StoreError,
+    UsageError,
+)
 from graphflow_durable.store import RunRecord, Store, StoredMessage
 from graphflow_durable.ui.pictures import run_pictures, run_states
 
@@ -51,6 +58,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: What no retry mends: a row sealed under a key this console was not given, or a damaged one.
+UNREADABLE = (StoreConfigError, StoreCorruptError)
+
 #: How often a stream looks at a run nobody drives (seconds).
 IDLE_POLL = 1.0
 #: How long the stream lets a burst of messages settle before it sends the run's state (seconds).
@@ -62,6 +72,10 @@ PING = 15.0
 #: How many batches a stream may lag behind its run's reader before it is told to read what it
 #: missed from the store (a slow browser never holds the others back).
 QUEUED = 64
+
+
+def _refused(exc: BaseException) -> bytes:
+    return _event("refused", {"error": " ".join(str(exc).split())})
 
 
 def _event(kind: str, data: Any) -> bytes:
@@ -278,6 +292,8 @@ class _Reader:
                 await self._idle()
         except RunNotFoundError:
             self._end(_event("gone", {"run_id": self.run_id}))
+        except UNREADABLE as exc:
+            self._end(_refused(exc))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -293,7 +309,7 @@ class _Reader:
                 if not self._flushing:
                     self._flushing = True
                     asyncio.get_running_loop().call_soon(self._flush)
-        except RunNotFoundError:
+        except (RunNotFoundError, *UNREADABLE):
             raise
         except StoreError as exc:  # the database is down: watch the row until it is back
             logger.info("console: following run %s: %s", self.run_id, exc)
@@ -331,6 +347,8 @@ class _Reader:
             self._seen = (run.status, run.head_seq)
             self.state = _event("state", await run_in_threadpool(self._followers.states.of, run))
             self._put(self.state)
+        except UNREADABLE as exc:
+            self._end(_refused(exc))
         except StoreError as exc:
             logger.info("console: the state of run %s: %s", self.run_id, exc)
 
@@ -345,7 +363,7 @@ class _Reader:
                     await self._draw(run)
                 if run.status == "running" or run.message_count - 1 > self.cursor:
                     return
-            except RunNotFoundError:
+            except (RunNotFoundError, *UNREADABLE):
                 raise
             except StoreError as exc:
                 logger.info("console: following run %s: %s", self.run_id, exc)
@@ -401,6 +419,9 @@ class Followers:
                             yield f"id: {m.seq}\n".encode() + _event("message", message_view(m))
                     except RunNotFoundError:
                         yield _event("gone", {"run_id": run_id})
+                        return
+                    except UNREADABLE as exc:
+                        yield _refused(exc)
                         return
                     finally:
                         await missed.aclose()

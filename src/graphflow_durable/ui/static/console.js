@@ -70,6 +70,13 @@ function follow() {
     var status = run.querySelector('[data-field="status"]');
     if (status) { status.textContent = "deleted"; }
   });
+  source.addEventListener("refused", function (event) {
+    source.close();
+    var note = document.createElement("p");
+    note.className = "refusal";
+    note.textContent = JSON.parse(event.data).error;
+    list.parentNode.insertBefore(note, list);
+  });
   window.addEventListener("pagehide", function () { source.close(); });
 }
 

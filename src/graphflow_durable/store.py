@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from graphflow_durable._model.records import (
     StepRecord,
     StoredMessage,
 )
-from graphflow_durable._storage import admin, deaths, keychecks
+from graphflow_durable._storage import admin, deaths
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.admin import Cancellation, Progress, Removal, Retry, StoreStats, Supply
 from graphflow_durable._storage.calls import CallRecords
@@ -57,6 +57,7 @@ from graphflow_durable._storage.driver import Driver
 from graphflow_durable._storage.engine import guarded, open_engines, peek_sqlite, read_row
 from graphflow_durable._storage.flowcontrol import DEFAULT_QUEUE, QueueSettings, check_queue_name
 from graphflow_durable._storage.follow import Feeds, Follow, check_after
+from graphflow_durable._storage.keychecks import store_sealer
 from graphflow_durable._storage.lease import Heartbeat
 from graphflow_durable._storage.listing import RunPage, open_requests, page, status_counts
 from graphflow_durable._storage.migrations import (
@@ -76,7 +77,6 @@ from graphflow_durable._storage.rekey import rekey as rekey_rows
 from graphflow_durable._storage.requests import InputRequests
 from graphflow_durable._storage.schema import runs
 from graphflow_durable._storage.sealedexport import unseal
-from graphflow_durable._storage.sealing import Sealer
 from graphflow_durable._storage.transfer import fork_run, read_cut, read_rows, write_rows
 from graphflow_durable._storage.workqueue import Claim, Submission, WorkQueue
 from graphflow_durable._storage.writer import CommitWriter
@@ -205,13 +205,7 @@ class Store:
     ) -> None:
         engines = open_engines(url, synchronous=synchronous, pool_pre_ping=pool_pre_ping, shared=shared)
         if codec is not None:
-            sealer = Sealer(
-                codec,
-                allow_plaintext=allow_plaintext,
-                check=lambda key_id: self._key_check(keychecks.kept, engines.read, key_id),
-                keep=lambda key_id, value: self._key_check(keychecks.keep, engines.write, key_id, value),
-                url=engines.url,
-            )
+            sealer = store_sealer(engines, codec, allow_plaintext=allow_plaintext)
             engines = dataclasses.replace(engines, sealer=sealer)
         self._e = engines
         self._writer = CommitWriter(self._e)
@@ -260,10 +254,6 @@ class Store:
             raise no_store(self._e.url, "the file does not exist")
         if found is not None and not holds_store(found.tables):
             raise no_store(self._e.url, "the file holds no graphflow-durable store")
-
-    def _key_check(self, how: Callable[..., Any], engine: sa.Engine, *args: str) -> Any:
-        with guarded(self._e, "reading or keeping a key check value"):
-            return how(engine, *args)
 
     @property
     def codec(self) -> Codec | None:
@@ -437,18 +427,16 @@ class Store:
         with self._guard(f"loading the steps of run {run_id}", run_id), self._e.read.begin() as conn:
             return read_steps(conn, run_id, self._e.url, sealer=self._e.sealer)
 
-    def verify(self, run_ids: Sequence[str] | None = None, *, decrypt: bool = False) -> Verification:
+    def verify(self, run_ids: Sequence[str] | None = None) -> Verification:
         """Check every step, message, agent-state and call-record row of the runs (default: every run)
         against its checksum, check that none of their steps and messages is missing, and report the damaged
         rows and gaps instead of raising. Each run is read in its own transaction. Rows written
         before schema version 6 have no checksum: counted, not checked. Checksums are over the
-        stored text, so a sealed store is verified without its keys; ``decrypt`` also opens every
-        sealed value of those rows and of the run's own row (a value that does not open is damage,
-        its ``problem`` says why; a missing or wrong key raises).
+        stored text, so a sealed store is verified without its keys (:meth:`audit_sealing` opens
+        every sealed value).
 
         Raises:
             RunNotFoundError: one of ``run_ids`` does not exist (nothing is reported then).
-            StoreConfigError: ``decrypt`` and a key the store was not given (or a wrong one).
         """
         with self._guard("listing runs"), self._e.read.begin() as conn:
             known = conn.execute(
@@ -461,7 +449,7 @@ class Store:
         scans = []
         for run_id in ids:
             with self._guard(f"verifying run {run_id}", run_id), self._e.read.begin() as conn:
-                scans.append(scan_run(conn, run_id, self._e.sealer if decrypt else None))
+                scans.append(scan_run(conn, run_id))
         return Verification.of(ids, scans)
 
     # History, time travel, fork, export and import (built on load).

@@ -420,7 +420,7 @@ def test_a_sealed_run_killed_resumes_exactly_as_a_plain_one(tmp_path: Path, kill
     assert deltas[0] > 0  # states saved as deltas (made on the plain JSON) were sealed and folded back
 
 
-def test_verify_checks_a_sealed_store_without_keys_and_opens_every_row_when_decrypting(
+def test_verify_checks_a_sealed_store_without_keys_and_the_audit_opens_every_row(
     store_url: str,
 ) -> None:
     two_runs(store_url).close()
@@ -431,10 +431,10 @@ def test_verify_checks_a_sealed_store_without_keys_and_opens_every_row_when_decr
     with Store(store_url) as keyless:
         assert keyless.verify().ok  # the checksum matches: only the seal can tell
     with Store(store_url, codec=codec()) as store:
-        report = store.verify(decrypt=True)
-    [damage] = report.damaged
-    assert (damage.run_id, damage.table, damage.seq) == ("r1", "graphflow_messages", 1)
-    assert "does not open" in str(damage.problem)
+        audit = store.audit_sealing(open_values=True)
+    [damage] = audit.unopened
+    assert (damage.run_id, damage.table, damage.position) == ("r1", "graphflow_messages", 1)
+    assert "does not open" in damage.message
 
 
 def test_a_worker_without_the_codec_claims_no_sealed_run_and_keeps_no_plain_error(store_url: str) -> None:

@@ -14,9 +14,27 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
+from graphflow_durable._storage.engine import Engines, guarded
 from graphflow_durable._storage.schema import key_checks
+from graphflow_durable._storage.sealing import Sealer
+from graphflow_durable.crypto import Codec
 
-__all__ = ["keep", "kept"]
+__all__ = ["keep", "kept", "store_sealer"]
+
+
+def store_sealer(engines: Engines, codec: Codec, *, allow_plaintext: bool) -> Sealer:
+    """The sealer of a store opened with ``codec``: it reads and keeps check values through the
+    store's engines, a database fault raised as a :class:`StoreError`."""
+
+    def check(key_id: str) -> str | None:
+        with guarded(engines, "reading a key check value"):
+            return kept(engines.read, key_id)
+
+    def keep_value(key_id: str, value: str) -> str:
+        with guarded(engines, "keeping a key check value"):
+            return keep(engines.write, key_id, value)
+
+    return Sealer(codec, allow_plaintext=allow_plaintext, check=check, keep=keep_value, url=engines.url)
 
 
 def kept(read: Engine, key_id: str) -> str | None:

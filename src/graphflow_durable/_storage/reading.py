@@ -9,7 +9,7 @@ and agent-state rows a resume does not read) and reports the damage instead of r
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,7 +34,6 @@ from graphflow_durable._storage.checksum import (
 )
 from graphflow_durable._storage.schema import call_records
 from graphflow_durable._storage.sealing import PLAIN, Sealer
-from graphflow_durable.errors import StoreCorruptError
 
 RUNS = "graphflow_runs"
 
@@ -205,26 +204,21 @@ def _scheduler(conn: sa.Connection, run_id: str, head: int, url: str) -> str | N
     return str(text)
 
 
-def scan_run(conn: sa.Connection, run_id: str, sealer: Sealer | None = None) -> tuple[list[Damage], int, int]:
+def scan_run(conn: sa.Connection, run_id: str) -> tuple[list[Damage], int, int]:
     """Check every step, message, agent-state and call-record row of ``run_id``, and the gaps in its steps and
     messages: the damage, rows checked, rows without a checksum. A run that does not exist has no
-    rows (the caller checks it exists). With ``sealer``, every sealed value of a row whose
-    checksum matches (and of the run's row) is opened too: one that does not is damage."""
+    rows (the caller checks it exists). Checksums are over the stored text: a sealed store is
+    checked without its keys (``runs verify --decrypt`` opens the values: ``_storage/rekey.py``)."""
     tally = _Tally()
     p = {"p_run_id": run_id}
     run = conn.execute(S.SELECT_RUN, p).mappings().first()
     if run is None:
         return [], 0, 0
-    opens = _Opens(sealer, run_id, tally.damaged)
-    opens.run(run)
     seqs: list[int] = []
     for s in conn.execute(S.SCAN_STEPS, p):
         seqs.append(s.seq)
         if tally.count(s.checksum):
-            before = len(tally.damaged)
             tally.damaged.extend(_step_damage(run_id, s))
-            if len(tally.damaged) == before:
-                opens(Damage(run_id, STEPS, s.seq, node=s.node), s.data, s.seq, "data")
     tally.damaged.extend(step_gaps(run_id, run["head_seq"], seqs))
     pairs: list[tuple[int, int]] = []
     for m in conn.execute(S.SELECT_MESSAGES, p):
@@ -233,50 +227,17 @@ def scan_run(conn: sa.Connection, run_id: str, sealer: Sealer | None = None) -> 
             run_id, m.seq, m.step_seq, m.published, m.body
         ):
             tally.damaged.append(Damage(run_id, MESSAGES, m.step_seq, seq=m.seq))
-        else:
-            opens(Damage(run_id, MESSAGES, m.step_seq, seq=m.seq), m.body, m.seq, "body")
     tally.damaged.extend(message_gaps(run_id, run["message_count"], pairs))
     for r in conn.execute(S.SCAN_STATES, p):
         if tally.count(r.checksum) and r.checksum != state_sum(
             run_id, r.node, r.step_seq, r.base_step, r.body
         ):
             tally.damaged.append(Damage(run_id, STATES, r.step_seq, node=r.node))
-        else:
-            opens(Damage(run_id, STATES, r.step_seq, node=r.node), r.body, f"{r.node}@{r.step_seq}", "body")
     calls = sa.select(call_records).where(call_records.c.run_id == run_id).order_by(call_records.c.seq)
     for c in conn.execute(calls).mappings():
-        damage = Damage(run_id, CALLS, c["step"], seq=c["seq"], node=c["node"])
         if tally.count(c["checksum"]) and c["checksum"] != call_sum(run_id, c):
-            tally.damaged.append(damage)
-        else:
-            opens(damage, c["result"], int(c["seq"]), "result")
+            tally.damaged.append(Damage(run_id, CALLS, c["step"], seq=c["seq"], node=c["node"]))
     return _in_step_order(tally.damaged), tally.checked, tally.unchecked
-
-
-@dataclass
-class _Opens:
-    """Opens the sealed values a scan reads (``runs verify --decrypt``); one that does not open is
-    recorded as damage of its row. Without a sealer it does nothing."""
-
-    sealer: Sealer | None
-    run_id: str
-    damaged: list[Damage]
-
-    def __call__(self, row: Damage, stored: str | None, position: str | int, column: str) -> None:
-        if self.sealer is None or stored is None:
-            return
-        try:
-            self.sealer.open(stored, row.table, self.run_id, position, column)
-        except StoreCorruptError as exc:
-            self.damaged.append(replace(row, problem=str(exc)))
-
-    def run(self, row: Any) -> None:
-        for column in ("task", "result"):
-            if self.sealer is not None and row[column] is not None:
-                try:
-                    self.sealer.open(row[column], "graphflow_runs", self.run_id, "run", column)
-                except StoreCorruptError as exc:
-                    self.damaged.append(Damage(self.run_id, RUNS, 0, column=column, problem=str(exc)))
 
 
 def step_gaps(run_id: str, head: int, seqs: Sequence[int]) -> list[Damage]:

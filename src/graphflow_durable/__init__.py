@@ -8,6 +8,7 @@ the last commit left off.
 from __future__ import annotations
 
 from graphflow_durable._model import exported as _exported
+from graphflow_durable._model.records import SealedValue
 from graphflow_durable._storage.admin import use_answer_rule as _use_answer_rule
 from graphflow_durable._storage.document import ContentChecks as _ContentChecks
 from graphflow_durable._storage.document import use_content_checks as _use_content_checks
@@ -93,6 +94,7 @@ __all__ = [
     "RunNotFoundError",
     "RunRecord",
     "RunStateError",
+    "SealedValue",
     "SchemaVersionError",
     "StateFormatError",
     "StepInfo",

@@ -338,11 +338,11 @@ class Store:
     # Runs: create, read, list; a run's log read back and checked.
 
     def get_run(self, run_id: str) -> RunRecord | None:
-        """The run's row, or ``None`` when there is no such run."""
+        """The run's row (content sealed with a key not held: a ``SealedValue``), or ``None``."""
         select = S.HotPath.for_dialect(self._e.engine.dialect).select_run
         with self._guard(f"reading run {run_id}", run_id):
             row = read_row(self._e, select.sql, select.bind({"p_run_id": run_id}))
-        return None if row is None else S.run_record(row, self._e.sealer)
+        return None if row is None else S.run_record(row, self._e.sealer, mark=True)
 
     def list_runs(self, status: str | Sequence[str] | None = None) -> list[RunRecord]:
         """Runs in creation order, optionally only those with the given status(es)."""
@@ -352,7 +352,7 @@ class Store:
             query = query.where(runs.c.status.in_(wanted))
         with self._guard("listing runs"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
-        return [S.run_record(row, self._e.sealer) for row in rows]
+        return [S.run_record(row, self._e.sealer, mark=True) for row in rows]
 
     def list_runs_page(
         self,

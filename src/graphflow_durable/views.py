@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from graphflow_durable._model.records import CallSummary, NodeFailure
+from graphflow_durable._model.records import CallSummary, NodeFailure, SealedValue
 from graphflow_durable._storage.lease import EXPIRED, GONE, HELD, iso, lease_state
 from graphflow_durable.store import (
     DEFAULT_QUEUE,
@@ -38,6 +38,7 @@ __all__ = [
     "run_show",
     "submitted_show",
     "waiting_for",
+    "sealed_content",
 ]
 
 #: ``runs list --status`` value for submissions whose run does not exist yet.
@@ -64,7 +65,14 @@ def list_row(
         # an error a later success superseded is not the run's now
         "last_error": None if sub is None or run.status in ENDED_STATUSES else sub.last_error,
         "pending": [r.to_json() for r in pending] if run.status == "waiting" else [],
+        "content": sealed_content(run),
     }
+
+
+def sealed_content(run: RunRecord) -> dict[str, str] | None:
+    """``{"sealed": key id}`` when the store reading ``run`` lacks the key of its task or result
+    (a :class:`SealedValue`), else ``None``: the ``content`` field of ``--json`` and the console's API."""
+    return None if run.sealed_with is None else SealedValue(run.sealed_with).to_json()
 
 
 def _placement(sub: Submission | None) -> dict[str, Any]:
@@ -88,7 +96,8 @@ def list_rows(
         sub = teams.get(run.run_id)
         if queues is not None and _placement(sub)["queue"] not in queues:
             continue
-        asked = store.pending_requests(run.run_id) if run.status == "waiting" else []
+        waits = run.status == "waiting" and run.sealed_with is None  # what it asks is content
+        asked = store.pending_requests(run.run_id) if waits else []
         rows.append(list_row(run, sub, asked, now))
     if SUBMITTED in wanted:
         for sub in store.queue.list_submissions(waiting=True):
@@ -112,6 +121,7 @@ def list_rows(
                     **_placement(sub),
                     "last_error": sub.last_error,
                     "pending": [],
+                    "content": None,
                 }
             )
     return rows
@@ -158,6 +168,7 @@ def run_show(store: Store, run: RunRecord) -> RunShow:
         "parent_run_id": run.parent_run_id,
         "created_at": run.created_at,
         "updated_at": run.updated_at,
+        "content": sealed_content(run),
     }
     failure = NodeFailure.of(run)
     shown["in_flight"] = {node: dict(counts) for node, counts in at.turns.items()}
@@ -167,7 +178,8 @@ def run_show(store: Store, run: RunRecord) -> RunShow:
         shown["last_error"] = f"{failure.error_type}: {failure.error}"
     calls = store.calls.summary(run.run_id)
     shown.update(calls.as_dict())
-    asked = store.pending_requests(run.run_id)  # what a waiting run waits for (or a cancelled one asked)
+    # what a waiting run waits for (or a cancelled one asked); content, unread without the run's keys
+    asked = store.pending_requests(run.run_id) if run.sealed_with is None else []
     shown["pending"] = [request.to_json() for request in asked]
     return RunShow(run, shown, at, failure, calls, asked)
 

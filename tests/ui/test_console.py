@@ -70,7 +70,7 @@ async def test_every_page_and_api_route_answers_with_its_hooks(store_url: str, s
     assert {r["run_id"] for r in listed["runs"]} == {"done-1", "asks-1"} and listed["next"] is None
     cli_fields = {"run_id", "status", "team", "head", "messages", "lease_owner", "lease_expires_at"}
     cli_fields |= {"lease_state", "lease_host", "lease_pid", "attempts", "last_error", "pending"}
-    cli_fields |= {"queue", "priority", "partition"}
+    cli_fields |= {"queue", "priority", "partition", "content"}
     assert all(set(r) == cli_fields for r in listed["runs"])
     shown = c.get("/api/runs/done-1").json()
     assert (shown["status"], shown["round"], shown["head_step"]["kind"]) == ("finished", 1, "complete")

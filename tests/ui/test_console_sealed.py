@@ -1,6 +1,6 @@
 """The console over a sealed store, on SQLite and PostgreSQL: opened with the keys it shows the
-runs' text as usual; opened without them it still lists the runs (ids, statuses and times are
-plain) but refuses every page, API answer, export and live stream that would show content with one
+runs' text as usual; opened without them it still lists and shows the runs (ids, statuses and
+times are plain; the content marked ``{"sealed": key id}``) but refuses every page, API answer, export and live stream that would show content with one
 line naming the key id (403), never the stored ``gfd1:`` text and never a traceback."""
 
 from __future__ import annotations
@@ -107,14 +107,18 @@ async def test_without_the_keys_every_page_with_content_is_refused_naming_the_ke
         stats = c.get("/stats")
         assert stats.status_code == 200 and 'data-stat="queue-depth"' in stats.text
         no_ciphertext(stats.text)
-        for path in ("/", "/api/runs"):  # each row carries the run's task and result: listed or refused
+        for path in ("/", "/api/runs"):  # the runs are listed: their content is marked, not shown
             listed = c.get(path)
-            if listed.status_code == 200:
-                no_ciphertext(listed.text)
-                assert "done" in listed.text and TASK not in listed.text
-            else:
-                refused(listed)
-        for path in ("/runs/done", "/runs/asks", "/inbox", "/api/runs/done", "/api/runs/done/transcript"):
+            assert listed.status_code == 200, listed.text[:2000]
+            no_ciphertext(listed.text)
+            assert "done" in listed.text and "asks" in listed.text and TASK not in listed.text
+        rows = {row["run_id"]: row for row in c.get("/api/runs").json()["runs"]}
+        assert rows["done"]["status"] == "finished" and rows["done"]["content"] == {"sealed": "k1"}
+        assert rows["asks"]["status"] == "waiting"
+        shown = c.get("/api/runs/done")  # the run's plain fields, as `runs show --json`
+        assert shown.status_code == 200 and shown.json()["content"] == {"sealed": "k1"}
+        no_ciphertext(shown.text)
+        for path in ("/runs/done", "/runs/asks", "/inbox", "/api/runs/done/transcript"):
             refused(c.get(path))
         assert "'k1'" in c.get("/api/inbox").json()["error"]
         exported = c.get("/runs/done/export")  # as `runs export`: the rows as stored, sealed

@@ -277,7 +277,9 @@ BUDGETS: dict[str, tuple[int, str]] = {
         "The key check values a store keeps (``graphflow_key_checks``): read, and kept the first time.",
     ),
     "_storage/sealing.py": (  # new: the codec applied to content columns, bound to their place
-        260,  # 170 -> 260: SEALED (the sealed columns and their positions), keys kept on first seal
+        # 170 -> 260: SEALED (the sealed columns and their positions), keys kept on first seal;
+        # 260 -> 290: the refusal of a key not held, shared by the readers and `openable` (drivers)
+        290,
         "Sealed columns: how a content value is stored under the store's codec, and opened again.",
     ),
     "context.py": (100, "What a running agent can know about its own execution: run, node, step, attempt."),

@@ -27,6 +27,7 @@ __all__ = [
     "MessageRecord",
     "RunLog",
     "RunRecord",
+    "SealedValue",
     "ENDED_STATUSES",
     "FIRST_FENCING_TOKEN",
     "FRESH_BUDGET",
@@ -270,6 +271,23 @@ def next_attempt_at(cursor: Any) -> float | None:
 
 
 @dataclass(frozen=True)
+class SealedValue:
+    """A run's task or result as a store without its key reads it: sealed with key ``key_id``, which
+    the store was not opened with. Listings (``Store.get_run``, ``list_runs``, ``list_runs_page``)
+    show it in place of the content, so runs can be listed without keys; nothing drives a run whose
+    record holds one (attaching it raises ``StoreConfigError`` naming the key)."""
+
+    key_id: str
+
+    def __str__(self) -> str:
+        return f"<sealed with key {self.key_id!r}>"
+
+    def to_json(self) -> dict[str, str]:
+        """Its JSON form in ``--json`` output and the console's API: ``{"sealed": key_id}``."""
+        return {"sealed": self.key_id}
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """A run's row."""
 
@@ -306,6 +324,15 @@ class RunRecord:
     """While a node backs off after a failed attempt (a retry policy), when its next attempt may be
     dispatched (epoch seconds, the driver's wall clock), where the reader asked for it
     (``DurableGraphFlow.run_info()``); otherwise ``None``."""
+
+    @property
+    def sealed_with(self) -> str | None:
+        """The key id of a task or result the reading store could not open (a
+        :class:`SealedValue`: it lacks that key), else ``None``."""
+        for value in (self.task, self.result):
+            if isinstance(value, SealedValue):
+                return value.key_id
+        return None
 
     @property
     def ended_before_cancel(self) -> bool:

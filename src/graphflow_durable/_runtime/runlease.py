@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from graphflow_durable._runtime.stops import RunControl
 from graphflow_durable._storage.lease import iso
+from graphflow_durable._storage.sealing import openable
 from graphflow_durable.errors import LeaseLostError, RunNotFoundError, StateFormatError, StoreError
 from graphflow_durable.store import RunRecord, Store
 
@@ -174,7 +175,7 @@ class RunLease:
             run = key.store.get_run(key.run_id)
             if run is None:  # pragma: no cover - a run is never deleted under a held lease
                 raise StateFormatError(f"run {key.run_id!r} disappeared from the store", run_id=key.run_id)
-            yield run
+            yield openable(run, key.store._e.url)
         finally:
             key.store._driver.release_lease(key.run_id, self.token)
 

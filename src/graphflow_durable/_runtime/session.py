@@ -47,6 +47,7 @@ from graphflow_durable._runtime.stops import RunControl, install_log_filters
 from graphflow_durable._runtime.team import TeamView
 from graphflow_durable._runtime.telemetry import Telemetry
 from graphflow_durable._storage.driver import CommitRequest, CreateRequest
+from graphflow_durable._storage.sealing import openable
 from graphflow_durable._storage.urls import parse_store_url
 from graphflow_durable.context import current_execution
 from graphflow_durable.errors import (
@@ -292,6 +293,8 @@ class RunSession:
         lease, commits = self._bound()
         started = time.monotonic()
         run = store.get_run(self.run_id)
+        if run is not None:
+            openable(run, store._e.url)  # without the run's keys: refused before the lease is taken
         self.resumed_round = None
         self._died = self._fresh_budget = False
         self._died_at = None
@@ -354,7 +357,7 @@ class RunSession:
     async def _taken(self, store: Store, run: RunRecord) -> RunRecord | None:
         """The attach of a stored run once its lease is ours: the team made equal to its head."""
         commits = self.commits
-        run = store.get_run(self.run_id) or run  # what committed before the lease was ours
+        run = openable(store.get_run(self.run_id) or run, store._e.url)  # committed before the lease was ours
         if run.head_seq != self._torn_down_at:  # another driver moved the run since: they may have run
             self.control.unstarted = ()
         self._torn_down_at = None

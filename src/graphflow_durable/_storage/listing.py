@@ -100,18 +100,19 @@ def page(
         query = query.where(
             sa.or_(_R.created_at < created, sa.and_(_R.created_at == created, _R.run_id < run_id))
         )
-    found = [S.run_record(row, sealer) for row in conn.execute(query).mappings()]
+    found = [S.run_record(row, sealer, mark=True) for row in conn.execute(query).mappings()]
     more = len(found) > limit
     found = found[:limit]
     ids = [run.run_id for run in found]
     if not ids:
         return RunPage([])
     subs = {
-        row["run_id"]: submission(row, sealer)
+        row["run_id"]: submission(row, sealer, mark=True)
         for row in conn.execute(sa.select(queue).where(queue.c.run_id.in_(ids))).mappings()
     }
     pending: dict[str, list[InputRequest]] = {}
-    waiting = [run.run_id for run in found if run.status == "waiting"]
+    # what a run waits for is content: not read for a run whose keys the store does not hold
+    waiting = [run.run_id for run in found if run.status == "waiting" and run.sealed_with is None]
     for request in _pending(conn, waiting, sealer) if waiting else []:
         pending.setdefault(request.run_id, []).append(request)
     counted = conn.execute(

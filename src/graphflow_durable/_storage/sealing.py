@@ -21,6 +21,7 @@ import binascii
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
+from graphflow_durable._model.records import RunRecord, SealedValue
 from graphflow_durable.crypto import KEY_ID, Codec, OpenFailed
 from graphflow_durable.errors import StoreConfigError, StoreCorruptError
 
@@ -29,6 +30,8 @@ __all__ = [
     "PREFIX",
     "SEALED",
     "keyless",
+    "openable",
+    "unheld",
     "seal_commit",
     "Sealer",
     "aad",
@@ -112,6 +115,10 @@ class Sealer:
     @property
     def on(self) -> bool:
         return self.codec is not None
+
+    def holds(self, key_id: str) -> bool:
+        """Whether the store was opened with a key of id ``key_id``."""
+        return self.codec is not None and self.codec.has_key(key_id)
 
     def seal(
         self,
@@ -197,12 +204,7 @@ class Sealer:
                 node=node,
             )
         if self.codec is None or not self.codec.has_key(key_id):
-            raise StoreConfigError(
-                f"{where} is sealed with key {key_id!r}, which this store was not opened with: "
-                f"set GRAPHFLOW_DURABLE_KEYS (or pass codec=) with key {key_id!r}",
-                url=self._url,
-                option="codec",
-            )
+            raise unheld(where, key_id, self._url)
         if key_id not in self._checked:
             self.verify_key(key_id)
         try:
@@ -242,6 +244,27 @@ class Sealer:
             self._checked.add(key_id)
         else:
             self._looked.add(key_id)
+
+
+def unheld(where: str, key_id: str, url: str | None) -> StoreConfigError:
+    """The refusal to open ``where``, sealed with key ``key_id``, which the store does not hold."""
+    return StoreConfigError(
+        f"{where} is sealed with key {key_id!r}, which this store was not opened with: "
+        f"set GRAPHFLOW_DURABLE_KEYS (or pass codec=) with key {key_id!r}",
+        url=url,
+        option="codec",
+    )
+
+
+def openable(run: RunRecord, url: str | None) -> RunRecord:
+    """``run`` as a listing read it, refused (naming the key) when its task or result is a
+    :class:`SealedValue`: a driver, a load or a fork never goes on without the run's keys."""
+    for column in ("task", "result"):
+        value = getattr(run, column)
+        if isinstance(value, SealedValue):
+            where = f"graphflow_runs row (run {run.run_id!r}, run, column {column})"
+            raise unheld(where, value.key_id, url)
+    return run
 
 
 def keyless(run_id: str, url: str | None, doing: str) -> StoreConfigError:

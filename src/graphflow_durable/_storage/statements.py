@@ -25,7 +25,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, FunctionElement
 
 from graphflow_durable._model.codec import loads
-from graphflow_durable._model.records import ENDED_STATUSES, RunRecord
+from graphflow_durable._model.records import ENDED_STATUSES, RunRecord, SealedValue
 from graphflow_durable._storage.schema import (
     FENCING_SEQUENCE,
     agent_states,
@@ -35,7 +35,7 @@ from graphflow_durable._storage.schema import (
     runs,
     steps,
 )
-from graphflow_durable._storage.sealing import PLAIN, Sealer
+from graphflow_durable._storage.sealing import PLAIN, Sealer, key_of
 from graphflow_durable.errors import RunNotFoundError
 
 __all__ = [
@@ -545,18 +545,27 @@ _PLAIN_RUN_FIELDS = tuple(
 )
 
 
-def run_record(row: Mapping[str, Any] | RowMapping, sealer: Sealer = PLAIN) -> RunRecord:
+def run_record(
+    row: Mapping[str, Any] | RowMapping, sealer: Sealer = PLAIN, *, mark: bool = False
+) -> RunRecord:
     """A run's row (as stored: JSON text) as a :class:`RunRecord` (JSON decoded; its task and
-    result opened by ``sealer``: without a codec, a sealed one is refused naming its key)."""
-    task, result = row["task"], row["result"]
-    if task is not None or result is not None:
-        run_id = row["run_id"]
-        task = sealer.open(task, "graphflow_runs", run_id, "run", "task")
-        result = sealer.open(result, "graphflow_runs", run_id, "run", "result")
+    result opened by ``sealer``: without a codec, a sealed one is refused naming its key, or with
+    ``mark`` (a listing) read as a :class:`SealedValue` naming it)."""
     plain: dict[str, Any] = {name: row.get(name) for name in _PLAIN_RUN_FIELDS}
+    run_id = row["run_id"]
     return RunRecord(
         **plain,
         graph=loads(row["graph"]),
-        task=None if task is None else loads(task),
-        result=None if result is None else loads(result),
+        task=_content(row["task"], sealer, run_id, "task", mark),
+        result=_content(row["result"], sealer, run_id, "result", mark),
     )
+
+
+def _content(stored: str | None, sealer: Sealer, run_id: str, column: str, mark: bool) -> Any:
+    """A run's ``column`` decoded; with ``mark``, a :class:`SealedValue` where its key is not held
+    (a wrong key under a held id, or a damaged value, still raises)."""
+    if stored is None:
+        return None
+    if mark and (key_id := key_of(stored)) is not None and not sealer.holds(key_id):
+        return SealedValue(key_id)
+    return loads(sealer.open(stored, "graphflow_runs", run_id, "run", column))

@@ -48,6 +48,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from sqlalchemy.engine import RowMapping
 
 from graphflow_durable._model.codec import dumps, loads
+from graphflow_durable._model.records import SealedValue
 from graphflow_durable._model.runid import check_run_id
 from graphflow_durable._storage import statements as S
 from graphflow_durable._storage.claimable import (
@@ -73,7 +74,7 @@ from graphflow_durable._storage.flowcontrol import (
 )
 from graphflow_durable._storage.lease import NOBODY, check_lease_seconds, holder_gone, pid_alive, take_over
 from graphflow_durable._storage.schema import queue, runs
-from graphflow_durable._storage.sealing import PLAIN, Sealer, is_sealed, keyless
+from graphflow_durable._storage.sealing import PLAIN, Sealer, is_sealed, key_of, keyless
 from graphflow_durable.errors import ConflictError, RunExistsError, StoreError, UsageError
 
 __all__ = [
@@ -168,15 +169,24 @@ _PLAIN_SUBMISSION_FIELDS = tuple(
 )
 
 
-def submission(row: Mapping[str, Any] | RowMapping, sealer: Sealer = PLAIN) -> Submission:
-    """A queue row (JSON text) as a :class:`Submission`, its task and last error opened."""
-    task, error = row["task"], row["last_error"]
-    if task is not None or error is not None:
-        task = sealer.open(task, _QT, row["run_id"], "queue", "task")
-        error = sealer.open(error, _QT, row["run_id"], "queue", "last_error")
+def submission(
+    row: Mapping[str, Any] | RowMapping, sealer: Sealer = PLAIN, *, mark: bool = False
+) -> Submission:
+    """A queue row (JSON text) as a :class:`Submission`, its task and last error opened; with
+    ``mark`` (a listing), one sealed with a key the store does not hold reads as a
+    :class:`SealedValue` (the error as its text)."""
+    run_id, task, error = row["run_id"], row["task"], row["last_error"]
+    if mark and task is not None and (key_id := key_of(task)) is not None and not sealer.holds(key_id):
+        task = SealedValue(key_id)
+    elif task is not None:
+        task = loads(sealer.open(task, _QT, run_id, "queue", "task"))
+    if mark and error is not None and (key_id := key_of(error)) is not None and not sealer.holds(key_id):
+        error = str(SealedValue(key_id))
+    elif error is not None:
+        error = sealer.open(error, _QT, run_id, "queue", "last_error")
     plain = {name: row[name] for name in _PLAIN_SUBMISSION_FIELDS}
     plain["last_error"] = error
-    return Submission(**plain, task=None if task is None else loads(task), partition=row["partition_key"])
+    return Submission(**plain, task=task, partition=row["partition_key"])
 
 
 def error_text(sealer: Sealer, run_id: str, error: str) -> str:
@@ -383,7 +393,7 @@ class WorkQueue:
         """The run's queue row (its submission, attempts and back-off), or ``None``."""
         with self._guard(f"reading the submission of run {run_id}", run_id), self._e.read.begin() as conn:
             row = conn.execute(sa.select(queue).where(queue.c.run_id == run_id)).mappings().first()
-        return None if row is None else submission(row, self._e.sealer)
+        return None if row is None else submission(row, self._e.sealer, mark=True)
 
     def list_submissions(self, *, waiting: bool = False) -> list[Submission]:
         """Queue rows in submission order; ``waiting=True``: only those whose run does not exist yet."""
@@ -392,7 +402,7 @@ class WorkQueue:
             query = query.where(~sa.exists().where(runs.c.run_id == queue.c.run_id))
         with self._guard("listing submissions"), self._e.read.begin() as conn:
             rows = conn.execute(query).mappings().all()
-        return [submission(row, self._e.sealer) for row in rows]
+        return [submission(row, self._e.sealer, mark=True) for row in rows]
 
     def claim(
         self,

@@ -173,6 +173,11 @@ def _show(store: Store, args: SimpleNamespace, out: Out) -> None:
         ("round", str(at.rounds)),
         ("head", f"{run.head_seq} ({step} at {iso(at.head_at)})" if at.head_at is not None else "0"),
         ("messages", str(run.message_count)),
+        *(
+            []
+            if shown["content"] is None
+            else [("content", f"<sealed with key {shown['content']['sealed']!r}>")]
+        ),
         ("lease", lease),
         ("cancel", _cancel_words(run)),
         ("team", shown["team"] or "-"),

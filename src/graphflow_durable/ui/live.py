@@ -34,6 +34,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from graphflow_durable._model.runid import check_run_id
+from graphflow_durable._storage.sealing import openable
 from graphflow_durable.errors import (
     RunNotFoundError,
     StoreConfigError,
@@ -388,8 +389,10 @@ class Followers:
             after = int(given)
         except ValueError:
             raise UsageError(f"after={given!r} is not a message seq", option="after") from None
-        if await run_in_threadpool(self.store.get_run, run_id) is None:
+        run = await run_in_threadpool(self.store.get_run, run_id)
+        if run is None:
             raise RunNotFoundError(f"run {run_id} does not exist", run_id=run_id)
+        openable(run, self.store._e.url)  # its messages are content: refused without the run's keys
         return EventStream(lambda: self.stream(run_id, after))
 
     async def stream(self, run_id: str, after: int) -> AsyncIterator[bytes]:

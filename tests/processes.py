@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Processes", "last_json", "run_script"]
+__all__ = ["Processes", "last_json", "reap", "run_script"]
 
 
 def run_script(
@@ -78,3 +78,12 @@ class Processes:
                 proc.kill()
         for proc in self.procs:
             proc.wait()
+
+
+def reap(started: list[subprocess.Popen[str]]) -> None:
+    """End every process in ``started`` and close its pipes (after a test, a failed one too)."""
+    while started:
+        proc = started.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

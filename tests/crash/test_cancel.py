@@ -17,6 +17,7 @@ import pytest
 
 from graphflow_durable import Store
 from graphflow_durable.cli.runs import main
+from processes import reap
 
 WORKER = Path(__file__).with_name("cancel_worker.py")
 LEASE = 2.0  # seconds: the driver renews (and so learns of a cancel) every LEASE / 3
@@ -33,11 +34,7 @@ STARTED: list[subprocess.Popen[str]] = []
 def _reap() -> Iterator[None]:
     """Every process a test started is ended and its pipes closed, also when the test failed."""
     yield
-    while STARTED:
-        proc = STARTED.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    reap(STARTED)
 
 
 def start(

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from graphflow_durable.store import Store
+from processes import reap
 
 HERE = Path(__file__).parent
 CALLER = HERE / "ratelimit_caller.py"
@@ -36,11 +37,7 @@ STARTED: list[subprocess.Popen[str]] = []
 def _reap() -> Iterator[None]:
     """Every process a test started is ended and its pipes closed, also when the test failed."""
     yield
-    while STARTED:
-        proc = STARTED.pop()
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    reap(STARTED)
 
 
 def start_caller(url: str, *args: str, **env: str) -> subprocess.Popen[str]:

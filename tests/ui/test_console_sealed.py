@@ -30,22 +30,15 @@ from autogen_agentchat.teams import DiGraphBuilder
 from agents import Scripted, chain, close_stores, durable
 from graphflow_durable import DurableGraphFlow
 from graphflow_durable.cli.runs import EXIT_OK, EXIT_USAGE
-from graphflow_durable.crypto import AESGCMCodec
 from graphflow_durable.store import Store
 from graphflow_durable.ui import create_app
 from integration.test_cli_manage import cli, one_line_error
+from integration.test_sealed_readers import KEY, SAID, TASK, codec
 
 from .helpers import client
 from .test_console_live import events
 
-KEY = os.urandom(32)
-TASK = "refund Jane Roe, IBAN DE89 3704 0044 0532 0130 00"
-SAID = "the card ending 4242 was charged twice"
 ASKED = "approve the refund of 42 EUR to Jane Roe?"
-
-
-def codec() -> AESGCMCodec:
-    return AESGCMCodec({"k1": KEY}, active="k1")
 
 
 @pytest.fixture(autouse=True)
